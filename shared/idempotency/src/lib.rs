@@ -1,0 +1,114 @@
+//! Idempotent writes for services whose callers retry (CONTRACT §1–§5).
+//!
+//! A service hands each POST that creates an effect to [`Idempotency::execute`]
+//! with the validated command and a closure doing the business writes. The
+//! crate does everything else, once: it parses the key ([`IdempotencyKey`]),
+//! computes the [`Fingerprint`], claims the key under the primary key before any
+//! effect, runs the closure in a transaction that also completes the
+//! operation, and answers duplicates — replay byte for byte, 409 while running,
+//! 422 for a changed request. [`routes`] serves the operation status resource;
+//! [`reaper`] removes finished operations after the retention period.
+//!
+//! ```ignore
+//! async fn create_ticket(State(app): State<App>, principal: Principal, key: IdempotencyHeaders,
+//!                        ApiJson(body): ApiJson<CreateTicketBody>) -> Response {
+//!     let command = CreateTicket::from(body);               // validated: nothing claimed on 400
+//!     app.idempotency.execute(Attempt::post("/v1/tickets", &principal, key), &command,
+//!         async |tx| store::create_ticket(tx, &principal, &command).await.map(Ticket::into_effect)).await
+//! }
+//! ```
+
+pub mod execute;
+pub mod fingerprint;
+pub mod key;
+pub mod operation;
+pub mod reaper;
+pub mod routes;
+pub mod store;
+
+use std::time::Duration;
+
+use platform::{Db, Migrations};
+
+pub use execute::{Attempt, Effect, IDEMPOTENT_REPLAYED, OPERATION_ID};
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyHeaders, IdempotencyKey, OptionalIdempotencyHeaders};
+pub use operation::{OperationRecord, OperationState, ResourceRef, StoredResponse};
+
+/// The operations table, for both backends.
+pub static MIGRATIONS: Migrations = Migrations {
+    postgres: sqlx::migrate!("../../migrations/idempotency/postgres"),
+    sqlite: sqlx::migrate!("../../migrations/idempotency/sqlite"),
+};
+
+/// How long leases and stored answers last.
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    /// How long a claimed operation is held by the attempt running it. When it
+    /// runs out (the process died, or is far too slow) the next attempt with
+    /// the same key may take the operation over.
+    pub lease: Duration,
+    /// How long finished operations are kept for replay (at least 24 h by the contract).
+    pub retention: Duration,
+    /// How often the reaper looks for operations past their retention.
+    pub reap_every: Duration,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig {
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(24 * 60 * 60),
+            reap_every: Duration::from_secs(60),
+        }
+    }
+}
+
+impl IdempotencyConfig {
+    /// `RETRYSAFE_LEASE_SECONDS` (30), `RETRYSAFE_RETENTION_HOURS` (24),
+    /// `RETRYSAFE_REAP_EVERY_SECONDS` (60).
+    pub fn from_env() -> Result<Self, String> {
+        let mut config = IdempotencyConfig::default();
+        if let Some(seconds) = number("RETRYSAFE_LEASE_SECONDS")? {
+            config.lease = Duration::from_secs_f64(seconds);
+        }
+        if let Some(hours) = number("RETRYSAFE_RETENTION_HOURS")? {
+            config.retention = Duration::from_secs_f64(hours * 3600.0);
+        }
+        if let Some(seconds) = number("RETRYSAFE_REAP_EVERY_SECONDS")? {
+            config.reap_every = Duration::from_secs_f64(seconds);
+        }
+        Ok(config)
+    }
+}
+
+fn number(name: &str) -> Result<Option<f64>, String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
+            Ok(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),
+            _ => Err(format!("{name} `{v}` is not a positive number")),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// The idempotency layer of one service: its database and its settings.
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    db: Db,
+    config: IdempotencyConfig,
+}
+
+impl Idempotency {
+    pub fn new(db: Db, config: IdempotencyConfig) -> Self {
+        Idempotency { db, config }
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    pub fn config(&self) -> &IdempotencyConfig {
+        &self.config
+    }
+}

@@ -1,0 +1,118 @@
+//! An operation: one intended action of a caller, across all its attempts.
+
+use axum::http::StatusCode;
+use platform::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::{fingerprint::Fingerprint, key::IdempotencyKey};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationState {
+    /// Claimed; an attempt holds the lease and is running it.
+    InProgress,
+    /// Waiting for a human decision bound to the fingerprint.
+    AwaitingApproval,
+    /// Finished with success; the stored answer is replayed.
+    Completed,
+    /// Finished with a known, final business failure; the stored answer is replayed.
+    Failed,
+    /// An external effect may or may not have happened; the reconciler resolves it.
+    Unknown,
+    /// The approval was refused or expired.
+    Rejected,
+}
+
+impl OperationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationState::InProgress => "in_progress",
+            OperationState::AwaitingApproval => "awaiting_approval",
+            OperationState::Completed => "completed",
+            OperationState::Failed => "failed",
+            OperationState::Unknown => "unknown",
+            OperationState::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "in_progress" => OperationState::InProgress,
+            "awaiting_approval" => OperationState::AwaitingApproval,
+            "completed" => OperationState::Completed,
+            "failed" => OperationState::Failed,
+            "unknown" => OperationState::Unknown,
+            "rejected" => OperationState::Rejected,
+            _ => return None,
+        })
+    }
+
+    /// Finished: the stored answer is final and replayed to every retry.
+    pub fn is_finished(self) -> bool {
+        matches!(self, OperationState::Completed | OperationState::Failed | OperationState::Rejected)
+    }
+}
+
+/// The answer a first attempt gave, kept to be replayed byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub location: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// What an operation made or acted on: `{type, id, url}` in its status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ResourceRef {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub id: String,
+    pub url: String,
+}
+
+/// One row of `idempotency_operations`, as read back.
+#[derive(Debug, Clone)]
+pub struct OperationRecord {
+    pub account_id: String,
+    pub key: IdempotencyKey,
+    pub operation_id: String,
+    pub principal_id: String,
+    pub method: String,
+    pub route: String,
+    pub fingerprint: Fingerprint,
+    pub state: OperationState,
+    pub lease_token: Option<String>,
+    pub locked_until: Option<Timestamp>,
+    pub attempts: i32,
+    pub response: Option<StoredResponse>,
+    pub resource: Option<ResourceRef>,
+    pub external_ref: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl OperationRecord {
+    pub fn status_url(&self) -> String {
+        status_url(&self.operation_id)
+    }
+
+    /// True when nobody holds the lease any more: its holder crashed or is too slow.
+    pub fn lease_expired(&self, now: Timestamp) -> bool {
+        self.locked_until.is_some_and(|until| until <= now)
+    }
+
+    /// Seconds a duplicate should wait before asking again: until the lease ends, at least 1.
+    pub fn retry_after_seconds(&self) -> u64 {
+        self.locked_until.map(|until| until.seconds_from_now()).unwrap_or(0).max(1)
+    }
+}
+
+pub fn status_url(operation_id: &str) -> String {
+    format!("/v1/operations/{operation_id}")
+}
+
+/// A new public operation id: `op_` and a time-ordered UUID.
+pub fn new_operation_id() -> String {
+    format!("op_{}", uuid::Uuid::now_v7().simple())
+}

@@ -1,0 +1,312 @@
+//! The operations table, on both backends. Every statement here is the one
+//! place its rule is enforced: the claim by the primary key, the takeover and
+//! the completion by compare-and-set on the lease.
+
+use axum::http::StatusCode;
+use platform::{Db, Timestamp, Tx, on_pool, on_tx};
+use sqlx::Row;
+
+use crate::{
+    fingerprint::Fingerprint,
+    key::IdempotencyKey,
+    operation::{OperationRecord, OperationState, ResourceRef, StoredResponse},
+};
+
+/// What a first attempt writes when it claims a key.
+#[derive(Debug)]
+pub struct NewOperation<'a> {
+    pub account_id: &'a str,
+    pub key: &'a IdempotencyKey,
+    pub operation_id: String,
+    pub principal_id: &'a str,
+    pub method: &'a str,
+    pub route: &'a str,
+    pub fingerprint: &'a Fingerprint,
+    pub lease_token: String,
+    pub locked_until: Timestamp,
+    pub now: Timestamp,
+}
+
+/// Every column, in the order `decode` reads them by name.
+macro_rules! columns {
+    () => {
+        "account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
+     lease_token, locked_until, attempts, response_status, response_content_type, response_location, response_body, \
+     resource_type, resource_id, resource_url, external_ref, created_at, updated_at"
+    };
+}
+
+/// Claims the key: one insert under the primary key. `None` means the key
+/// already names an operation; nothing was written.
+pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "INSERT INTO idempotency_operations \
+         (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
+          lease_token, locked_until, attempts, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_progress', $8, $9, 1, $10, $10) \
+         ON CONFLICT (account_id, idempotency_key) DO NOTHING \
+         RETURNING ",
+        columns!()
+    );
+    let row = on_pool!(db, |pool| {
+        sqlx::query(SQL)
+            .bind(new.account_id)
+            .bind(new.key.as_str())
+            .bind(&new.operation_id)
+            .bind(new.principal_id)
+            .bind(new.method)
+            .bind(new.route)
+            .bind(new.fingerprint.as_str())
+            .bind(&new.lease_token)
+            .bind(new.locked_until)
+            .bind(new.now)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    });
+    Ok(row)
+}
+
+/// Counts one more request that carried the key, and reads the operation.
+/// `None`: the operation is gone (reaped, or freed after a server error).
+pub async fn record_attempt(db: &Db, account_id: &str, key: &IdempotencyKey) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "UPDATE idempotency_operations SET attempts = attempts + 1 \
+         WHERE account_id = $1 AND idempotency_key = $2 RETURNING ", columns!(), ""
+    );
+    Ok(on_pool!(db, |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(key.as_str())
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+/// Takes over an operation whose lease has run out: compare-and-set on the
+/// old lease token and its expiry, so of two racing takers exactly one wins.
+pub async fn take_over(
+    db: &Db,
+    operation: &OperationRecord,
+    new_token: &str,
+    locked_until: Timestamp,
+    now: Timestamp,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "UPDATE idempotency_operations SET lease_token = $3, locked_until = $4, updated_at = $5 \
+         WHERE account_id = $1 AND idempotency_key = $2 AND state = 'in_progress' \
+           AND lease_token = $6 AND locked_until <= $5 \
+         RETURNING ", columns!(), ""
+    );
+    Ok(on_pool!(db, |pool| {
+        sqlx::query(SQL)
+            .bind(&operation.account_id)
+            .bind(operation.key.as_str())
+            .bind(new_token)
+            .bind(locked_until)
+            .bind(now)
+            .bind(operation.lease_token.as_deref().unwrap_or(""))
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+/// How an operation ends: its final state, its first answer, what it made.
+#[derive(Debug)]
+pub struct Completion<'a> {
+    pub state: OperationState,
+    pub response: &'a StoredResponse,
+    pub resource: Option<&'a ResourceRef>,
+    pub external_ref: Option<&'a str>,
+    pub now: Timestamp,
+}
+
+const COMPLETE_SQL: &str = "UPDATE idempotency_operations SET state = $4, lease_token = NULL, locked_until = NULL, \
+     response_status = $5, response_content_type = $6, response_location = $7, response_body = $8, \
+     resource_type = $9, resource_id = $10, resource_url = $11, external_ref = $12, updated_at = $13 \
+     WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'";
+
+macro_rules! bind_completion {
+    ($query:expr, $account:expr, $key:expr, $token:expr, $c:expr) => {
+        $query
+            .bind($account)
+            .bind($key.as_str())
+            .bind($token)
+            .bind($c.state.as_str())
+            .bind(i32::from($c.response.status.as_u16()))
+            .bind(&$c.response.content_type)
+            .bind($c.response.location.as_deref())
+            .bind(&$c.response.body)
+            .bind($c.resource.map(|r| r.kind.as_str()))
+            .bind($c.resource.map(|r| r.id.as_str()))
+            .bind($c.resource.map(|r| r.url.as_str()))
+            .bind($c.external_ref)
+            .bind($c.now)
+    };
+}
+
+/// Finishes the operation inside the transaction of its effect, if this
+/// attempt still holds the lease. `false`: the lease was lost, and the caller
+/// must roll the effect back.
+pub async fn complete(
+    tx: &mut Tx,
+    account_id: &str,
+    key: &IdempotencyKey,
+    lease_token: &str,
+    completion: &Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = on_tx!(tx, |conn| {
+        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
+            .execute(conn)
+            .await?
+            .rows_affected()
+    });
+    Ok(done == 1)
+}
+
+/// Finishes the operation outside any effect: a final business failure,
+/// whose effect was rolled back.
+pub async fn finish(
+    db: &Db,
+    account_id: &str,
+    key: &IdempotencyKey,
+    lease_token: &str,
+    completion: &Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = on_pool!(db, |pool| {
+        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
+            .execute(pool)
+            .await?
+            .rows_affected()
+    });
+    Ok(done == 1)
+}
+
+/// Frees the key after a server error: nothing happened, so the operation
+/// is forgotten and the next attempt claims afresh.
+pub async fn release(db: &Db, account_id: &str, key: &IdempotencyKey, lease_token: &str) -> Result<(), sqlx::Error> {
+    on_pool!(db, |pool| {
+        sqlx::query(
+            "DELETE FROM idempotency_operations \
+             WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'",
+        )
+        .bind(account_id)
+        .bind(key.as_str())
+        .bind(lease_token)
+        .execute(pool)
+        .await?;
+    });
+    Ok(())
+}
+
+pub async fn find_by_key(db: &Db, account_id: &str, key: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "SELECT ", columns!(), " FROM idempotency_operations WHERE account_id = $1 AND idempotency_key = $2"
+    );
+    Ok(on_pool!(db, |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(key)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+pub async fn find_by_id(db: &Db, account_id: &str, operation_id: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "SELECT ", columns!(), " FROM idempotency_operations WHERE account_id = $1 AND operation_id = $2"
+    );
+    Ok(on_pool!(db, |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(operation_id)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+/// Deletes finished operations last touched before `cutoff`. Operations
+/// `in_progress`, `awaiting_approval` or `unknown` are never reaped.
+pub async fn reap(db: &Db, cutoff: Timestamp) -> Result<u64, sqlx::Error> {
+    Ok(on_pool!(db, |pool| {
+        sqlx::query(
+            "DELETE FROM idempotency_operations \
+             WHERE state IN ('completed', 'failed', 'rejected') AND updated_at < $1",
+        )
+        .bind(cutoff)
+        .execute(pool)
+        .await?
+        .rows_affected()
+    }))
+}
+
+fn decode<R>(row: &R) -> Result<OperationRecord, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i32>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<Timestamp>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_operations: {what}").into());
+    let state: String = row.try_get("state")?;
+    let state = OperationState::parse(&state).ok_or_else(|| corrupt("unknown state"))?;
+    let key: String = row.try_get("idempotency_key")?;
+    let key = IdempotencyKey::parse(&key).map_err(|_| corrupt("invalid key"))?;
+    let response = match (
+        row.try_get::<Option<i32>, _>("response_status")?,
+        row.try_get::<Option<Vec<u8>>, _>("response_body")?,
+    ) {
+        (Some(status), Some(body)) => Some(StoredResponse {
+            status: u16::try_from(status)
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .ok_or_else(|| corrupt("invalid status"))?,
+            content_type: row
+                .try_get::<Option<String>, _>("response_content_type")?
+                .unwrap_or_else(|| "application/json".into()),
+            location: row.try_get("response_location")?,
+            body,
+        }),
+        _ => None,
+    };
+    let resource = match (
+        row.try_get::<Option<String>, _>("resource_type")?,
+        row.try_get::<Option<String>, _>("resource_id")?,
+        row.try_get::<Option<String>, _>("resource_url")?,
+    ) {
+        (Some(kind), Some(id), Some(url)) => Some(ResourceRef { kind, id, url }),
+        _ => None,
+    };
+    Ok(OperationRecord {
+        account_id: row.try_get("account_id")?,
+        key,
+        operation_id: row.try_get("operation_id")?,
+        principal_id: row.try_get("principal_id")?,
+        method: row.try_get("method")?,
+        route: row.try_get("route")?,
+        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
+        state,
+        lease_token: row.try_get("lease_token")?,
+        locked_until: row.try_get("locked_until")?,
+        attempts: row.try_get("attempts")?,
+        response,
+        resource,
+        external_ref: row.try_get("external_ref")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}

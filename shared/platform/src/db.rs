@@ -1,0 +1,201 @@
+//! The one seam between services and their two storage backends.
+//!
+//! A service holds a [`Db`] and hands out [`Tx`] transactions; every store
+//! function matches on the variant once and runs that backend's own SQL. The
+//! handler code stays backend-free and the SQL stays explicit and idiomatic per
+//! backend (see DESIGN-NOTES §2: enum dispatch).
+
+use std::{str::FromStr, time::Duration};
+
+use sqlx::{
+    ConnectOptions, Connection, PgPool, Postgres, Sqlite, SqlitePool,
+    migrate::{MigrateError, Migrator},
+    postgres::{PgConnectOptions, PgPoolOptions},
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+};
+
+/// Which database a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// A connection pool to one service's database.
+#[derive(Clone, Debug)]
+pub enum Db {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+/// A transaction on a [`Db`]: the unit in which a business write and the
+/// completion of its operation commit together.
+#[derive(Debug)]
+pub enum Tx {
+    Postgres(sqlx::Transaction<'static, Postgres>),
+    Sqlite(sqlx::Transaction<'static, Sqlite>),
+}
+
+/// The migrations a crate owns, for each backend. A service applies the sets
+/// of every crate it uses (idempotency, platform, its own) as one ordered list.
+#[derive(Debug)]
+pub struct Migrations {
+    pub postgres: Migrator,
+    pub sqlite: Migrator,
+}
+
+/// How long a writer waits for SQLite's single write lock before giving up.
+/// Duplicates of one key queue here, so it must outlast a 200-way storm.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Db {
+    /// Connects to `url` (`postgres://…` or `sqlite:…`), creating the database
+    /// if it does not exist yet.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Db, sqlx::Error> {
+        if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            let options = PgConnectOptions::from_str(url)?.log_statements(tracing::log::LevelFilter::Trace);
+            create_postgres_database_if_missing(&options).await?;
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(options)
+                .await?;
+            Ok(Db::Postgres(pool))
+        } else {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .foreign_keys(true)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT)
+                .log_statements(tracing::log::LevelFilter::Trace);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(SQLITE_BUSY_TIMEOUT)
+                .connect_with(options)
+                .await?;
+            Ok(Db::Sqlite(pool))
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self {
+            Db::Postgres(_) => Backend::Postgres,
+            Db::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Applies every given set of migrations, in version order, as one list.
+    pub async fn migrate(&self, sets: &[&Migrations]) -> Result<(), MigrateError> {
+        let pick = |set: &&Migrations| match self {
+            Db::Postgres(_) => set.postgres.iter().cloned().collect::<Vec<_>>(),
+            Db::Sqlite(_) => set.sqlite.iter().cloned().collect(),
+        };
+        let migrator = Migrator::with_migrations(sets.iter().flat_map(pick).collect());
+        match self {
+            Db::Postgres(pool) => migrator.run(pool).await,
+            Db::Sqlite(pool) => migrator.run(pool).await,
+        }
+    }
+
+    /// Begins a write transaction. On SQLite it takes the write lock at once
+    /// (`BEGIN IMMEDIATE`): a deferred transaction that reads and then writes
+    /// can fail with SQLITE_BUSY instead of waiting its turn.
+    pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        Ok(match self {
+            Db::Postgres(pool) => Tx::Postgres(pool.begin().await?),
+            Db::Sqlite(pool) => Tx::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
+        })
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Db::Postgres(pool) => pool.close().await,
+            Db::Sqlite(pool) => pool.close().await,
+        }
+    }
+}
+
+impl Tx {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            Tx::Postgres(tx) => tx.commit().await,
+            Tx::Sqlite(tx) => tx.commit().await,
+        }
+    }
+
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        match self {
+            Tx::Postgres(tx) => tx.rollback().await,
+            Tx::Sqlite(tx) => tx.rollback().await,
+        }
+    }
+}
+
+/// Creates the database named in `options` through the server's `postgres`
+/// database. `CREATE DATABASE` itself decides a race between two starting
+/// services: the loser's "already exists" error is expected and ignored.
+async fn create_postgres_database_if_missing(options: &PgConnectOptions) -> Result<(), sqlx::Error> {
+    let Some(name) = options.get_database().map(str::to_owned) else {
+        return Ok(());
+    };
+    let mut admin = options.clone().database("postgres").connect().await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut admin)
+        .await?;
+    if !exists {
+        let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+        match sqlx::query(sqlx::AssertSqlSafe(create)).execute(&mut admin).await {
+            Ok(_) => {}
+            // 42P04 duplicate_database, 23505 when two CREATEs race on pg_database
+            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    admin.close().await
+}
+
+/// Runs `body` with `$pool` bound to the pool of whichever backend `db` is:
+/// for SQL that both dialects spell the same (`$1` placeholders work on both).
+/// The body is compiled once per backend, so every bind is type-checked twice.
+#[macro_export]
+macro_rules! on_pool {
+    ($db:expr, |$pool:ident| $body:expr) => {
+        match $db {
+            $crate::db::Db::Postgres($pool) => $body,
+            $crate::db::Db::Sqlite($pool) => $body,
+        }
+    };
+}
+
+/// Like [`on_pool!`], inside a transaction: `$conn` is the transaction's connection.
+#[macro_export]
+macro_rules! on_tx {
+    ($tx:expr, |$conn:ident| $body:expr) => {
+        match $tx {
+            $crate::db::Tx::Postgres(tx) => {
+                let $conn = &mut **tx;
+                $body
+            }
+            $crate::db::Tx::Sqlite(tx) => {
+                let $conn = &mut **tx;
+                $body
+            }
+        }
+    };
+}
+
+/// True when `error` is a unique-constraint violation, on either backend.
+pub fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
+}

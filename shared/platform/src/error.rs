@@ -1,0 +1,246 @@
+//! The one error type of every service, rendered as `application/problem+json`
+//! (RFC 9457) with the contract's stable `code` (CONTRACT §11).
+//!
+//! Internal causes never reach a body: they ride to the logging middleware in
+//! the response's extensions (see [`InternalCause`]), and the client sees a
+//! bare 500.
+
+use axum::{
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use problem_details::ProblemDetails;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// One field that failed validation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError { field: field.into(), message: message.into() }
+    }
+}
+
+/// A problem+json answer with the contract's `code`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    title: &'static str,
+    detail: String,
+    extensions: Map<String, Value>,
+    retry_after: Option<u64>,
+    internal_cause: Option<String>,
+}
+
+/// The cause of a 500, handed to the logging middleware, never to the client.
+#[derive(Debug, Clone)]
+pub struct InternalCause(pub String);
+
+/// The shape of every error body, for the OpenAPI document.
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct Problem {
+    /// A URI reference naming the problem type; it points into `/docs`.
+    #[schema(example = "/docs#problem-idempotency_key_reused")]
+    r#type: String,
+    title: String,
+    status: u16,
+    detail: String,
+    /// The stable machine-readable name of the problem (CONTRACT §11).
+    #[schema(example = "idempotency_key_reused")]
+    code: String,
+    /// Present on 400 `invalid_request`: every field that failed and why.
+    errors: Option<Vec<FieldError>>,
+    /// Present on problems about an operation.
+    operation_id: Option<String>,
+    state: Option<String>,
+    status_url: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            title,
+            detail: detail.into(),
+            extensions: Map::new(),
+            retry_after: None,
+            internal_cause: None,
+        }
+    }
+
+    /// Adds a contract-named extra member (`operation_id`, `state`, …).
+    pub fn with(mut self, member: &str, value: impl Serialize) -> Self {
+        self.extensions
+            .insert(member.to_owned(), serde_json::to_value(value).unwrap_or(Value::Null));
+        self
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    pub fn extension(&self, member: &str) -> Option<&Value> {
+        self.extensions.get(member)
+    }
+
+    pub fn retry_after(&self) -> Option<u64> {
+        self.retry_after
+    }
+
+    /// A known, final business outcome (a 4xx): stored with its operation and
+    /// replayed to every retry. A 5xx is not an outcome: it frees the claim.
+    pub fn is_final(&self) -> bool {
+        self.status.is_client_error()
+    }
+
+    // --- the contract's problems, by code ---
+
+    pub fn unauthenticated() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "Authentication required",
+            "send `Authorization: Bearer <api key>` with a valid key",
+        )
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", "Not allowed", detail)
+    }
+
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "Not found", format!("{} was not found", what.into()))
+    }
+
+    pub fn invalid_request(detail: impl Into<String>, errors: Vec<FieldError>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail).with("errors", errors)
+    }
+
+    pub fn invalid_field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let error = FieldError::new(field, message);
+        Self::invalid_request(format!("`{}` {}", error.field, error.message), vec![error])
+    }
+
+    pub fn unsupported_media_type() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Unsupported media type",
+            "send the body as JSON with `Content-Type: application/json`",
+        )
+    }
+
+    pub fn idempotency_key_missing() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "idempotency_key_missing",
+            "Idempotency-Key required",
+            "this request creates an effect: send an `Idempotency-Key` header, made once per intended action",
+        )
+    }
+
+    pub fn idempotency_key_invalid(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "idempotency_key_invalid", "Invalid Idempotency-Key", detail)
+    }
+
+    pub fn invalid_state(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_state", "Not allowed in the current state", detail)
+    }
+
+    pub fn version_mismatch(expected: i64, current: i64) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "version_mismatch",
+            "Version mismatch",
+            format!("expected version {expected}, but the current version is {current}"),
+        )
+        .with("current_version", current)
+    }
+
+    /// A 500 whose cause is logged, never sent.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        let mut error = Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "Internal error",
+            "the server failed; nothing was committed, and the same request may be retried with the same key",
+        );
+        error.internal_cause = Some(cause.to_string());
+        error
+    }
+
+    /// The body, exactly as it is sent (and, for a final failure, stored).
+    pub fn to_problem_json(&self) -> Vec<u8> {
+        let problem = ProblemDetails::new()
+            .with_type(
+                format!("/docs#problem-{}", self.code)
+                    .parse::<axum::http::Uri>()
+                    .unwrap_or_default(),
+            )
+            .with_title(self.title)
+            .with_status(self.status)
+            .with_detail(self.detail.clone())
+            .with_extensions({
+                let mut members = Map::new();
+                members.insert("code".into(), json!(self.code));
+                members.extend(self.extensions.clone());
+                members
+            });
+        serde_json::to_vec(&problem).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.detail)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))],
+            self.to_problem_json(),
+        )
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(cause) = self.internal_cause {
+            response.extensions_mut().insert(InternalCause(cause));
+        }
+        response
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        ApiError::internal(format!("database: {error}"))
+    }
+}

@@ -1,0 +1,76 @@
+//! What every Retrysafe service shares below the idempotency layer.
+//!
+//! - [`db`]: the seam between services and their two backends (`Db`, `Tx`).
+//! - [`error`]: the one problem+json error type.
+//! - [`auth`]: bearer API keys → account, principal, role.
+//! - [`json`]: validated JSON bodies.
+//! - [`time`]: the timestamp type of responses and both databases.
+//! - [`config`], [`telemetry`]: environment configuration and structured logs.
+
+pub mod auth;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod json;
+pub mod telemetry;
+pub mod time;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use auth::{Authenticator, Principal, Role};
+pub use db::{Backend, Db, Migrations, Tx};
+pub use error::{ApiError, FieldError};
+pub use json::ApiJson;
+pub use time::Timestamp;
+
+/// The platform's own tables (`api_keys`), applied by every service.
+pub static MIGRATIONS: Migrations = Migrations {
+    postgres: sqlx::migrate!("../../migrations/platform/postgres"),
+    sqlite: sqlx::migrate!("../../migrations/platform/sqlite"),
+};
+
+/// Makes the directory a `sqlite://` URL points into, so a fresh checkout's
+/// first `cargo run` can create `./.sandbox/tickets.db`.
+pub fn prepare_sqlite_dir(url: &str) -> std::io::Result<()> {
+    let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else {
+        return Ok(());
+    };
+    let path = path.split('?').next().unwrap_or(path);
+    match std::path::Path::new(path).parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir),
+        _ => Ok(()),
+    }
+}
+
+/// Resolves when the process is asked to stop (Ctrl-C or SIGTERM).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, letting requests
+/// under way finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
