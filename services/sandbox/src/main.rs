@@ -1,1 +1,88 @@
-fn main() {}
+//! `cargo run`: the Retrysafe sandbox. Every service in one process, on an
+//! embedded SQLite database (one file per service under `./.sandbox/`), with
+//! the demo keys of CONTRACT §12. `DATABASE_URL=postgres://…` moves every
+//! service to its own database on that server instead.
+
+use idempotency::IdempotencyConfig;
+use platform::{auth::DEMO_KEYS, config::ServiceConfig};
+use tokio::sync::watch;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    platform::telemetry::init();
+    #[cfg(feature = "failpoints")]
+    let _fail_points = fail::FailScenario::setup();
+
+    let idempotency = IdempotencyConfig::from_env()?;
+    let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
+
+    // One Ctrl-C stops every service; each lets its requests under way finish.
+    let (stop, stopped) = watch::channel(false);
+    let until_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+
+    let tickets_listener = tokio::net::TcpListener::bind(tickets.listen).await?;
+    print_banner(&tickets);
+    let mut services = tokio::task::JoinSet::new();
+    services.spawn(tickets::serve(
+        tickets,
+        idempotency,
+        Some(tickets_listener),
+        until_stopped(),
+    ));
+
+    tokio::select! {
+        () = platform::shutdown_signal() => tracing::info!("stopping the sandbox"),
+        // a service that stops on its own (its database went away, say) stops the sandbox
+        Some(ended) = services.join_next() => {
+            let _ = stop.send(true);
+            return match ended? {
+                Ok(()) => Err("a service stopped unexpectedly".into()),
+                Err(e) => Err(e),
+            };
+        }
+    }
+    let _ = stop.send(true);
+    while let Some(ended) = services.join_next().await {
+        ended??;
+    }
+    Ok(())
+}
+
+fn print_banner(tickets: &ServiceConfig) {
+    let backend = if tickets.database_url.starts_with("postgres") {
+        "PostgreSQL"
+    } else {
+        "SQLite"
+    };
+    println!();
+    println!("Retrysafe sandbox ({backend})");
+    println!(
+        "  tickets   http://{}   docs http://{}/docs",
+        tickets.listen, tickets.listen
+    );
+    println!();
+    println!("Demo API keys (sandbox only):");
+    for key in DEMO_KEYS {
+        println!(
+            "  {:<22} account {:<7} role {}",
+            key.key,
+            key.account_id,
+            key.role.as_str()
+        );
+    }
+    println!();
+    println!("Try:");
+    println!(
+        "  curl -i -X POST http://{}/v1/tickets -H 'Authorization: Bearer demo-acme-agent' \\\n    -H 'Content-Type: application/json' -H 'Idempotency-Key: 81b59b1a-9e75-4de7-a53b-1bb50969c83c' \\\n    -d '{{\"project\":\"ops\",\"title\":\"Rotate staging certificate\",\"priority\":\"high\"}}'",
+        tickets.listen
+    );
+    println!();
+    println!("Ctrl-C stops the sandbox.");
+}

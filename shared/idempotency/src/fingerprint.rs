@@ -24,7 +24,12 @@ impl Fingerprint {
     /// are fields of `command`) and the command after validation, so defaults
     /// and normalisation are already applied.
     pub fn of<C: Serialize>(method: &str, route: &str, account_id: &str, command: &C) -> Self {
-        let canonical = canonical_json(&Fingerprinted { method, route, account_id, command });
+        let canonical = canonical_json(&Fingerprinted {
+            method,
+            route,
+            account_id,
+            command,
+        });
         Fingerprint(hex::encode(Sha256::digest(canonical)))
     }
 

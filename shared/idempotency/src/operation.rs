@@ -49,7 +49,10 @@ impl OperationState {
 
     /// Finished: the stored answer is final and replayed to every retry.
     pub fn is_finished(self) -> bool {
-        matches!(self, OperationState::Completed | OperationState::Failed | OperationState::Rejected)
+        matches!(
+            self,
+            OperationState::Completed | OperationState::Failed | OperationState::Rejected
+        )
     }
 }
 
@@ -104,7 +107,10 @@ impl OperationRecord {
 
     /// Seconds a duplicate should wait before asking again: until the lease ends, at least 1.
     pub fn retry_after_seconds(&self) -> u64 {
-        self.locked_until.map(|until| until.seconds_from_now()).unwrap_or(0).max(1)
+        self.locked_until
+            .map(|until| until.seconds_from_now())
+            .unwrap_or(0)
+            .max(1)
     }
 }
 

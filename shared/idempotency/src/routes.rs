@@ -130,13 +130,17 @@ pub async fn find_operation_by_key(
     let key = query
         .idempotency_key
         .ok_or_else(|| ApiError::invalid_field("idempotency_key", "is required"))?;
-    let key = IdempotencyKey::parse(&key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+    let key = IdempotencyKey::parse(&key)
+        .map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
     let data = store::find_by_key(&idempotency.db, &principal.account_id, key.as_str())
         .await?
         .map(OperationView::from)
         .into_iter()
         .collect();
-    Ok(Json(OperationList { data, next_cursor: None }))
+    Ok(Json(OperationList {
+        data,
+        next_cursor: None,
+    }))
 }
 
 #[derive(utoipa::OpenApi)]

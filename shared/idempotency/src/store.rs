@@ -38,7 +38,10 @@ macro_rules! columns {
 
 /// Claims the key: one insert under the primary key. `None` means the key
 /// already names an operation; nothing was written.
-pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn claim(
+    db: &Db,
+    new: &NewOperation<'_>,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "INSERT INTO idempotency_operations \
          (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
@@ -70,10 +73,16 @@ pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRe
 
 /// Counts one more request that carried the key, and reads the operation.
 /// `None`: the operation is gone (reaped, or freed after a server error).
-pub async fn record_attempt(db: &Db, account_id: &str, key: &IdempotencyKey) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn record_attempt(
+    db: &Db,
+    account_id: &str,
+    key: &IdempotencyKey,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "UPDATE idempotency_operations SET attempts = attempts + 1 \
-         WHERE account_id = $1 AND idempotency_key = $2 RETURNING ", columns!(), ""
+         WHERE account_id = $1 AND idempotency_key = $2 RETURNING ",
+        columns!(),
+        ""
     );
     Ok(on_pool!(db, |pool| {
         sqlx::query(SQL)
@@ -99,7 +108,9 @@ pub async fn take_over(
         "UPDATE idempotency_operations SET lease_token = $3, locked_until = $4, updated_at = $5 \
          WHERE account_id = $1 AND idempotency_key = $2 AND state = 'in_progress' \
            AND lease_token = $6 AND locked_until <= $5 \
-         RETURNING ", columns!(), ""
+         RETURNING ",
+        columns!(),
+        ""
     );
     Ok(on_pool!(db, |pool| {
         sqlx::query(SQL)
@@ -161,10 +172,16 @@ pub async fn complete(
     completion: &Completion<'_>,
 ) -> Result<bool, sqlx::Error> {
     let done = on_tx!(tx, |conn| {
-        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
-            .execute(conn)
-            .await?
-            .rows_affected()
+        bind_completion!(
+            sqlx::query(COMPLETE_SQL),
+            account_id,
+            key,
+            lease_token,
+            completion
+        )
+        .execute(conn)
+        .await?
+        .rows_affected()
     });
     Ok(done == 1)
 }
@@ -179,17 +196,28 @@ pub async fn finish(
     completion: &Completion<'_>,
 ) -> Result<bool, sqlx::Error> {
     let done = on_pool!(db, |pool| {
-        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
-            .execute(pool)
-            .await?
-            .rows_affected()
+        bind_completion!(
+            sqlx::query(COMPLETE_SQL),
+            account_id,
+            key,
+            lease_token,
+            completion
+        )
+        .execute(pool)
+        .await?
+        .rows_affected()
     });
     Ok(done == 1)
 }
 
 /// Frees the key after a server error: nothing happened, so the operation
 /// is forgotten and the next attempt claims afresh.
-pub async fn release(db: &Db, account_id: &str, key: &IdempotencyKey, lease_token: &str) -> Result<(), sqlx::Error> {
+pub async fn release(
+    db: &Db,
+    account_id: &str,
+    key: &IdempotencyKey,
+    lease_token: &str,
+) -> Result<(), sqlx::Error> {
     on_pool!(db, |pool| {
         sqlx::query(
             "DELETE FROM idempotency_operations \
@@ -204,9 +232,15 @@ pub async fn release(db: &Db, account_id: &str, key: &IdempotencyKey, lease_toke
     Ok(())
 }
 
-pub async fn find_by_key(db: &Db, account_id: &str, key: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn find_by_key(
+    db: &Db,
+    account_id: &str,
+    key: &str,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
-        "SELECT ", columns!(), " FROM idempotency_operations WHERE account_id = $1 AND idempotency_key = $2"
+        "SELECT ",
+        columns!(),
+        " FROM idempotency_operations WHERE account_id = $1 AND idempotency_key = $2"
     );
     Ok(on_pool!(db, |pool| {
         sqlx::query(SQL)
@@ -219,9 +253,15 @@ pub async fn find_by_key(db: &Db, account_id: &str, key: &str) -> Result<Option<
     }))
 }
 
-pub async fn find_by_id(db: &Db, account_id: &str, operation_id: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn find_by_id(
+    db: &Db,
+    account_id: &str,
+    operation_id: &str,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
-        "SELECT ", columns!(), " FROM idempotency_operations WHERE account_id = $1 AND operation_id = $2"
+        "SELECT ",
+        columns!(),
+        " FROM idempotency_operations WHERE account_id = $1 AND operation_id = $2"
     );
     Ok(on_pool!(db, |pool| {
         sqlx::query(SQL)
@@ -261,7 +301,8 @@ where
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<Timestamp>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_operations: {what}").into());
+    let corrupt =
+        |what: &str| sqlx::Error::Decode(format!("idempotency_operations: {what}").into());
     let state: String = row.try_get("state")?;
     let state = OperationState::parse(&state).ok_or_else(|| corrupt("unknown state"))?;
     let key: String = row.try_get("idempotency_key")?;

@@ -98,9 +98,24 @@ pub struct DemoKey {
 
 /// The sandbox's fixed credentials: two accounts, each with an agent and an approver.
 pub const DEMO_KEYS: [DemoKey; 4] = [
-    DemoKey { key: "demo-acme-agent", account_id: "acme", principal_id: "acme-agent", role: Role::Agent },
-    DemoKey { key: "demo-acme-approver", account_id: "acme", principal_id: "acme-approver", role: Role::Approver },
-    DemoKey { key: "demo-globex-agent", account_id: "globex", principal_id: "globex-agent", role: Role::Agent },
+    DemoKey {
+        key: "demo-acme-agent",
+        account_id: "acme",
+        principal_id: "acme-agent",
+        role: Role::Agent,
+    },
+    DemoKey {
+        key: "demo-acme-approver",
+        account_id: "acme",
+        principal_id: "acme-approver",
+        role: Role::Approver,
+    },
+    DemoKey {
+        key: "demo-globex-agent",
+        account_id: "globex",
+        principal_id: "globex-agent",
+        role: Role::Agent,
+    },
     DemoKey {
         key: "demo-globex-approver",
         account_id: "globex",
@@ -136,7 +151,10 @@ impl Authenticator {
         } else {
             HashMap::new()
         };
-        Authenticator { db, demo: Arc::new(demo) }
+        Authenticator {
+            db,
+            demo: Arc::new(demo),
+        }
     }
 
     pub async fn authenticate(&self, key: &ApiKey) -> Result<Principal, ApiError> {
@@ -152,7 +170,11 @@ impl Authenticator {
         });
         let (account_id, principal_id, role) = row.ok_or_else(ApiError::unauthenticated)?;
         let role = role.parse().map_err(ApiError::internal)?;
-        Ok(Principal { account_id, principal_id, role })
+        Ok(Principal {
+            account_id,
+            principal_id,
+            role,
+        })
     }
 
     /// Makes a key for `principal` and stores its hash; the plain key is
@@ -188,11 +210,16 @@ where
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or_else(ApiError::unauthenticated)?;
-        let principal = Authenticator::from_ref(state).authenticate(&ApiKey::new(key)).await?;
+        let principal = Authenticator::from_ref(state)
+            .authenticate(&ApiKey::new(key))
+            .await?;
         crate::telemetry::record_principal(&principal);
         Ok(principal)
     }

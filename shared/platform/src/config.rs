@@ -27,12 +27,18 @@ pub struct ServiceConfig {
 pub struct ConfigError(String);
 
 impl ServiceConfig {
-    pub fn from_env(service: &'static str, default_port: u16, sandbox_default: bool) -> Result<Self, ConfigError> {
+    pub fn from_env(
+        service: &'static str,
+        default_port: u16,
+        sandbox_default: bool,
+    ) -> Result<Self, ConfigError> {
         let upper = service.to_ascii_uppercase();
         let listen = match env(&format!("{upper}_ADDR")) {
-            Some(addr) => addr
-                .parse()
-                .map_err(|_| ConfigError(format!("{upper}_ADDR `{addr}` is not an address like 127.0.0.1:{default_port}")))?,
+            Some(addr) => addr.parse().map_err(|_| {
+                ConfigError(format!(
+                    "{upper}_ADDR `{addr}` is not an address like 127.0.0.1:{default_port}"
+                ))
+            })?,
             None => SocketAddr::from(([127, 0, 0, 1], default_port)),
         };
         let database_url = database_url_for(
@@ -46,10 +52,18 @@ impl ServiceConfig {
             None => sandbox_default,
         };
         let max_connections = match env("RETRYSAFE_DB_CONNECTIONS") {
-            Some(v) => v.parse().map_err(|_| ConfigError(format!("RETRYSAFE_DB_CONNECTIONS `{v}` is not a number")))?,
+            Some(v) => v.parse().map_err(|_| {
+                ConfigError(format!("RETRYSAFE_DB_CONNECTIONS `{v}` is not a number"))
+            })?,
             None => 16,
         };
-        Ok(ServiceConfig { service, listen, database_url, sandbox, max_connections })
+        Ok(ServiceConfig {
+            service,
+            listen,
+            database_url,
+            sandbox,
+            max_connections,
+        })
     }
 }
 
@@ -58,20 +72,30 @@ fn env(name: &str) -> Option<String> {
 }
 
 pub fn data_dir() -> PathBuf {
-    env("RETRYSAFE_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".sandbox"))
+    env("RETRYSAFE_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".sandbox"))
 }
 
 /// Picks a service's database: its own URL if given; else its own database on
 /// the `DATABASE_URL` server (`…/retrysafe` → `…/retrysafe_tickets`); else a
 /// SQLite file `<data dir>/<service>.db`.
-pub fn database_url_for(service: &str, own: Option<String>, shared: Option<String>, data_dir: &std::path::Path) -> String {
+pub fn database_url_for(
+    service: &str,
+    own: Option<String>,
+    shared: Option<String>,
+    data_dir: &std::path::Path,
+) -> String {
     if let Some(url) = own {
         return url;
     }
     if let Some(url) = shared.filter(|u| u.starts_with("postgres")) {
         return postgres_database_for(&url, service);
     }
-    format!("sqlite://{}", data_dir.join(format!("{service}.db")).display())
+    format!(
+        "sqlite://{}",
+        data_dir.join(format!("{service}.db")).display()
+    )
 }
 
 fn postgres_database_for(url: &str, service: &str) -> String {
@@ -84,7 +108,11 @@ fn postgres_database_for(url: &str, service: &str) -> String {
         Some(slash) => (&base[..scheme_end + slash], &base[scheme_end + slash + 1..]),
         None => (base, ""),
     };
-    let prefix = if database.is_empty() { "retrysafe" } else { database };
+    let prefix = if database.is_empty() {
+        "retrysafe"
+    } else {
+        database
+    };
     let mut out = format!("{server}/{prefix}_{service}");
     if let Some(query) = query {
         out.push('?');
@@ -100,15 +128,36 @@ mod tests {
 
     #[test]
     fn each_service_gets_its_own_database_on_the_shared_postgres_server() {
-        let url = database_url_for("tickets", None, Some("postgres://postgres@127.0.0.1:5432/retrysafe".into()), Path::new("x"));
+        let url = database_url_for(
+            "tickets",
+            None,
+            Some("postgres://postgres@127.0.0.1:5432/retrysafe".into()),
+            Path::new("x"),
+        );
         assert_eq!(url, "postgres://postgres@127.0.0.1:5432/retrysafe_tickets");
-        let url = database_url_for("payments", None, Some("postgres://h:5432?sslmode=disable".into()), Path::new("x"));
+        let url = database_url_for(
+            "payments",
+            None,
+            Some("postgres://h:5432?sslmode=disable".into()),
+            Path::new("x"),
+        );
         assert_eq!(url, "postgres://h:5432/retrysafe_payments?sslmode=disable");
     }
 
     #[test]
     fn a_service_url_wins_and_sqlite_is_the_default() {
-        assert_eq!(database_url_for("tickets", Some("sqlite://t.db".into()), Some("postgres://h/x".into()), Path::new("d")), "sqlite://t.db");
-        assert_eq!(database_url_for("tickets", None, None, Path::new(".sandbox")), "sqlite://.sandbox/tickets.db");
+        assert_eq!(
+            database_url_for(
+                "tickets",
+                Some("sqlite://t.db".into()),
+                Some("postgres://h/x".into()),
+                Path::new("d")
+            ),
+            "sqlite://t.db"
+        );
+        assert_eq!(
+            database_url_for("tickets", None, None, Path::new(".sandbox")),
+            "sqlite://.sandbox/tickets.db"
+        );
     }
 }

@@ -24,7 +24,10 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError { field: field.into(), message: message.into() }
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -48,8 +51,8 @@ pub struct InternalCause(pub String);
 #[derive(Serialize, utoipa::ToSchema)]
 #[allow(dead_code)]
 pub struct Problem {
-    /// A URI reference naming the problem type; it points into `/docs`.
-    #[schema(example = "/docs#problem-idempotency_key_reused")]
+    /// A URI reference naming the problem type; it is a page of this service's docs.
+    #[schema(example = "/docs/problems/idempotency_key_reused")]
     r#type: String,
     title: String,
     status: u16,
@@ -66,7 +69,12 @@ pub struct Problem {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(
+        status: StatusCode,
+        code: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             code,
@@ -80,8 +88,10 @@ impl ApiError {
 
     /// Adds a contract-named extra member (`operation_id`, `state`, …).
     pub fn with(mut self, member: &str, value: impl Serialize) -> Self {
-        self.extensions
-            .insert(member.to_owned(), serde_json::to_value(value).unwrap_or(Value::Null));
+        self.extensions.insert(
+            member.to_owned(),
+            serde_json::to_value(value).unwrap_or(Value::Null),
+        );
         self
     }
 
@@ -132,11 +142,22 @@ impl ApiError {
     }
 
     pub fn not_found(what: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", "Not found", format!("{} was not found", what.into()))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "Not found",
+            format!("{} was not found", what.into()),
+        )
     }
 
     pub fn invalid_request(detail: impl Into<String>, errors: Vec<FieldError>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail).with("errors", errors)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Invalid request",
+            detail,
+        )
+        .with("errors", errors)
     }
 
     pub fn invalid_field(field: impl Into<String>, message: impl Into<String>) -> Self {
@@ -163,11 +184,21 @@ impl ApiError {
     }
 
     pub fn idempotency_key_invalid(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "idempotency_key_invalid", "Invalid Idempotency-Key", detail)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "idempotency_key_invalid",
+            "Invalid Idempotency-Key",
+            detail,
+        )
     }
 
     pub fn invalid_state(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "invalid_state", "Not allowed in the current state", detail)
+        Self::new(
+            StatusCode::CONFLICT,
+            "invalid_state",
+            "Not allowed in the current state",
+            detail,
+        )
     }
 
     pub fn version_mismatch(expected: i64, current: i64) -> Self {
@@ -196,7 +227,7 @@ impl ApiError {
     pub fn to_problem_json(&self) -> Vec<u8> {
         let problem = ProblemDetails::new()
             .with_type(
-                format!("/docs#problem-{}", self.code)
+                format!("/docs/problems/{}", self.code)
                     .parse::<axum::http::Uri>()
                     .unwrap_or_default(),
             )
@@ -230,7 +261,9 @@ impl IntoResponse for ApiError {
         )
             .into_response();
         if let Some(seconds) = self.retry_after {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         if let Some(cause) = self.internal_cause {
             response.extensions_mut().insert(InternalCause(cause));

@@ -32,9 +32,12 @@ where
         if !is_json(&request) {
             return Err(ApiError::unsupported_media_type());
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|_| ApiError::invalid_request(format!("the body could not be read (at most {MAX_BODY_BYTES} bytes)"), vec![]))?;
+        let bytes = Bytes::from_request(request, state).await.map_err(|_| {
+            ApiError::invalid_request(
+                format!("the body could not be read (at most {MAX_BODY_BYTES} bytes)"),
+                vec![],
+            )
+        })?;
         let value = parse_json::<T>(&bytes)?;
         value.validate().map_err(validation_problem)?;
         Ok(ApiJson(value))
@@ -42,18 +45,32 @@ where
 }
 
 fn is_json(request: &Request) -> bool {
-    let Some(content_type) = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+    let Some(content_type) = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
         return false;
     };
-    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// Deserializes `bytes`, turning serde's message into the field it is about.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let not_json = |inner: &serde_json::Error| {
         ApiError::invalid_request(
-            format!("the body is not valid JSON (line {}, column {})", inner.line(), inner.column()),
+            format!(
+                "the body is not valid JSON (line {}, column {})",
+                inner.line(),
+                inner.column()
+            ),
             vec![],
         )
     };
@@ -67,10 +84,16 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let path = error.path().to_string();
         let parent = if path == "." { String::new() } else { path };
         // serde names the field of these two errors only inside its message
+        // serde's path ends at the unknown field itself, but at the parent of a missing one
         let field = match quoted_name(&message) {
-            Some(name) if message.starts_with("unknown field") || message.starts_with("missing field") => {
-                if parent.is_empty() { name } else { format!("{parent}.{name}") }
+            Some(name) if message.starts_with("missing field") => {
+                if parent.is_empty() {
+                    name
+                } else {
+                    format!("{parent}.{name}")
+                }
             }
+            Some(name) if message.starts_with("unknown field") && parent.is_empty() => name,
             _ if parent.is_empty() => "body".to_owned(),
             _ => parent,
         };
@@ -114,11 +137,19 @@ pub fn validation_problem(errors: ValidationErrors) -> ApiError {
 
 fn collect(errors: &ValidationErrors, prefix: &str, out: &mut Vec<FieldError>) {
     for (field, kind) in errors.errors() {
-        let name = if prefix.is_empty() { field.to_string() } else { format!("{prefix}.{field}") };
+        let name = if prefix.is_empty() {
+            field.to_string()
+        } else {
+            format!("{prefix}.{field}")
+        };
         match kind {
             ValidationErrorsKind::Field(list) => {
                 for error in list {
-                    let message = error.message.as_ref().map(|m| m.to_string()).unwrap_or_else(|| error.code.to_string());
+                    let message = error
+                        .message
+                        .as_ref()
+                        .map(|m| m.to_string())
+                        .unwrap_or_else(|| error.code.to_string());
                     out.push(FieldError::new(name.clone(), message));
                 }
             }
@@ -129,5 +160,27 @@ fn collect(errors: &ValidationErrors, prefix: &str, out: &mut Vec<FieldError>) {
                 }
             }
         }
+    }
+}
+
+/// Query parameters, with unknown parameters and bad values answered as 400
+/// `invalid_request` in problem+json.
+#[derive(Debug, Clone)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|axum::extract::Query(value)| ApiQuery(value))
+            .map_err(|e| ApiError::invalid_request(e.body_text(), vec![]))
     }
 }

@@ -12,6 +12,8 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod json;
+pub mod page;
+pub mod service;
 pub mod telemetry;
 pub mod time;
 
@@ -21,7 +23,7 @@ pub mod testing;
 pub use auth::{Authenticator, Principal, Role};
 pub use db::{Backend, Db, Migrations, Tx};
 pub use error::{ApiError, FieldError};
-pub use json::ApiJson;
+pub use json::{ApiJson, ApiQuery};
 pub use time::Timestamp;
 
 /// The platform's own tables (`api_keys`), applied by every service.
@@ -33,7 +35,10 @@ pub static MIGRATIONS: Migrations = Migrations {
 /// Makes the directory a `sqlite://` URL points into, so a fresh checkout's
 /// first `cargo run` can create `./.sandbox/tickets.db`.
 pub fn prepare_sqlite_dir(url: &str) -> std::io::Result<()> {
-    let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else {
+    let Some(path) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    else {
         return Ok(());
     };
     let path = path.split('?').next().unwrap_or(path);
@@ -72,5 +77,7 @@ pub async fn serve(
     router: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }

@@ -16,10 +16,17 @@ use crate::{auth::Principal, error::InternalCause};
 /// Installs the global subscriber. `LOG_FORMAT=json` selects JSON lines;
 /// `RUST_LOG` filters (default `info`). Safe to call more than once.
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
-    let _ = if json { builder.json().flatten_event(true).try_init() } else { builder.try_init() };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    let _ = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// The request span and its closing log line. The idempotency layer fills in
@@ -55,7 +62,9 @@ fn log_response(response: &Response<axum::body::Body>, latency: Duration, _span:
     let status = response.status().as_u16();
     let latency_ms = latency.as_secs_f64() * 1000.0;
     match response.extensions().get::<InternalCause>() {
-        Some(InternalCause(cause)) => tracing::error!(status, latency_ms, cause = %cause, "request failed"),
+        Some(InternalCause(cause)) => {
+            tracing::error!(status, latency_ms, cause = %cause, "request failed")
+        }
         None => tracing::info!(status, latency_ms, "request finished"),
     }
 }

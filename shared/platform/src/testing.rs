@@ -53,19 +53,27 @@ pub async fn backend_available(backend: Backend) -> bool {
     }
     let reachable = POSTGRES
         .get_or_init(|| async {
-            let options = PgConnectOptions::from_str(&postgres_admin_url()).map_err(|e| e.to_string())?;
-            let connection = tokio::time::timeout(std::time::Duration::from_secs(5), options.connect())
-                .await
-                .map_err(|_| "timed out".to_owned())?
-                .map_err(|e| e.to_string())?;
+            let options =
+                PgConnectOptions::from_str(&postgres_admin_url()).map_err(|e| e.to_string())?;
+            let connection =
+                tokio::time::timeout(std::time::Duration::from_secs(5), options.connect())
+                    .await
+                    .map_err(|_| "timed out".to_owned())?
+                    .map_err(|e| e.to_string())?;
             connection.close().await.map_err(|e| e.to_string())
         })
         .await;
     match reachable {
         Ok(()) => true,
-        Err(e) if in_ci() => panic!("PostgreSQL at {} is unreachable under CI=true: {e}", postgres_admin_url()),
+        Err(e) if in_ci() => panic!(
+            "PostgreSQL at {} is unreachable under CI=true: {e}",
+            postgres_admin_url()
+        ),
         Err(e) => {
-            eprintln!("skipped: PostgreSQL at {} is unreachable ({e}); set TEST_DATABASE_URL to run this half", postgres_admin_url());
+            eprintln!(
+                "skipped: PostgreSQL at {} is unreachable ({e}); set TEST_DATABASE_URL to run this half",
+                postgres_admin_url()
+            );
             false
         }
     }
@@ -79,16 +87,33 @@ impl TestDb {
                 let dir = tempfile::tempdir().expect("a temporary directory");
                 let url = format!("sqlite://{}", dir.path().join("test.db").display());
                 let db = Db::connect(&url, 16).await.expect("a SQLite test database");
-                TestDb { db, url, cleanup: Cleanup::Sqlite(dir) }
+                TestDb {
+                    db,
+                    url,
+                    cleanup: Cleanup::Sqlite(dir),
+                }
             }
             Backend::Postgres => {
                 let admin_url = postgres_admin_url();
                 let database = format!("rs_test_{}", uuid::Uuid::new_v4().simple());
                 let options = PgConnectOptions::from_str(&admin_url).expect("a PostgreSQL URL");
-                let url = options.clone().database(&database).to_url_lossy().to_string();
+                let url = options
+                    .clone()
+                    .database(&database)
+                    .to_url_lossy()
+                    .to_string();
                 // Db::connect creates the database
-                let db = Db::connect(&url, 16).await.expect("a PostgreSQL test database");
-                TestDb { db, url, cleanup: Cleanup::Postgres { admin_url, database } }
+                let db = Db::connect(&url, 16)
+                    .await
+                    .expect("a PostgreSQL test database");
+                TestDb {
+                    db,
+                    url,
+                    cleanup: Cleanup::Postgres {
+                        admin_url,
+                        database,
+                    },
+                }
             }
         }
     }
@@ -100,16 +125,26 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Cleanup::Postgres { admin_url, database } = &self.cleanup {
+        if let Cleanup::Postgres {
+            admin_url,
+            database,
+        } = &self.cleanup
+        {
             let (admin_url, database, db) = (admin_url.clone(), database.clone(), self.db.clone());
             // Drop runs inside the test's runtime, so the async clean-up gets a thread of its own.
             let _ = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
                 runtime.block_on(async move {
                     db.close().await;
                     let mut admin = PgConnection::connect(&admin_url).await.ok()?;
                     let drop = format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)");
-                    sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut admin).await.ok()?;
+                    sqlx::query(sqlx::AssertSqlSafe(drop))
+                        .execute(&mut admin)
+                        .await
+                        .ok()?;
                     admin.close().await.ok()
                 })
             })

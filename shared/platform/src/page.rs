@@ -1,0 +1,92 @@
+//! Cursor pagination (CONTRACT §10): `limit` (default 50, at most 200) and an
+//! opaque `cursor`; answers are `{"data": [...], "next_cursor": string | null}`
+//! in creation order.
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use serde::Serialize;
+
+use crate::error::ApiError;
+
+pub const DEFAULT_LIMIT: i64 = 50;
+pub const MAX_LIMIT: i64 = 200;
+
+/// A validated page request: rows after `after_seq`, at most `limit` of them.
+#[derive(Debug, Clone, Copy)]
+pub struct PageRequest {
+    pub after_seq: i64,
+    pub limit: i64,
+}
+
+impl PageRequest {
+    pub fn parse(limit: Option<i64>, cursor: Option<&str>) -> Result<Self, ApiError> {
+        let limit = limit.unwrap_or(DEFAULT_LIMIT);
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(ApiError::invalid_field(
+                "limit",
+                format!("must be 1 to {MAX_LIMIT}"),
+            ));
+        }
+        let after_seq = match cursor {
+            None | Some("") => 0,
+            Some(cursor) => decode_cursor(cursor).ok_or_else(|| {
+                ApiError::invalid_field("cursor", "is not a cursor this API gave out")
+            })?,
+        };
+        Ok(PageRequest { after_seq, limit })
+    }
+
+    /// How many rows to fetch: one more than the page, to know if another follows.
+    pub fn fetch_limit(&self) -> i64 {
+        self.limit + 1
+    }
+}
+
+/// One page of a list.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Page<T> {
+    pub data: Vec<T>,
+    /// Pass as `cursor` to get the next page; `null` on the last one.
+    pub next_cursor: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// Builds a page from rows fetched with [`PageRequest::fetch_limit`], each with its sequence number.
+    pub fn from_rows(mut rows: Vec<(i64, T)>, request: PageRequest) -> Self {
+        let more = rows.len() as i64 > request.limit;
+        rows.truncate(request.limit as usize);
+        let next_cursor = more
+            .then(|| rows.last().map(|(seq, _)| encode_cursor(*seq)))
+            .flatten();
+        Page {
+            data: rows.into_iter().map(|(_, item)| item).collect(),
+            next_cursor,
+        }
+    }
+}
+
+fn encode_cursor(seq: i64) -> String {
+    URL_SAFE_NO_PAD.encode(format!("after:{seq}"))
+}
+
+fn decode_cursor(cursor: &str) -> Option<i64> {
+    let bytes = URL_SAFE_NO_PAD.decode(cursor).ok()?;
+    let text = std::str::from_utf8(&bytes).ok()?;
+    text.strip_prefix("after:")?
+        .parse()
+        .ok()
+        .filter(|seq: &i64| *seq >= 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_given_out_reads_back_and_a_forged_one_is_refused() {
+        assert_eq!(decode_cursor(&encode_cursor(42)), Some(42));
+        assert!(PageRequest::parse(None, Some("not-a-cursor")).is_err());
+        assert!(PageRequest::parse(Some(201), None).is_err());
+        assert!(PageRequest::parse(Some(0), None).is_err());
+        assert_eq!(PageRequest::parse(None, None).unwrap().limit, 50);
+    }
+}

@@ -1,0 +1,162 @@
+//! What every service's router has besides its own routes: `/healthz`,
+//! `/openapi.json`, the docs page with every problem `code`, a problem+json
+//! 404/405, and the request span.
+
+use axum::{
+    Json, Router,
+    http::StatusCode,
+    response::{Html, IntoResponse},
+    routing::get,
+};
+use utoipa::openapi::{
+    OpenApi,
+    security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
+};
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::error::ApiError;
+
+/// Every problem `code` a service may answer with, and what it means; the
+/// docs page lists them, and each problem's `type` points at its entry.
+pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
+    (
+        "unauthenticated",
+        401,
+        "No `Authorization: Bearer` key, or an unknown one.",
+    ),
+    ("forbidden", 403, "The key's role may not do this."),
+    (
+        "not_found",
+        404,
+        "No such resource in the caller's account (another account's ids are 404 too).",
+    ),
+    (
+        "unsupported_media_type",
+        415,
+        "The body is not `application/json`.",
+    ),
+    (
+        "invalid_request",
+        400,
+        "The body or query failed validation; `errors` lists each `{field, message}`. Nothing was claimed: the same key may be used with a fixed body.",
+    ),
+    (
+        "idempotency_key_missing",
+        400,
+        "A POST that creates an effect needs an `Idempotency-Key` header.",
+    ),
+    (
+        "idempotency_key_invalid",
+        400,
+        "The key is not 1-255 visible ASCII characters (bare, or an RFC 8941 quoted string).",
+    ),
+    (
+        "idempotency_key_reused",
+        422,
+        "The key already names an operation with a different request (another body, route or account). Only `operation_id` and `state` of that operation are returned.",
+    ),
+    (
+        "request_in_progress",
+        409,
+        "An earlier attempt with this key is still running. Wait `Retry-After` seconds (or send `Prefer: wait=N`) and retry with the same key, or poll `status_url`.",
+    ),
+    (
+        "operation_outcome_unknown",
+        409,
+        "An external effect may or may not have happened. The operation is not executed again; poll `status_url`.",
+    ),
+    (
+        "invalid_state",
+        409,
+        "The resource's current state does not allow this action.",
+    ),
+    (
+        "version_mismatch",
+        409,
+        "`expected_version` is stale; read the resource again.",
+    ),
+    (
+        "internal_error",
+        500,
+        "The server failed and committed nothing; retry with the same key.",
+    ),
+];
+
+/// The router parts every service shares. `openapi` is the service's document.
+pub fn common_routes(title: &'static str, mut openapi: OpenApi) -> Router {
+    openapi.info.title = title.to_owned();
+    let components = openapi.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some("API key"))
+                .build(),
+        ),
+    );
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route("/docs", get(move || async move { Html(docs_page(title)) }))
+        // each problem's `type`; the page shows every code, with this one's anchor
+        .route(
+            "/docs/problems/{code}",
+            get(move || async move { Html(docs_page(title)) }),
+        )
+        .merge(SwaggerUi::new("/docs/api").url("/openapi.json", openapi))
+}
+
+/// Adds the problem+json fallbacks and the request span to a finished router.
+pub fn finish(router: Router) -> Router {
+    router
+        .fallback(|| async { ApiError::not_found("this route").into_response() })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+                "this route does not take this method",
+            )
+            .into_response()
+        })
+        .layer(crate::telemetry::request_layer())
+}
+
+fn docs_page(title: &str) -> String {
+    let rows: String = PROBLEM_CODES
+        .iter()
+        .map(|(code, status, meaning)| {
+            format!("<tr id=\"problem-{code}\"><td><code>{code}</code></td><td>{status}</td><td>{}</td></tr>\n", escape(meaning))
+        })
+        .collect();
+    format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}
+td,th{{text-align:left;vertical-align:top;padding:.3rem .6rem;border-bottom:1px solid #ddd}}code{{background:#f4f4f4;padding:0 .2rem}}</style>
+</head><body>
+<h1>{title}</h1>
+<p>The API reference is at <a href="/docs/api/">/docs/api/</a> (Swagger UI, served from this process) and as
+<a href="/openapi.json">/openapi.json</a> (OpenAPI 3.1).</p>
+<h2>Retrying safely</h2>
+<ul>
+<li>Every POST that creates an effect needs an <code>Idempotency-Key</code>: made once per intended action, stored before the first send, sent again unchanged with every retry.</li>
+<li>A retry with the same key and the same request gets the first answer again, byte for byte, with <code>Idempotent-Replayed: true</code>. The same key with a different request is refused with 422.</li>
+<li>Every answer that belongs to an operation carries <code>Operation-Id</code>; <code>GET /v1/operations/{{id}}</code> and <code>GET /v1/operations?idempotency_key=</code> tell an agent that timed out what happened.</li>
+</ul>
+<h2>Problems</h2>
+<p>Every error is <code>application/problem+json</code> with a stable <code>code</code>:</p>
+<table><tr><th>code</th><th>status</th><th>meaning</th></tr>
+{rows}</table>
+</body></html>"#
+    )
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
