@@ -12,8 +12,6 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     platform::telemetry::init();
-    #[cfg(feature = "failpoints")]
-    let _fail_points = fail::FailScenario::setup();
 
     let idempotency = IdempotencyConfig::from_env()?;
     let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;

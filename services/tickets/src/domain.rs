@@ -68,6 +68,7 @@ impl TicketStatus {
     }
 }
 
+/// Empty or only white space. Strings are otherwise kept as given (no trimming).
 fn not_blank(value: &str) -> Result<(), ValidationError> {
     if value.trim().is_empty() {
         return Err(ValidationError::new("blank").with_message("must not be blank".into()));
@@ -91,10 +92,10 @@ fn labels_are_short(labels: &[String]) -> Result<(), ValidationError> {
 #[serde(deny_unknown_fields)]
 pub struct CreateTicketBody {
     /// The project the ticket belongs to.
-    #[validate(length(min = 1, max = 64, message = "must be 1 to 64 characters"), custom(function = not_blank))]
+    #[validate(length(max = 64, message = "must be at most 64 characters"), custom(function = not_blank))]
     #[schema(example = "ops")]
     pub project: String,
-    #[validate(length(min = 1, max = 200, message = "must be 1 to 200 characters"), custom(function = not_blank))]
+    #[validate(length(max = 200, message = "must be at most 200 characters"), custom(function = not_blank))]
     #[schema(example = "Rotate staging certificate")]
     pub title: String,
     #[validate(length(max = 10000, message = "must be at most 10000 characters"))]
@@ -139,7 +140,7 @@ impl From<CreateTicketBody> for CreateTicket {
 #[derive(Debug, Deserialize, Validate, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddCommentBody {
-    #[validate(length(min = 1, max = 10000, message = "must be 1 to 10000 characters"), custom(function = not_blank))]
+    #[validate(length(max = 10000, message = "must be at most 10000 characters"), custom(function = not_blank))]
     #[schema(example = "Certificate rotated; watching the error rate.")]
     pub body: String,
 }

@@ -10,8 +10,6 @@ use platform::{Authenticator, Db, Principal, config::ServiceConfig};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     platform::telemetry::init();
-    #[cfg(feature = "failpoints")]
-    let _fail_points = fail::FailScenario::setup();
 
     let config = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, false)?;
     let args: Vec<String> = std::env::args().skip(1).collect();

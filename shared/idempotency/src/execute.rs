@@ -436,6 +436,12 @@ fn new_lease_token() -> String {
 /// here and holds what it has until the process is killed.
 async fn fail_point(name: &str) {
     #[cfg(feature = "failpoints")]
+    {
+        // fail points are read from `FAILPOINTS` once per process, wherever it started
+        static FROM_ENV: std::sync::Once = std::sync::Once::new();
+        FROM_ENV.call_once(|| std::mem::forget(fail::FailScenario::setup()));
+    }
+    #[cfg(feature = "failpoints")]
     if fail::eval(name, |_| ()).is_some() {
         tracing::warn!(
             fail_point = name,
