@@ -89,7 +89,7 @@ enum Decision {
     /// Answer the client with this; nothing runs.
     Answer(Response),
     /// This attempt took the lease over and runs the operation.
-    Run(OperationRecord),
+    Run(Box<OperationRecord>),
     /// The operation disappeared under us (reaped, or freed): claim again.
     Vanished,
 }
@@ -112,7 +112,7 @@ impl Idempotency {
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
         let owned = match self.claim_or_decide(&attempt, &fingerprint).await {
-            Ok(Decision::Run(operation)) => operation,
+            Ok(Decision::Run(operation)) => *operation,
             Ok(Decision::Answer(response)) => return response,
             Ok(Decision::Vanished) => {
                 return ApiError::internal("the operation kept disappearing while it was claimed")
@@ -147,7 +147,7 @@ impl Idempotency {
                 now,
             };
             if let Some(claimed) = store::claim(&self.db, &new).await? {
-                return Ok(Decision::Run(claimed));
+                return Ok(Decision::Run(Box::new(claimed)));
             }
             let Some(existing) =
                 store::record_attempt(&self.db, &principal.account_id, &attempt.headers.key)
@@ -210,7 +210,7 @@ impl Idempotency {
                         .await?
                         {
                             tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
-                            return Ok(Decision::Run(taken));
+                            return Ok(Decision::Run(Box::new(taken)));
                         }
                     } else if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
                         tokio::time::sleep(WAIT_POLL.min(deadline - Instant::now())).await;

@@ -31,9 +31,13 @@ impl FieldError {
     }
 }
 
-/// A problem+json answer with the contract's `code`.
+/// A problem+json answer with the contract's `code`. Boxed: errors travel in
+/// every `Result` of a handler, and the happy path should not carry their size.
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub struct ApiError(Box<ProblemParts>);
+
+#[derive(Debug, Clone)]
+struct ProblemParts {
     status: StatusCode,
     code: &'static str,
     title: &'static str,
@@ -75,7 +79,7 @@ impl ApiError {
         title: &'static str,
         detail: impl Into<String>,
     ) -> Self {
-        ApiError {
+        ApiError(Box::new(ProblemParts {
             status,
             code,
             title,
@@ -83,12 +87,12 @@ impl ApiError {
             extensions: Map::new(),
             retry_after: None,
             internal_cause: None,
-        }
+        }))
     }
 
     /// Adds a contract-named extra member (`operation_id`, `state`, …).
     pub fn with(mut self, member: &str, value: impl Serialize) -> Self {
-        self.extensions.insert(
+        self.0.extensions.insert(
             member.to_owned(),
             serde_json::to_value(value).unwrap_or(Value::Null),
         );
@@ -96,34 +100,34 @@ impl ApiError {
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after = Some(seconds);
+        self.0.retry_after = Some(seconds);
         self
     }
 
     pub fn status(&self) -> StatusCode {
-        self.status
+        self.0.status
     }
 
     pub fn code(&self) -> &'static str {
-        self.code
+        self.0.code
     }
 
     pub fn detail(&self) -> &str {
-        &self.detail
+        &self.0.detail
     }
 
     pub fn extension(&self, member: &str) -> Option<&Value> {
-        self.extensions.get(member)
+        self.0.extensions.get(member)
     }
 
     pub fn retry_after(&self) -> Option<u64> {
-        self.retry_after
+        self.0.retry_after
     }
 
     /// A known, final business outcome (a 4xx): stored with its operation and
     /// replayed to every retry. A 5xx is not an outcome: it frees the claim.
     pub fn is_final(&self) -> bool {
-        self.status.is_client_error()
+        self.0.status.is_client_error()
     }
 
     // --- the contract's problems, by code ---
@@ -219,7 +223,7 @@ impl ApiError {
             "Internal error",
             "the server failed; nothing was committed, and the same request may be retried with the same key",
         );
-        error.internal_cause = Some(cause.to_string());
+        error.0.internal_cause = Some(cause.to_string());
         error
     }
 
@@ -227,17 +231,17 @@ impl ApiError {
     pub fn to_problem_json(&self) -> Vec<u8> {
         let problem = ProblemDetails::new()
             .with_type(
-                format!("/docs/problems/{}", self.code)
+                format!("/docs/problems/{}", self.0.code)
                     .parse::<axum::http::Uri>()
                     .unwrap_or_default(),
             )
-            .with_title(self.title)
-            .with_status(self.status)
-            .with_detail(self.detail.clone())
+            .with_title(self.0.title)
+            .with_status(self.0.status)
+            .with_detail(self.0.detail.clone())
             .with_extensions({
                 let mut members = Map::new();
-                members.insert("code".into(), json!(self.code));
-                members.extend(self.extensions.clone());
+                members.insert("code".into(), json!(self.0.code));
+                members.extend(self.0.extensions.clone());
                 members
             });
         serde_json::to_vec(&problem).unwrap_or_default()
@@ -246,7 +250,13 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.detail)
+        write!(
+            f,
+            "{} {}: {}",
+            self.0.status.as_u16(),
+            self.0.code,
+            self.0.detail
+        )
     }
 }
 
@@ -255,17 +265,17 @@ impl std::error::Error for ApiError {}
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (
-            self.status,
+            self.0.status,
             [(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON))],
             self.to_problem_json(),
         )
             .into_response();
-        if let Some(seconds) = self.retry_after {
+        if let Some(seconds) = self.0.retry_after {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
-        if let Some(cause) = self.internal_cause {
+        if let Some(cause) = self.0.internal_cause {
             response.extensions_mut().insert(InternalCause(cause));
         }
         response

@@ -16,7 +16,9 @@ async fn a_missing_or_unknown_bearer_key_is_401(backend: Backend) {
                 .unwrap(),
         )
         .await;
-    let unknown = app.post("/v1/tickets", "not-a-key", Some("key-1"), ROTATE_CERT).await;
+    let unknown = app
+        .post("/v1/tickets", "not-a-key", Some("key-1"), ROTATE_CERT)
+        .await;
 
     anonymous.assert_problem(401, "unauthenticated");
     unknown.assert_problem(401, "unauthenticated");
@@ -25,17 +27,28 @@ async fn a_missing_or_unknown_bearer_key_is_401(backend: Backend) {
 
 async fn a_created_api_key_authenticates_and_only_its_hash_is_stored(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let principal = Principal { account_id: "initech".into(), principal_id: "bot-7".into(), role: Role::Agent };
-    let key = Authenticator::new(app.db.db.clone(), false).create_key(&principal).await.unwrap();
+    let principal = Principal {
+        account_id: "initech".into(),
+        principal_id: "bot-7".into(),
+        role: Role::Agent,
+    };
+    let key = Authenticator::new(app.db.db.clone(), false)
+        .create_key(&principal)
+        .await
+        .unwrap();
 
-    let created = app.post("/v1/tickets", key.expose(), Some("key-1"), ROTATE_CERT).await;
+    let created = app
+        .post("/v1/tickets", key.expose(), Some("key-1"), ROTATE_CERT)
+        .await;
 
     assert_eq!(created.status, 201);
     assert_eq!(app.count("SELECT COUNT(*) FROM api_keys").await, 1);
-    let stored: String = platform::on_pool!(&app.db.db, |pool| sqlx::query_scalar("SELECT key_hash FROM api_keys")
-        .fetch_one(pool)
-        .await
-        .unwrap());
+    let stored: String = platform::on_pool!(&app.db.db, |pool| sqlx::query_scalar(
+        "SELECT key_hash FROM api_keys"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap());
     assert_ne!(stored, key.expose());
     assert_eq!(stored, key.hash());
 }
@@ -43,19 +56,31 @@ async fn a_created_api_key_authenticates_and_only_its_hash_is_stored(backend: Ba
 async fn demo_keys_exist_only_in_sandbox_mode(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let outside_sandbox = Authenticator::new(app.db.db.clone(), false);
-    let result = outside_sandbox.authenticate(&platform::auth::ApiKey::new(ACME_AGENT)).await;
+    let result = outside_sandbox
+        .authenticate(&platform::auth::ApiKey::new(ACME_AGENT))
+        .await;
     assert_eq!(result.unwrap_err().code(), "unauthenticated");
 }
 
 async fn the_same_key_in_two_accounts_is_two_operations(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let acme = app.post("/v1/tickets", ACME_AGENT, Some("shared-key"), ROTATE_CERT).await;
+    let acme = app
+        .post("/v1/tickets", ACME_AGENT, Some("shared-key"), ROTATE_CERT)
+        .await;
     let globex = app
-        .post("/v1/tickets", GLOBEX_AGENT, Some("shared-key"), r#"{"project":"web","title":"Another intention"}"#)
+        .post(
+            "/v1/tickets",
+            GLOBEX_AGENT,
+            Some("shared-key"),
+            r#"{"project":"web","title":"Another intention"}"#,
+        )
         .await;
 
     assert_eq!(acme.status, 201);
-    assert_eq!(globex.status, 201, "not a key reuse: the key belongs to another account");
+    assert_eq!(
+        globex.status, 201,
+        "not a key reuse: the key belongs to another account"
+    );
     assert_eq!(globex.replayed(), Some("false"));
     assert_ne!(acme.operation_id(), globex.operation_id());
     assert_eq!(app.ticket_count().await, 2);
@@ -66,20 +91,49 @@ async fn another_accounts_ticket_and_operation_are_404(backend: Backend) {
     let created = app.create_ticket("key-1", ROTATE_CERT).await;
     let ticket_id = created.json()["id"].as_str().unwrap().to_owned();
 
-    app.get(&format!("/v1/tickets/{ticket_id}"), GLOBEX_AGENT).await.assert_problem(404, "not_found");
-    app.get(&format!("/v1/operations/{}", created.operation_id()), GLOBEX_AGENT)
+    app.get(&format!("/v1/tickets/{ticket_id}"), GLOBEX_AGENT)
         .await
         .assert_problem(404, "not_found");
-    assert_eq!(app.get("/v1/operations?idempotency_key=key-1", GLOBEX_AGENT).await.json()["data"], serde_json::json!([]));
-    assert_eq!(app.get("/v1/tickets", GLOBEX_AGENT).await.json()["data"], serde_json::json!([]));
-    app.post(&format!("/v1/tickets/{ticket_id}/comments"), GLOBEX_AGENT, Some("c-1"), r#"{"body":"mine now"}"#)
-        .await
-        .assert_problem(404, "not_found");
+    app.get(
+        &format!("/v1/operations/{}", created.operation_id()),
+        GLOBEX_AGENT,
+    )
+    .await
+    .assert_problem(404, "not_found");
+    assert_eq!(
+        app.get("/v1/operations?idempotency_key=key-1", GLOBEX_AGENT)
+            .await
+            .json()["data"],
+        serde_json::json!([])
+    );
+    assert_eq!(
+        app.get("/v1/tickets", GLOBEX_AGENT).await.json()["data"],
+        serde_json::json!([])
+    );
+    app.post(
+        &format!("/v1/tickets/{ticket_id}/comments"),
+        GLOBEX_AGENT,
+        Some("c-1"),
+        r#"{"body":"mine now"}"#,
+    )
+    .await
+    .assert_problem(404, "not_found");
     let status = app
-        .send(json_request(axum::http::Method::PUT, &format!("/v1/tickets/{ticket_id}/status"), GLOBEX_AGENT, None, r#"{"status":"closed"}"#))
+        .send(json_request(
+            axum::http::Method::PUT,
+            &format!("/v1/tickets/{ticket_id}/status"),
+            GLOBEX_AGENT,
+            None,
+            r#"{"status":"closed"}"#,
+        ))
         .await;
     status.assert_problem(404, "not_found");
-    assert_eq!(app.get(&format!("/v1/tickets/{ticket_id}"), ACME_AGENT).await.json()["status"], "open");
+    assert_eq!(
+        app.get(&format!("/v1/tickets/{ticket_id}"), ACME_AGENT)
+            .await
+            .json()["status"],
+        "open"
+    );
 }
 
 platform::both_backends!(

@@ -30,20 +30,44 @@ impl TestApp {
         let db = TestDb::new(backend).await;
         tickets::migrate(&db.db).await.expect("migrations apply");
         let app = App::new(db.db.clone(), config, true);
-        TestApp { router: tickets::build_router(app), db }
+        TestApp {
+            router: tickets::build_router(app),
+            db,
+        }
     }
 
     pub async fn send(&self, request: Request<Body>) -> TestResponse {
-        let response = self.router.clone().oneshot(request).await.expect("the router answers");
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the router answers");
         let status = response.status();
         let headers = response.headers().clone();
-        let body = response.into_body().collect().await.expect("a body").to_bytes();
-        TestResponse { status, headers, body }
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("a body")
+            .to_bytes();
+        TestResponse {
+            status,
+            headers,
+            body,
+        }
     }
 
     /// A POST as an agent would send it: bearer key, JSON, and a key if given.
-    pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: &str) -> TestResponse {
-        self.send(json_request(Method::POST, path, bearer, key, body)).await
+    pub async fn post(
+        &self,
+        path: &str,
+        bearer: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> TestResponse {
+        self.send(json_request(Method::POST, path, bearer, key, body))
+            .await
     }
 
     pub async fn create_ticket(&self, key: &str, body: &str) -> TestResponse {
@@ -60,7 +84,10 @@ impl TestApp {
 
     /// Counts rows straight from the database: what really happened.
     pub async fn count(&self, sql: &'static str) -> i64 {
-        on_pool!(&self.db.db, |pool| sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await.unwrap())
+        on_pool!(&self.db.db, |pool| sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap())
     }
 
     pub async fn ticket_count(&self) -> i64 {
@@ -68,7 +95,13 @@ impl TestApp {
     }
 }
 
-pub fn json_request(method: Method, path: &str, bearer: &str, key: Option<&str>, body: &str) -> Request<Body> {
+pub fn json_request(
+    method: Method,
+    path: &str,
+    bearer: &str,
+    key: Option<&str>,
+    body: &str,
+) -> Request<Body> {
     let mut builder = Request::builder()
         .method(method)
         .uri(path)
@@ -89,7 +122,8 @@ pub struct TestResponse {
 
 impl TestResponse {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("a JSON body, got {:?}", self.body))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("a JSON body, got {:?}", self.body))
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -112,9 +146,13 @@ impl TestResponse {
     #[track_caller]
     pub fn assert_problem(&self, status: u16, code: &str) {
         assert_eq!(self.status.as_u16(), status, "status of {:?}", self.body);
-        assert_eq!(self.header("content-type"), Some("application/problem+json"));
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
         assert_eq!(self.code(), code, "code of {:?}", self.body);
     }
 }
 
-pub const ROTATE_CERT: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
+pub const ROTATE_CERT: &str =
+    r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;

@@ -7,13 +7,26 @@ use serde_json::{Value, json};
 use crate::support::*;
 
 async fn set_status(app: &TestApp, ticket_id: &str, body: Value) -> TestResponse {
-    app.send(json_request(Method::PUT, &format!("/v1/tickets/{ticket_id}/status"), ACME_AGENT, None, &body.to_string()))
-        .await
+    app.send(json_request(
+        Method::PUT,
+        &format!("/v1/tickets/{ticket_id}/status"),
+        ACME_AGENT,
+        None,
+        &body.to_string(),
+    ))
+    .await
 }
 
-async fn a_create_for_a_known_source_event_answers_200_with_that_ticket_under_any_key(backend: Backend) {
+async fn a_create_for_a_known_source_event_answers_200_with_that_ticket_under_any_key(
+    backend: Backend,
+) {
     let app = TestApp::spawn(backend).await;
-    let first = app.create_ticket("run-1", r#"{"project":"ops","title":"Disk full on db-3","source_event_id":"alert-7f3a"}"#).await;
+    let first = app
+        .create_ticket(
+            "run-1",
+            r#"{"project":"ops","title":"Disk full on db-3","source_event_id":"alert-7f3a"}"#,
+        )
+        .await;
     let second = app
         .create_ticket("run-2", r#"{"project":"ops","title":"db-3 disk is full (again?)","source_event_id":"alert-7f3a"}"#)
         .await;
@@ -23,12 +36,26 @@ async fn a_create_for_a_known_source_event_answers_200_with_that_ticket_under_an
     assert_eq!(second.status, 200);
     assert_eq!(second.json()["outcome"], "matched_existing");
     assert_eq!(second.json()["id"], first.json()["id"]);
-    assert_eq!(second.json()["title"], "Disk full on db-3", "the existing ticket, unchanged");
-    assert_eq!(second.replayed(), Some("false"), "a match is a new operation, not a replay");
+    assert_eq!(
+        second.json()["title"],
+        "Disk full on db-3",
+        "the existing ticket, unchanged"
+    );
+    assert_eq!(
+        second.replayed(),
+        Some("false"),
+        "a match is a new operation, not a replay"
+    );
     assert_ne!(second.operation_id(), first.operation_id());
     assert_eq!(app.ticket_count().await, 1);
 
-    let listed = app.get("/v1/tickets?project=ops&source_event_id=alert-7f3a", ACME_AGENT).await.json();
+    let listed = app
+        .get(
+            "/v1/tickets?project=ops&source_event_id=alert-7f3a",
+            ACME_AGENT,
+        )
+        .await
+        .json();
     assert_eq!(listed["data"].as_array().unwrap().len(), 1);
 }
 
@@ -37,7 +64,12 @@ async fn matching_never_reopens_a_closed_ticket_and_never_comments(backend: Back
     let body = r#"{"project":"ops","title":"Disk full","source_event_id":"alert-1"}"#;
     let ticket = app.create_ticket("run-1", body).await.json();
     let id = ticket["id"].as_str().unwrap();
-    assert_eq!(set_status(&app, id, json!({"status": "closed"})).await.status, 200);
+    assert_eq!(
+        set_status(&app, id, json!({"status": "closed"}))
+            .await
+            .status,
+        200
+    );
 
     let matched = app.create_ticket("run-2", body).await;
 
@@ -48,10 +80,25 @@ async fn matching_never_reopens_a_closed_ticket_and_never_comments(backend: Back
 
 async fn the_same_source_event_in_another_project_or_account_is_another_ticket(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    app.create_ticket("k1", r#"{"project":"ops","title":"x","source_event_id":"e-1"}"#).await;
-    let other_project = app.create_ticket("k2", r#"{"project":"web","title":"x","source_event_id":"e-1"}"#).await;
-    let other_account =
-        app.post("/v1/tickets", GLOBEX_AGENT, Some("k3"), r#"{"project":"ops","title":"x","source_event_id":"e-1"}"#).await;
+    app.create_ticket(
+        "k1",
+        r#"{"project":"ops","title":"x","source_event_id":"e-1"}"#,
+    )
+    .await;
+    let other_project = app
+        .create_ticket(
+            "k2",
+            r#"{"project":"web","title":"x","source_event_id":"e-1"}"#,
+        )
+        .await;
+    let other_account = app
+        .post(
+            "/v1/tickets",
+            GLOBEX_AGENT,
+            Some("k3"),
+            r#"{"project":"ops","title":"x","source_event_id":"e-1"}"#,
+        )
+        .await;
 
     assert_eq!(other_project.status, 201);
     assert_eq!(other_account.status, 201);
@@ -64,18 +111,46 @@ async fn identical_tickets_under_two_keys_are_two_tickets(backend: Backend) {
     let b = app.create_ticket("human-2", ROTATE_CERT).await;
 
     assert_eq!((a.status.as_u16(), b.status.as_u16()), (201, 201));
-    assert_ne!(a.json()["id"], b.json()["id"], "the fingerprint is not a dedup key; titles never deduplicate");
+    assert_ne!(
+        a.json()["id"],
+        b.json()["id"],
+        "the fingerprint is not a dedup key; titles never deduplicate"
+    );
     assert_eq!(app.ticket_count().await, 2);
 }
 
 async fn each_comment_is_its_own_operation_and_a_retried_comment_is_added_once(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"].as_str().unwrap().to_owned();
+    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let path = format!("/v1/tickets/{id}/comments");
 
-    let first = app.post(&path, ACME_AGENT, Some("comment-1"), r#"{"body":"Rotated."}"#).await;
-    let retried = app.post(&path, ACME_AGENT, Some("comment-1"), r#"{"body":"Rotated."}"#).await;
-    let second = app.post(&path, ACME_AGENT, Some("comment-2"), r#"{"body":"Rotated."}"#).await;
+    let first = app
+        .post(
+            &path,
+            ACME_AGENT,
+            Some("comment-1"),
+            r#"{"body":"Rotated."}"#,
+        )
+        .await;
+    let retried = app
+        .post(
+            &path,
+            ACME_AGENT,
+            Some("comment-1"),
+            r#"{"body":"Rotated."}"#,
+        )
+        .await;
+    let second = app
+        .post(
+            &path,
+            ACME_AGENT,
+            Some("comment-2"),
+            r#"{"body":"Rotated."}"#,
+        )
+        .await;
 
     assert_eq!(first.status, 201);
     assert!(first.json()["id"].as_str().unwrap().starts_with("cmt_"));
@@ -91,34 +166,66 @@ async fn each_comment_is_its_own_operation_and_a_retried_comment_is_added_once(b
 
 async fn setting_the_current_status_again_changes_nothing(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"].as_str().unwrap().to_owned();
+    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
-    let resolved = set_status(&app, &id, json!({"status": "resolved", "expected_version": 1})).await;
-    let again = set_status(&app, &id, json!({"status": "resolved", "expected_version": 1})).await;
+    let resolved = set_status(
+        &app,
+        &id,
+        json!({"status": "resolved", "expected_version": 1}),
+    )
+    .await;
+    let again = set_status(
+        &app,
+        &id,
+        json!({"status": "resolved", "expected_version": 1}),
+    )
+    .await;
 
     assert_eq!(resolved.status, 200);
     assert_eq!(resolved.json()["changed"], true);
     assert_eq!(resolved.json()["version"], 2);
-    assert_eq!(again.status, 200, "a retried PUT of the same end state is a no-op");
+    assert_eq!(
+        again.status, 200,
+        "a retried PUT of the same end state is a no-op"
+    );
     assert_eq!(again.json()["changed"], false);
     assert_eq!(again.json()["version"], 2);
 }
 
 async fn a_stale_expected_version_is_409_version_mismatch(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"].as_str().unwrap().to_owned();
+    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     set_status(&app, &id, json!({"status": "acknowledged"})).await;
 
-    let stale = set_status(&app, &id, json!({"status": "resolved", "expected_version": 1})).await;
+    let stale = set_status(
+        &app,
+        &id,
+        json!({"status": "resolved", "expected_version": 1}),
+    )
+    .await;
 
     stale.assert_problem(409, "version_mismatch");
     assert_eq!(stale.json()["current_version"], 2);
-    assert_eq!(app.get(&format!("/v1/tickets/{id}"), ACME_AGENT).await.json()["status"], "acknowledged");
+    assert_eq!(
+        app.get(&format!("/v1/tickets/{id}"), ACME_AGENT)
+            .await
+            .json()["status"],
+        "acknowledged"
+    );
 }
 
 async fn a_closed_ticket_does_not_change_status(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"].as_str().unwrap().to_owned();
+    let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     set_status(&app, &id, json!({"status": "closed"})).await;
 
     let reopen = set_status(&app, &id, json!({"status": "open"})).await;
@@ -147,9 +254,15 @@ async fn lists_page_through_every_ticket_in_creation_order(backend: Backend) {
         }
     }
     assert_eq!(seen, created);
-    app.get("/v1/tickets?limit=201", ACME_AGENT).await.assert_problem(400, "invalid_request");
-    app.get("/v1/tickets?cursor=forged", ACME_AGENT).await.assert_problem(400, "invalid_request");
-    app.get("/v1/tickets?colour=red", ACME_AGENT).await.assert_problem(400, "invalid_request");
+    app.get("/v1/tickets?limit=201", ACME_AGENT)
+        .await
+        .assert_problem(400, "invalid_request");
+    app.get("/v1/tickets?cursor=forged", ACME_AGENT)
+        .await
+        .assert_problem(400, "invalid_request");
+    app.get("/v1/tickets?colour=red", ACME_AGENT)
+        .await
+        .assert_problem(400, "invalid_request");
 }
 
 async fn the_service_serves_health_and_its_openapi_document(backend: Backend) {
@@ -160,7 +273,11 @@ async fn the_service_serves_health_and_its_openapi_document(backend: Backend) {
 
     assert_eq!(health.json()["status"], "ok");
     assert!(openapi["openapi"].as_str().unwrap().starts_with("3.1"));
-    for path in ["/v1/tickets", "/v1/tickets/{ticket_id}/comments", "/v1/operations/{operation_id}"] {
+    for path in [
+        "/v1/tickets",
+        "/v1/tickets/{ticket_id}/comments",
+        "/v1/operations/{operation_id}",
+    ] {
         assert!(openapi["paths"].get(path).is_some(), "{path} is documented");
     }
     assert!(String::from_utf8_lossy(&docs.body).contains("idempotency_key_reused"));

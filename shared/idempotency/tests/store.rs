@@ -1,0 +1,509 @@
+//! The idempotency layer below HTTP: claims, replays, mismatches, leases and
+//! takeovers, atomicity of effect and completion, and the reaper — each on
+//! SQLite and on PostgreSQL.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{
+    body::Bytes,
+    http::{StatusCode, request::Parts},
+    response::Response,
+};
+use futures::future::join_all;
+use http_body_util::BodyExt;
+use idempotency::{
+    Attempt, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyHeaders,
+    IdempotencyKey, OperationState,
+    store::{self, NewOperation},
+};
+use platform::{ApiError, Backend, Principal, Role, Timestamp, on_pool, on_tx, testing::TestDb};
+use serde_json::json;
+
+const ROUTE: &str = "/v1/things";
+
+struct Fixture {
+    db: TestDb,
+    idempotency: Idempotency,
+    principal: Principal,
+}
+
+async fn fixture(backend: Backend) -> Fixture {
+    let db = TestDb::new(backend).await;
+    db.db
+        .migrate(&[&platform::MIGRATIONS, &idempotency::MIGRATIONS])
+        .await
+        .unwrap();
+    on_pool!(&db.db, |pool| sqlx::query(
+        "CREATE TABLE effects (id TEXT PRIMARY KEY)"
+    )
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected());
+    let idempotency = Idempotency::new(db.db.clone(), IdempotencyConfig::default());
+    let principal = Principal {
+        account_id: "acme".into(),
+        principal_id: "acme-agent".into(),
+        role: Role::Agent,
+    };
+    Fixture {
+        db,
+        idempotency,
+        principal,
+    }
+}
+
+impl Fixture {
+    fn attempt(&self, key: &str) -> Attempt<'_> {
+        Attempt::post(
+            ROUTE,
+            &self.principal,
+            IdempotencyHeaders {
+                key: IdempotencyKey::parse(key).unwrap(),
+                wait: None,
+            },
+        )
+    }
+
+    /// Runs an operation whose effect inserts one row into `effects` and counts its runs.
+    async fn run(
+        &self,
+        key: &str,
+        command: serde_json::Value,
+        runs: &AtomicUsize,
+    ) -> (StatusCode, Parts, Bytes) {
+        let response = self
+            .idempotency
+            .execute(self.attempt(key), &command, async |tx| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                insert_effect(tx).await?;
+                Ok(Effect::json(StatusCode::CREATED, &json!({"made": command})))
+            })
+            .await;
+        read(response).await
+    }
+
+    async fn effects(&self) -> i64 {
+        on_pool!(&self.db.db, |pool| sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM effects"
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap())
+    }
+
+    async fn claim(
+        &self,
+        key: &str,
+        command: &serde_json::Value,
+        locked_until: Timestamp,
+    ) -> Option<idempotency::OperationRecord> {
+        let key = IdempotencyKey::parse(key).unwrap();
+        let fingerprint = Fingerprint::of("POST", ROUTE, "acme", command);
+        store::claim(
+            &self.db.db,
+            &NewOperation {
+                account_id: "acme",
+                key: &key,
+                operation_id: idempotency::operation::new_operation_id(),
+                principal_id: "acme-agent",
+                method: "POST",
+                route: ROUTE,
+                fingerprint: &fingerprint,
+                lease_token: uuid_token(),
+                locked_until,
+                now: Timestamp::now(),
+            },
+        )
+        .await
+        .unwrap()
+    }
+}
+
+async fn insert_effect(tx: &mut platform::Tx) -> Result<(), ApiError> {
+    let id = uuid_token();
+    on_tx!(tx, |conn| sqlx::query(
+        "INSERT INTO effects (id) VALUES ($1)"
+    )
+    .bind(&id)
+    .execute(conn)
+    .await?
+    .rows_affected());
+    Ok(())
+}
+
+fn uuid_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+async fn read(response: Response) -> (StatusCode, Parts, Bytes) {
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (parts.status, parts_without_body(parts), bytes)
+}
+
+fn parts_without_body(parts: axum::http::response::Parts) -> Parts {
+    let mut request = axum::http::Request::new(());
+    *request.headers_mut() = parts.headers;
+    request.into_parts().0
+}
+
+fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+    parts.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn claiming_a_free_key_stores_a_running_operation_with_a_lease(backend: Backend) {
+    let f = fixture(backend).await;
+    let until = Timestamp::now().plus(Duration::from_secs(30));
+    let claimed = f
+        .claim("k", &json!({"n": 1}), until)
+        .await
+        .expect("the key was free");
+
+    assert_eq!(claimed.state, OperationState::InProgress);
+    assert_eq!(claimed.attempts, 1);
+    assert_eq!(claimed.locked_until, Some(until));
+    assert!(claimed.lease_token.is_some());
+    assert!(claimed.response.is_none());
+}
+
+async fn claiming_a_taken_key_writes_nothing(backend: Backend) {
+    let f = fixture(backend).await;
+    let until = Timestamp::now().plus(Duration::from_secs(30));
+    let first = f.claim("k", &json!({"n": 1}), until).await.unwrap();
+
+    let second = f.claim("k", &json!({"n": 2}), until).await;
+
+    assert!(second.is_none());
+    let stored = store::find_by_key(&f.db.db, "acme", "k")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.operation_id, first.operation_id);
+    assert_eq!(stored.fingerprint, first.fingerprint);
+}
+
+async fn an_operation_runs_its_effect_once_and_replays_its_stored_answer(backend: Backend) {
+    let f = fixture(backend).await;
+    let runs = AtomicUsize::new(0);
+    let (status, first, body) = f.run("k", json!({"n": 1}), &runs).await;
+    let (again_status, again, again_body) = f.run("k", json!({"n": 1}), &runs).await;
+
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(header(&first, "idempotent-replayed"), Some("false"));
+    assert_eq!(again_status, StatusCode::CREATED);
+    assert_eq!(again_body, body);
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    assert_eq!(
+        header(&again, "operation-id"),
+        header(&first, "operation-id")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(f.effects().await, 1);
+}
+
+async fn a_changed_command_under_the_same_key_is_422_and_runs_nothing(backend: Backend) {
+    let f = fixture(backend).await;
+    let runs = AtomicUsize::new(0);
+    f.run("k", json!({"n": 1}), &runs).await;
+    let (status, _, body) = f.run("k", json!({"n": 2}), &runs).await;
+
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["code"],
+        "idempotency_key_reused"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(f.effects().await, 1);
+}
+
+async fn a_duplicate_is_409_while_another_attempt_holds_the_lease(backend: Backend) {
+    let f = fixture(backend).await;
+    f.claim(
+        "k",
+        &json!({"n": 1}),
+        Timestamp::now().plus(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let runs = AtomicUsize::new(0);
+
+    let (status, parts, body) = f.run("k", json!({"n": 1}), &runs).await;
+
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["code"],
+        "request_in_progress"
+    );
+    assert!(header(&parts, "retry-after").is_some());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+async fn of_many_racing_takers_of_an_expired_lease_exactly_one_wins(backend: Backend) {
+    let f = fixture(backend).await;
+    let stale = f
+        .claim(
+            "k",
+            &json!({"n": 1}),
+            Timestamp::now().minus(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    let db = f.db.db.clone();
+
+    let takers = join_all((0..16).map(|n| {
+        let (db, stale) = (db.clone(), stale.clone());
+        tokio::spawn(async move {
+            let now = Timestamp::now();
+            store::take_over(
+                &db,
+                &stale,
+                &format!("taker-{n}"),
+                now.plus(Duration::from_secs(30)),
+                now,
+            )
+            .await
+            .unwrap()
+        })
+    }))
+    .await;
+
+    let winners: Vec<_> = takers.into_iter().filter_map(|t| t.unwrap()).collect();
+    assert_eq!(winners.len(), 1, "the lease went to exactly one taker");
+    let stored = store::find_by_key(&f.db.db, "acme", "k")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.lease_token, winners[0].lease_token);
+    assert_eq!(stored.operation_id, stale.operation_id);
+}
+
+async fn a_lease_that_has_not_run_out_cannot_be_taken_over(backend: Backend) {
+    let f = fixture(backend).await;
+    let held = f
+        .claim(
+            "k",
+            &json!({"n": 1}),
+            Timestamp::now().plus(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let now = Timestamp::now();
+
+    let taken = store::take_over(
+        &f.db.db,
+        &held,
+        "thief",
+        now.plus(Duration::from_secs(30)),
+        now,
+    )
+    .await
+    .unwrap();
+
+    assert!(taken.is_none());
+}
+
+async fn an_attempt_that_lost_its_lease_cannot_complete_the_operation(backend: Backend) {
+    let f = fixture(backend).await;
+    let command = json!({"n": 1});
+    let slow = f
+        .claim(
+            "k",
+            &command,
+            Timestamp::now().minus(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    let now = Timestamp::now();
+    store::take_over(
+        &f.db.db,
+        &slow,
+        "successor",
+        now.plus(Duration::from_secs(30)),
+        now,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    let mut tx = f.db.db.begin().await.unwrap();
+    insert_effect(&mut tx).await.unwrap();
+    let response = idempotency::StoredResponse {
+        status: StatusCode::CREATED,
+        content_type: "application/json".into(),
+        location: None,
+        body: b"{}".to_vec(),
+    };
+    let completion = store::Completion {
+        state: OperationState::Completed,
+        response: &response,
+        resource: None,
+        external_ref: None,
+        now: Timestamp::now(),
+    };
+    let completed = store::complete(
+        &mut tx,
+        "acme",
+        &slow.key,
+        slow.lease_token.as_deref().unwrap(),
+        &completion,
+    )
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+
+    assert!(
+        !completed,
+        "the old holder's completion is refused, so its effect is rolled back"
+    );
+    assert_eq!(f.effects().await, 0);
+}
+
+async fn a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key(backend: Backend) {
+    let f = fixture(backend).await;
+    let response = f
+        .idempotency
+        .execute(f.attempt("k"), &json!({"n": 1}), async |tx| {
+            insert_effect(tx).await?;
+            Err(ApiError::internal("the disk caught fire"))
+        })
+        .await;
+    let (status, _, body) = read(response).await;
+
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        !String::from_utf8_lossy(&body).contains("fire"),
+        "internal causes are logged, never sent"
+    );
+    assert_eq!(f.effects().await, 0);
+    assert!(
+        store::find_by_key(&f.db.db, "acme", "k")
+            .await
+            .unwrap()
+            .is_none(),
+        "the key is free again"
+    );
+
+    let runs = AtomicUsize::new(0);
+    let (retry, _, _) = f.run("k", json!({"n": 1}), &runs).await;
+    assert_eq!(retry, StatusCode::CREATED);
+    assert_eq!(f.effects().await, 1);
+}
+
+async fn a_business_failure_rolls_its_writes_back_and_is_replayed(backend: Backend) {
+    let f = fixture(backend).await;
+    let fail = async || {
+        f.idempotency
+            .execute(f.attempt("k"), &json!({"n": 1}), async |tx| {
+                insert_effect(tx).await?;
+                Err(ApiError::invalid_state("not now"))
+            })
+            .await
+    };
+    let (status, first, body) = read(fail().await).await;
+    let (again_status, again, again_body) = read(fail().await).await;
+
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        header(&first, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(again_status, StatusCode::CONFLICT);
+    assert_eq!(again_body, body);
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    assert_eq!(f.effects().await, 0, "a failed operation leaves no effect");
+    let stored = store::find_by_key(&f.db.db, "acme", "k")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.state, OperationState::Failed);
+}
+
+async fn the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones(
+    backend: Backend,
+) {
+    let f = fixture(backend).await;
+    let runs = AtomicUsize::new(0);
+    f.run("finished-old", json!({"n": 1}), &runs).await;
+    f.run("finished-new", json!({"n": 2}), &runs).await;
+    f.claim(
+        "running-old",
+        &json!({"n": 3}),
+        Timestamp::now().plus(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    f.claim(
+        "unknown-old",
+        &json!({"n": 4}),
+        Timestamp::now().plus(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let two_days_ago = Timestamp::now().minus(Duration::from_secs(48 * 3600));
+    on_pool!(&f.db.db, |pool| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET state = 'unknown', lease_token = NULL, locked_until = NULL \
+             WHERE idempotency_key = 'unknown-old'",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE idempotency_operations SET updated_at = $1 WHERE idempotency_key <> 'finished-new'")
+            .bind(two_days_ago)
+            .execute(pool)
+            .await
+            .unwrap()
+            .rows_affected()
+    });
+
+    let reaped = f.idempotency.reap_once().await.unwrap();
+
+    assert_eq!(reaped, 1);
+    for (key, kept) in [
+        ("finished-old", false),
+        ("finished-new", true),
+        ("running-old", true),
+        ("unknown-old", true),
+    ] {
+        let found = store::find_by_key(&f.db.db, "acme", key).await.unwrap();
+        assert_eq!(found.is_some(), kept, "{key}");
+    }
+}
+
+async fn many_concurrent_attempts_with_one_key_run_the_effect_once(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let answers = join_all((0..32).map(|_| {
+        let (f, runs) = (f.clone(), runs.clone());
+        tokio::spawn(async move { f.run("k", json!({"n": 1}), &runs).await.0 })
+    }))
+    .await;
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(f.effects().await, 1);
+    for status in answers {
+        assert!(matches!(status.unwrap().as_u16(), 201 | 409));
+    }
+}
+
+platform::both_backends!(
+    claiming_a_free_key_stores_a_running_operation_with_a_lease,
+    claiming_a_taken_key_writes_nothing,
+    an_operation_runs_its_effect_once_and_replays_its_stored_answer,
+    a_changed_command_under_the_same_key_is_422_and_runs_nothing,
+    a_duplicate_is_409_while_another_attempt_holds_the_lease,
+    of_many_racing_takers_of_an_expired_lease_exactly_one_wins,
+    a_lease_that_has_not_run_out_cannot_be_taken_over,
+    an_attempt_that_lost_its_lease_cannot_complete_the_operation,
+    a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key,
+    a_business_failure_rolls_its_writes_back_and_is_replayed,
+    the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones,
+    many_concurrent_attempts_with_one_key_run_the_effect_once,
+);
