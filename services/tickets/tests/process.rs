@@ -1,0 +1,237 @@
+//! Real processes, really killed (CONTRACT §5): a tickets process dies with
+//! SIGKILL between the claim and the commit, a new one starts on the same
+//! database, and a retry after the lease runs the operation exactly once. The
+//! stored answer survives the process.
+//!
+//! The binary is built with the `failpoints` feature for tests, and a fail
+//! point (`FAILPOINTS=idempotency::after_claim=return`) holds the request at
+//! the chosen spot until the test kills the process.
+
+use std::{process::Stdio, time::Duration};
+
+use platform::{Backend, on_pool, testing::TestDb};
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+    sync::mpsc,
+};
+
+const LEASE_SECONDS: &str = "2";
+const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
+
+/// A running `tickets` process and the log lines it prints.
+struct Service {
+    child: Child,
+    base: String,
+    log: mpsc::UnboundedReceiver<Value>,
+}
+
+impl Service {
+    async fn start(database_url: &str, fail_point: Option<&str>) -> Service {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tickets"));
+        command
+            .env_remove("DATABASE_URL")
+            .env("TICKETS_DATABASE_URL", database_url)
+            .env("TICKETS_ADDR", "127.0.0.1:0")
+            .env("RETRYSAFE_SANDBOX", "true")
+            .env("RETRYSAFE_LEASE_SECONDS", LEASE_SECONDS)
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .env_remove("FAILPOINTS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(point) = fail_point {
+            command.env("FAILPOINTS", format!("{point}=return"));
+        }
+        let mut child = command.spawn().expect("the tickets binary starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (sender, mut log) = mpsc::unbounded_channel();
+        // keep draining stdout, so the process never blocks on a full pipe
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(entry) = serde_json::from_str::<Value>(&line) {
+                    let _ = sender.send(entry);
+                }
+            }
+        });
+        let listening = wait_for(&mut log, "tickets listening").await;
+        let base = format!(
+            "http://{}",
+            listening["addr"]
+                .as_str()
+                .expect("the listening line names the address")
+        );
+        Service { child, base, log }
+    }
+
+    /// SIGKILL: no clean-up, no graceful shutdown.
+    async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL is sent");
+        let status = self.child.wait().await.unwrap();
+        assert!(!status.success());
+    }
+
+    async fn create(&self, key: &str) -> reqwest::Result<reqwest::Response> {
+        client()
+            .post(format!("{}/v1/tickets", self.base))
+            .bearer_auth("demo-acme-agent")
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(BODY)
+            .send()
+            .await
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+async fn wait_for(log: &mut mpsc::UnboundedReceiver<Value>, message: &str) -> Value {
+    let found = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(entry) = log.recv().await {
+            if entry["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(message))
+            {
+                return entry;
+            }
+        }
+        panic!("the process exited before logging `{message}`");
+    });
+    found
+        .await
+        .unwrap_or_else(|_| panic!("no `{message}` in the log within a minute"))
+}
+
+async fn ticket_count(db: &TestDb) -> i64 {
+    on_pool!(&db.db, |pool| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM tickets"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap())
+}
+
+/// Kills a process held at `fail_point` with the request's effect unfinished,
+/// then proves the retry rule: 409 while the dead holder's lease lasts, one
+/// execution after it, and a byte-for-byte replay from a third process.
+async fn crash_at(backend: Backend, fail_point: &str) {
+    let db = TestDb::new(backend).await;
+    let mut doomed = Service::start(&db.url, Some(fail_point)).await;
+    let lost = tokio::spawn({
+        let base = doomed.base.clone();
+        async move {
+            client()
+                .post(format!("{base}/v1/tickets"))
+                .bearer_auth("demo-acme-agent")
+                .header("content-type", "application/json")
+                .header("idempotency-key", "crash-key")
+                .body(BODY)
+                .send()
+                .await
+        }
+    });
+    wait_for(&mut doomed.log, "fail point reached").await;
+    doomed.kill().await;
+    assert!(
+        lost.await.unwrap().is_err(),
+        "the agent never got an answer"
+    );
+
+    let restarted = Service::start(&db.url, None).await;
+    let early = restarted.create("crash-key").await.unwrap();
+    assert_eq!(
+        early.status(),
+        StatusCode::CONFLICT,
+        "the dead process still holds the lease"
+    );
+    let retry_after: u64 = early.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let early_operation = early.headers()["operation-id"].to_str().unwrap().to_owned();
+    let early_body: Value = early.json().await.unwrap();
+    assert_eq!(early_body["code"], "request_in_progress");
+    assert_eq!(
+        ticket_count(&db).await,
+        0,
+        "nothing of the killed attempt was committed"
+    );
+
+    let mut answer = None;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(retry_after)).await;
+        let response = restarted.create("crash-key").await.unwrap();
+        if response.status() != StatusCode::CONFLICT {
+            answer = Some(response);
+            break;
+        }
+    }
+    let created = answer.expect("the lease ran out and a retry ran the operation");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    assert_eq!(created.headers()["idempotent-replayed"], "false");
+    assert_eq!(
+        created.headers()["operation-id"].to_str().unwrap(),
+        early_operation,
+        "one operation, one id"
+    );
+    let created_body = created.bytes().await.unwrap();
+    assert_eq!(ticket_count(&db).await, 1, "exactly one ticket");
+    restarted.kill().await;
+
+    let third = Service::start(&db.url, None).await;
+    let replay = third.create("crash-key").await.unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        replay.bytes().await.unwrap(),
+        created_body,
+        "the stored answer survived the process, byte for byte"
+    );
+    assert_eq!(ticket_count(&db).await, 1);
+    third.kill().await;
+}
+
+async fn a_process_killed_after_the_claim_leaves_one_execution_to_the_retry_after_the_lease(
+    backend: Backend,
+) {
+    crash_at(backend, "idempotency::after_claim").await;
+}
+
+async fn a_process_killed_with_the_effect_written_but_not_committed_leaves_no_ticket(
+    backend: Backend,
+) {
+    crash_at(backend, "idempotency::before_commit").await;
+}
+
+async fn a_stored_answer_is_replayed_by_a_restarted_process(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let first_process = Service::start(&db.url, None).await;
+    let created = first_process.create("restart-key").await.unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let body = created.bytes().await.unwrap();
+    first_process.kill().await;
+
+    let second_process = Service::start(&db.url, None).await;
+    let replay = second_process.create("restart-key").await.unwrap();
+
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.bytes().await.unwrap(), body);
+    assert_eq!(ticket_count(&db).await, 1);
+    second_process.kill().await;
+}
+
+platform::both_backends!(
+    a_process_killed_after_the_claim_leaves_one_execution_to_the_retry_after_the_lease,
+    a_process_killed_with_the_effect_written_but_not_committed_leaves_no_ticket,
+    a_stored_answer_is_replayed_by_a_restarted_process,
+);
