@@ -77,12 +77,8 @@ fn not_blank(value: &str) -> Result<(), ValidationError> {
 }
 
 fn labels_are_short(labels: &[String]) -> Result<(), ValidationError> {
-    if labels
-        .iter()
-        .any(|l| l.trim().is_empty() || l.chars().count() > 50)
-    {
-        return Err(ValidationError::new("label")
-            .with_message("each label must be 1 to 50 characters".into()));
+    if labels.iter().any(|l| l.trim().is_empty() || l.chars().count() > 50) {
+        return Err(ValidationError::new("label").with_message("each label must be 1 to 50 characters".into()));
     }
     Ok(())
 }
@@ -191,6 +187,16 @@ impl Ticket {
 pub enum CreateOutcome {
     Created,
     MatchedExisting,
+}
+
+impl CreateOutcome {
+    /// 201 for a new ticket, 200 for the one the source event already has.
+    pub fn status(self) -> axum::http::StatusCode {
+        match self {
+            CreateOutcome::Created => axum::http::StatusCode::CREATED,
+            CreateOutcome::MatchedExisting => axum::http::StatusCode::OK,
+        }
+    }
 }
 
 /// The answer to a create: the ticket and how it was reached.

@@ -71,10 +71,7 @@ pub fn build_router(app: App) -> Router {
         routes::router()
             .merge(idempotency::routes::routes())
             .with_state(app)
-            .merge(platform::service::common_routes(
-                "Retrysafe tickets",
-                openapi(),
-            )),
+            .merge(platform::service::common_routes("Retrysafe tickets", openapi())),
     )
 }
 

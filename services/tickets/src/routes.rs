@@ -19,8 +19,8 @@ use serde::Deserialize;
 use crate::{
     App,
     domain::{
-        AddComment, AddCommentBody, Comment, CreateOutcome, CreateTicket, CreateTicketBody,
-        SetStatusBody, Ticket, TicketCreated, TicketStatus, TicketStatusChanged,
+        AddComment, AddCommentBody, Comment, CreateTicket, CreateTicketBody, SetStatusBody, Ticket, TicketCreated,
+        TicketStatus, TicketStatusChanged,
     },
     store::{self, TicketFilter},
 };
@@ -33,10 +33,7 @@ pub fn router() -> Router<App> {
         .route(CREATE_TICKET, post(create_ticket).get(list_tickets))
         .route("/v1/tickets/{ticket_id}", get(get_ticket))
         .route(ADD_COMMENT, post(add_comment).get(list_comments))
-        .route(
-            "/v1/tickets/{ticket_id}/comments/{comment_id}",
-            get(get_comment),
-        )
+        .route("/v1/tickets/{ticket_id}/comments/{comment_id}", get(get_comment))
         .route("/v1/tickets/{ticket_id}/status", put(set_status))
 }
 
@@ -68,21 +65,11 @@ pub async fn create_ticket(
 ) -> Response {
     let command = CreateTicket::from(body);
     app.idempotency
-        .execute(
-            Attempt::post(CREATE_TICKET, &principal, key),
-            &command,
-            async |tx| {
-                let (ticket, outcome) =
-                    store::create_ticket(tx, &principal.account_id, &command).await?;
-                let status = match outcome {
-                    CreateOutcome::Created => StatusCode::CREATED,
-                    CreateOutcome::MatchedExisting => StatusCode::OK,
-                };
-                let (id, url) = (ticket.id.clone(), ticket.url());
-                Ok(Effect::json(status, &TicketCreated { ticket, outcome })
-                    .with_resource("ticket", &id, url))
-            },
-        )
+        .execute(Attempt::post(CREATE_TICKET, &principal, key), &command, async |tx| {
+            let (ticket, outcome) = store::create_ticket(tx, &principal.account_id, &command).await?;
+            let (id, url) = (ticket.id.clone(), ticket.url());
+            Ok(Effect::json(outcome.status(), &TicketCreated { ticket, outcome }).with_resource("ticket", &id, url))
+        })
         .await
 }
 
@@ -180,21 +167,11 @@ pub async fn add_comment(
         body: body.body,
     };
     app.idempotency
-        .execute(
-            Attempt::post(ADD_COMMENT, &principal, key),
-            &command,
-            async |tx| {
-                let comment = store::add_comment(
-                    tx,
-                    &principal.account_id,
-                    &principal.principal_id,
-                    &command,
-                )
-                .await?;
-                let (id, url) = (comment.id.clone(), comment.url());
-                Ok(Effect::json(StatusCode::CREATED, &comment).with_resource("comment", &id, url))
-            },
-        )
+        .execute(Attempt::post(ADD_COMMENT, &principal, key), &command, async |tx| {
+            let comment = store::add_comment(tx, &principal.account_id, &principal.principal_id, &command).await?;
+            let (id, url) = (comment.id.clone(), comment.url());
+            Ok(Effect::json(StatusCode::CREATED, &comment).with_resource("comment", &id, url))
+        })
         .await
 }
 
@@ -292,9 +269,7 @@ pub async fn set_status(
 
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    info(
-        description = "Tickets that an agent can create, comment on and resolve, retrying safely."
-    ),
+    info(description = "Tickets that an agent can create, comment on and resolve, retrying safely."),
     paths(
         create_ticket,
         get_ticket,

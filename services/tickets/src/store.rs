@@ -4,9 +4,7 @@
 use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
 use sqlx::Row;
 
-use crate::domain::{
-    AddComment, Comment, CreateOutcome, CreateTicket, Priority, Ticket, TicketStatus, new_id,
-};
+use crate::domain::{AddComment, Comment, CreateOutcome, CreateTicket, Priority, Ticket, TicketStatus, new_id};
 
 macro_rules! ticket_columns {
     () => {
@@ -81,11 +79,7 @@ pub async fn create_ticket(
         .ok_or_else(|| ApiError::internal("insert conflicted but no ticket holds the source event"))
 }
 
-pub async fn get_ticket(
-    db: &Db,
-    account_id: &str,
-    ticket_id: &str,
-) -> Result<Option<Ticket>, ApiError> {
+pub async fn get_ticket(db: &Db, account_id: &str, ticket_id: &str) -> Result<Option<Ticket>, ApiError> {
     const SQL: &str = concat!(
         "SELECT ",
         ticket_columns!(),

@@ -96,10 +96,7 @@ fn client() -> reqwest::Client {
 async fn wait_for(log: &mut mpsc::UnboundedReceiver<Value>, message: &str) -> Value {
     let found = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(entry) = log.recv().await {
-            if entry["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with(message))
-            {
+            if entry["message"].as_str().is_some_and(|m| m.starts_with(message)) {
                 return entry;
             }
         }
@@ -140,10 +137,7 @@ async fn crash_at(backend: Backend, fail_point: &str) {
     });
     wait_for(&mut doomed.log, "fail point reached").await;
     doomed.kill().await;
-    assert!(
-        lost.await.unwrap().is_err(),
-        "the agent never got an answer"
-    );
+    assert!(lost.await.unwrap().is_err(), "the agent never got an answer");
 
     let restarted = Service::start(&db.url, None).await;
     let early = restarted.create("crash-key").await.unwrap();
@@ -152,11 +146,7 @@ async fn crash_at(backend: Backend, fail_point: &str) {
         StatusCode::CONFLICT,
         "the dead process still holds the lease"
     );
-    let retry_after: u64 = early.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry_after: u64 = early.headers()["retry-after"].to_str().unwrap().parse().unwrap();
     let early_operation = early.headers()["operation-id"].to_str().unwrap().to_owned();
     let early_body: Value = early.json().await.unwrap();
     assert_eq!(early_body["code"], "request_in_progress");
@@ -200,15 +190,11 @@ async fn crash_at(backend: Backend, fail_point: &str) {
     third.kill().await;
 }
 
-async fn a_process_killed_after_the_claim_leaves_one_execution_to_the_retry_after_the_lease(
-    backend: Backend,
-) {
+async fn a_process_killed_after_the_claim_leaves_one_execution_to_the_retry_after_the_lease(backend: Backend) {
     crash_at(backend, "idempotency::after_claim").await;
 }
 
-async fn a_process_killed_with_the_effect_written_but_not_committed_leaves_no_ticket(
-    backend: Backend,
-) {
+async fn a_process_killed_with_the_effect_written_but_not_committed_leaves_no_ticket(backend: Backend) {
     crash_at(backend, "idempotency::before_commit").await;
 }
 

@@ -36,11 +36,7 @@ pub struct Attempt<'a> {
 }
 
 impl<'a> Attempt<'a> {
-    pub fn post(
-        route: &'static str,
-        principal: &'a Principal,
-        headers: IdempotencyHeaders,
-    ) -> Self {
+    pub fn post(route: &'static str, principal: &'a Principal, headers: IdempotencyHeaders) -> Self {
         Attempt {
             principal,
             headers,
@@ -115,21 +111,16 @@ impl Idempotency {
             Ok(Decision::Run(operation)) => *operation,
             Ok(Decision::Answer(response)) => return response,
             Ok(Decision::Vanished) => {
-                return ApiError::internal("the operation kept disappearing while it was claimed")
-                    .into_response();
+                return ApiError::internal("the operation kept disappearing while it was claimed").into_response();
             }
             Err(error) => return error.into_response(),
         };
-        telemetry::record_operation(&owned.operation_id, fingerprint.as_str(), "created");
+        telemetry::record_operation(&owned.operation_id, fingerprint.as_str(), "claimed");
         fail_point("idempotency::after_claim").await;
         self.run(owned, effect).await
     }
 
-    async fn claim_or_decide(
-        &self,
-        attempt: &Attempt<'_>,
-        fingerprint: &Fingerprint,
-    ) -> Result<Decision, ApiError> {
+    async fn claim_or_decide(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Result<Decision, ApiError> {
         let principal = attempt.principal;
         // Bounded: each round either claims, decides, or saw the row vanish.
         for _ in 0..3 {
@@ -149,16 +140,11 @@ impl Idempotency {
             if let Some(claimed) = store::claim(&self.db, &new).await? {
                 return Ok(Decision::Run(Box::new(claimed)));
             }
-            let Some(existing) =
-                store::record_attempt(&self.db, &principal.account_id, &attempt.headers.key)
-                    .await?
+            let Some(existing) = store::record_attempt(&self.db, &principal.account_id, &attempt.headers.key).await?
             else {
                 continue;
             };
-            match self
-                .decide(existing, fingerprint, attempt.headers.wait)
-                .await?
-            {
+            match self.decide(existing, fingerprint, attempt.headers.wait).await? {
                 Decision::Vanished => continue,
                 decision => return Ok(decision),
             }
@@ -176,11 +162,7 @@ impl Idempotency {
         let deadline = wait.map(|w| Instant::now() + w);
         loop {
             if &operation.fingerprint != fingerprint {
-                telemetry::record_operation(
-                    &operation.operation_id,
-                    fingerprint.as_str(),
-                    "key_reused",
-                );
+                telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "key_reused");
                 let error = ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "idempotency_key_reused",
@@ -200,14 +182,8 @@ impl Idempotency {
                     let now = Timestamp::now();
                     if operation.lease_expired(now) {
                         let locked_until = now.plus(self.config.lease);
-                        if let Some(taken) = store::take_over(
-                            &self.db,
-                            &operation,
-                            &new_lease_token(),
-                            locked_until,
-                            now,
-                        )
-                        .await?
+                        if let Some(taken) =
+                            store::take_over(&self.db, &operation, &new_lease_token(), locked_until, now).await?
                         {
                             tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
                             return Ok(Decision::Run(Box::new(taken)));
@@ -215,31 +191,17 @@ impl Idempotency {
                     } else if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
                         tokio::time::sleep(WAIT_POLL.min(deadline - Instant::now())).await;
                     } else {
-                        telemetry::record_operation(
-                            &operation.operation_id,
-                            fingerprint.as_str(),
-                            "in_progress",
-                        );
+                        telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "in_progress");
                         return Ok(Decision::Answer(in_progress(&operation)));
                     }
                     // lost the takeover, or waited a little: look again
-                    match store::find_by_key(
-                        &self.db,
-                        &operation.account_id,
-                        operation.key.as_str(),
-                    )
-                    .await?
-                    {
+                    match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await? {
                         Some(fresh) => operation = fresh,
                         None => return Ok(Decision::Vanished),
                     }
                 }
                 OperationState::Unknown => {
-                    telemetry::record_operation(
-                        &operation.operation_id,
-                        fingerprint.as_str(),
-                        "outcome_unknown",
-                    );
+                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "outcome_unknown");
                     let error = ApiError::new(
                         StatusCode::CONFLICT,
                         "operation_outcome_unknown",
@@ -259,19 +221,12 @@ impl Idempotency {
                 | OperationState::Failed
                 | OperationState::Rejected
                 | OperationState::AwaitingApproval => {
-                    telemetry::record_operation(
-                        &operation.operation_id,
-                        fingerprint.as_str(),
-                        "replayed",
-                    );
-                    let stored = operation.response.as_ref().ok_or_else(|| {
-                        ApiError::internal("a finished operation has no stored answer")
-                    })?;
-                    return Ok(Decision::Answer(stored_response(
-                        stored,
-                        &operation.operation_id,
-                        true,
-                    )));
+                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "replayed");
+                    let stored = operation
+                        .response
+                        .as_ref()
+                        .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
+                    return Ok(Decision::Answer(stored_response(stored, &operation.operation_id, true)));
                 }
             }
         }
@@ -283,11 +238,7 @@ impl Idempotency {
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
     {
         let token = operation.lease_token.clone().unwrap_or_default();
-        let (account_id, key, operation_id) = (
-            &operation.account_id,
-            &operation.key,
-            &operation.operation_id,
-        );
+        let (account_id, key, operation_id) = (&operation.account_id, &operation.key, &operation.operation_id);
         let free_the_key = async |error: ApiError| {
             if let Err(e) = store::release(&self.db, account_id, key, &token).await {
                 tracing::error!(%operation_id, error = %e, "could not free the key after a server error; it frees when the lease ends");
@@ -324,6 +275,7 @@ impl Idempotency {
                 if let Err(e) = tx.commit().await {
                     return free_the_key(e.into()).await;
                 }
+                telemetry::record_operation(operation_id, operation.fingerprint.as_str(), "created");
                 stored_response(&done.response, operation_id, false)
             }
             Err(error) if error.is_final() => {
@@ -343,11 +295,7 @@ impl Idempotency {
                 };
                 match store::finish(&self.db, account_id, key, &token, &completion).await {
                     Ok(true) => {
-                        telemetry::record_operation(
-                            operation_id,
-                            operation.fingerprint.as_str(),
-                            "failed",
-                        );
+                        telemetry::record_operation(operation_id, operation.fingerprint.as_str(), "failed");
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
                     Ok(false) => self.answer_current(&operation).await,
@@ -396,11 +344,7 @@ pub fn stored_response(stored: &StoredResponse, operation_id: &str, replayed: bo
     if let Ok(content_type) = HeaderValue::from_str(&stored.content_type) {
         headers.insert(header::CONTENT_TYPE, content_type);
     }
-    if let Some(location) = stored
-        .location
-        .as_deref()
-        .and_then(|l| HeaderValue::from_str(l).ok())
-    {
+    if let Some(location) = stored.location.as_deref().and_then(|l| HeaderValue::from_str(l).ok()) {
         headers.insert(header::LOCATION, location);
     }
     with_operation_headers(response, operation_id, replayed)

@@ -68,9 +68,7 @@ fn unquote_sf_string(rest: &str) -> Result<String, KeyError> {
             '\\' => match chars.next() {
                 Some(escaped @ ('"' | '\\')) => out.push(escaped),
                 _ => {
-                    return Err(KeyError::BadQuoting(
-                        "a backslash may only escape `\"` or `\\`",
-                    ));
+                    return Err(KeyError::BadQuoting("a backslash may only escape `\"` or `\\`"));
                 }
             },
             '"' => {
@@ -117,11 +115,10 @@ impl IdempotencyHeaders {
                 "send exactly one `Idempotency-Key` header",
             ));
         }
-        let text = value.to_str().map_err(|_| {
-            ApiError::idempotency_key_invalid(KeyError::InvalidCharacter('\u{fffd}').to_string())
-        })?;
-        let key = IdempotencyKey::parse(text)
-            .map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+        let text = value
+            .to_str()
+            .map_err(|_| ApiError::idempotency_key_invalid(KeyError::InvalidCharacter('\u{fffd}').to_string()))?;
+        let key = IdempotencyKey::parse(text).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
         Ok(Some(IdempotencyHeaders {
             key,
             wait: prefer_wait(parts),
@@ -163,9 +160,7 @@ impl<S: Send + Sync> FromRequestParts<S> for OptionalIdempotencyHeaders {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Ok(OptionalIdempotencyHeaders(IdempotencyHeaders::from_parts(
-            parts,
-        )?))
+        Ok(OptionalIdempotencyHeaders(IdempotencyHeaders::from_parts(parts)?))
     }
 }
 
@@ -184,19 +179,13 @@ mod tests {
         let bare = IdempotencyKey::parse("81b59b1a-9e75").unwrap();
         let quoted = IdempotencyKey::parse("\"81b59b1a-9e75\"").unwrap();
         assert_eq!(bare, quoted);
-        assert_eq!(
-            IdempotencyKey::parse(r#""a\"b\\c""#).unwrap().as_str(),
-            r#"a"b\c"#
-        );
+        assert_eq!(IdempotencyKey::parse(r#""a\"b\\c""#).unwrap().as_str(), r#"a"b\c"#);
     }
 
     #[test]
     fn keys_of_255_characters_are_accepted_and_256_rejected() {
         assert!(IdempotencyKey::parse(&"k".repeat(255)).is_ok());
-        assert_eq!(
-            IdempotencyKey::parse(&"k".repeat(256)),
-            Err(KeyError::TooLong(256))
-        );
+        assert_eq!(IdempotencyKey::parse(&"k".repeat(256)), Err(KeyError::TooLong(256)));
         assert!(IdempotencyKey::parse(&format!("\"{}\"", "k".repeat(255))).is_ok());
         assert_eq!(
             IdempotencyKey::parse(&format!("\"{}\"", "k".repeat(256))),
@@ -208,18 +197,9 @@ mod tests {
     fn empty_keys_and_invisible_characters_are_rejected() {
         assert_eq!(IdempotencyKey::parse(""), Err(KeyError::Empty));
         assert_eq!(IdempotencyKey::parse("\"\""), Err(KeyError::Empty));
-        assert_eq!(
-            IdempotencyKey::parse("a b"),
-            Err(KeyError::InvalidCharacter(' '))
-        );
-        assert_eq!(
-            IdempotencyKey::parse("\"a b\""),
-            Err(KeyError::InvalidCharacter(' '))
-        );
-        assert_eq!(
-            IdempotencyKey::parse("ключ"),
-            Err(KeyError::InvalidCharacter('к'))
-        );
+        assert_eq!(IdempotencyKey::parse("a b"), Err(KeyError::InvalidCharacter(' ')));
+        assert_eq!(IdempotencyKey::parse("\"a b\""), Err(KeyError::InvalidCharacter(' ')));
+        assert_eq!(IdempotencyKey::parse("ключ"), Err(KeyError::InvalidCharacter('к')));
         assert_eq!(
             IdempotencyKey::parse("a\u{7f}"),
             Err(KeyError::InvalidCharacter('\u{7f}'))
@@ -228,14 +208,8 @@ mod tests {
 
     #[test]
     fn broken_quoting_is_rejected() {
-        assert!(matches!(
-            IdempotencyKey::parse("\"abc"),
-            Err(KeyError::BadQuoting(_))
-        ));
-        assert!(matches!(
-            IdempotencyKey::parse("\"ab\"c"),
-            Err(KeyError::BadQuoting(_))
-        ));
+        assert!(matches!(IdempotencyKey::parse("\"abc"), Err(KeyError::BadQuoting(_))));
+        assert!(matches!(IdempotencyKey::parse("\"ab\"c"), Err(KeyError::BadQuoting(_))));
         assert!(matches!(
             IdempotencyKey::parse(r#""a\nb""#),
             Err(KeyError::BadQuoting(_))

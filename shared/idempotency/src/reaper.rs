@@ -23,10 +23,7 @@ impl Idempotency {
                 tick.tick().await;
                 match this.reap_once().await {
                     Ok(0) => {}
-                    Ok(n) => tracing::info!(
-                        reaped = n,
-                        "removed finished operations past their retention"
-                    ),
+                    Ok(n) => tracing::info!(reaped = n, "removed finished operations past their retention"),
                     Err(e) => tracing::warn!(error = %e, "reaper failed; trying again next round"),
                 }
             }

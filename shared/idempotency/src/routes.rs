@@ -130,8 +130,7 @@ pub async fn find_operation_by_key(
     let key = query
         .idempotency_key
         .ok_or_else(|| ApiError::invalid_field("idempotency_key", "is required"))?;
-    let key = IdempotencyKey::parse(&key)
-        .map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+    let key = IdempotencyKey::parse(&key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
     let data = store::find_by_key(&idempotency.db, &principal.account_id, key.as_str())
         .await?
         .map(OperationView::from)

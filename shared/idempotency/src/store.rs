@@ -38,10 +38,7 @@ macro_rules! columns {
 
 /// Claims the key: one insert under the primary key. `None` means the key
 /// already names an operation; nothing was written.
-pub async fn claim(
-    db: &Db,
-    new: &NewOperation<'_>,
-) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "INSERT INTO idempotency_operations \
          (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
@@ -172,16 +169,10 @@ pub async fn complete(
     completion: &Completion<'_>,
 ) -> Result<bool, sqlx::Error> {
     let done = on_tx!(tx, |conn| {
-        bind_completion!(
-            sqlx::query(COMPLETE_SQL),
-            account_id,
-            key,
-            lease_token,
-            completion
-        )
-        .execute(conn)
-        .await?
-        .rows_affected()
+        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
+            .execute(conn)
+            .await?
+            .rows_affected()
     });
     Ok(done == 1)
 }
@@ -196,28 +187,17 @@ pub async fn finish(
     completion: &Completion<'_>,
 ) -> Result<bool, sqlx::Error> {
     let done = on_pool!(db, |pool| {
-        bind_completion!(
-            sqlx::query(COMPLETE_SQL),
-            account_id,
-            key,
-            lease_token,
-            completion
-        )
-        .execute(pool)
-        .await?
-        .rows_affected()
+        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
+            .execute(pool)
+            .await?
+            .rows_affected()
     });
     Ok(done == 1)
 }
 
 /// Frees the key after a server error: nothing happened, so the operation
 /// is forgotten and the next attempt claims afresh.
-pub async fn release(
-    db: &Db,
-    account_id: &str,
-    key: &IdempotencyKey,
-    lease_token: &str,
-) -> Result<(), sqlx::Error> {
+pub async fn release(db: &Db, account_id: &str, key: &IdempotencyKey, lease_token: &str) -> Result<(), sqlx::Error> {
     on_pool!(db, |pool| {
         sqlx::query(
             "DELETE FROM idempotency_operations \
@@ -232,11 +212,7 @@ pub async fn release(
     Ok(())
 }
 
-pub async fn find_by_key(
-    db: &Db,
-    account_id: &str,
-    key: &str,
-) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn find_by_key(db: &Db, account_id: &str, key: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "SELECT ",
         columns!(),
@@ -253,11 +229,7 @@ pub async fn find_by_key(
     }))
 }
 
-pub async fn find_by_id(
-    db: &Db,
-    account_id: &str,
-    operation_id: &str,
-) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn find_by_id(db: &Db, account_id: &str, operation_id: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "SELECT ",
         columns!(),
@@ -301,8 +273,7 @@ where
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<Timestamp>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let corrupt =
-        |what: &str| sqlx::Error::Decode(format!("idempotency_operations: {what}").into());
+    let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_operations: {what}").into());
     let state: String = row.try_get("state")?;
     let state = OperationState::parse(&state).ok_or_else(|| corrupt("unknown state"))?;
     let key: String = row.try_get("idempotency_key")?;

@@ -169,13 +169,9 @@ const RFC_NUMBER_SAMPLES: &[(u64, &str)] = &[
 #[test]
 fn numbers_serialize_as_in_rfc_appendix_b() {
     for &(bits, expected) in RFC_NUMBER_SAMPLES {
-        let number = serde_json::Number::from_f64(f64::from_bits(bits))
-            .expect("an Appendix B finite sample is a JSON number");
-        assert_eq!(
-            canonical_text(&Value::Number(number)),
-            expected,
-            "IEEE 754 {bits:016x}"
-        );
+        let number =
+            serde_json::Number::from_f64(f64::from_bits(bits)).expect("an Appendix B finite sample is a JSON number");
+        assert_eq!(canonical_text(&Value::Number(number)), expected, "IEEE 754 {bits:016x}");
     }
 }
 
@@ -198,11 +194,7 @@ fn numbers_parsed_from_a_non_canonical_spelling_serialize_as_in_rfc_appendix_b()
 fn non_finite_numbers_are_refused_as_rfc_appendix_b_requires() {
     // Appendix B: 7fffffffffffffff (NaN) and 7ff0000000000000 (Infinity)
     // must cause an error; `canonical_json` treats that as a bug and panics.
-    for bits in [
-        0x7fff_ffff_ffff_ffff_u64,
-        0x7ff0_0000_0000_0000,
-        0xfff0_0000_0000_0000,
-    ] {
+    for bits in [0x7fff_ffff_ffff_ffff_u64, 0x7ff0_0000_0000_0000, 0xfff0_0000_0000_0000] {
         let number = f64::from_bits(bits);
         let outcome = std::panic::catch_unwind(|| canonical_json(&number));
         assert!(outcome.is_err(), "{bits:016x} was canonicalized");
@@ -244,8 +236,7 @@ fn array_order_changes_the_fingerprint() {
 
 #[test]
 fn a_different_command_gives_a_different_fingerprint() {
-    let other_title =
-        json!({"project": "apollo", "title": "Write the landing plan", "priority": "high"});
+    let other_title = json!({"project": "apollo", "title": "Write the landing plan", "priority": "high"});
     let extra_member = json!({
         "project": "apollo", "title": "Write the launch plan", "priority": "high", "assignee": null
     });
@@ -280,12 +271,7 @@ fn a_different_account_gives_a_different_fingerprint() {
 
     assert_ne!(
         Fingerprint::of(POST, ROUTE, ACCOUNT, &command),
-        Fingerprint::of(
-            POST,
-            ROUTE,
-            "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
-            &command
-        )
+        Fingerprint::of(POST, ROUTE, "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f", &command)
     );
 }
 
@@ -296,9 +282,7 @@ fn the_fingerprint_is_64_lowercase_hex_characters() {
 
     assert_eq!(digest.len(), 64, "{digest}");
     assert!(
-        digest
-            .chars()
-            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)),
+        digest.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)),
         "{digest}"
     );
     assert_eq!(fingerprint.to_string(), digest);
@@ -345,12 +329,9 @@ impl From<CreateTaskRequest> for CreateTask {
 fn a_defaulted_command_struct_fingerprints_like_the_json_with_the_default_written_out() {
     let omitted: CreateTaskRequest =
         serde_json::from_str(r#"{"project":"apollo","title":"Write the launch plan"}"#).unwrap();
-    let explicit: CreateTaskRequest = serde_json::from_str(
-        r#"{"priority":"normal","title":"Write the launch plan","project":"apollo"}"#,
-    )
-    .unwrap();
-    let written_out =
-        json!({"title": "Write the launch plan", "project": "apollo", "priority": "normal"});
+    let explicit: CreateTaskRequest =
+        serde_json::from_str(r#"{"priority":"normal","title":"Write the launch plan","project":"apollo"}"#).unwrap();
+    let written_out = json!({"title": "Write the launch plan", "project": "apollo", "priority": "normal"});
 
     let expected = fingerprint(&written_out);
     assert_eq!(

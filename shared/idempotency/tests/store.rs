@@ -18,8 +18,7 @@ use axum::{
 use futures::future::join_all;
 use http_body_util::BodyExt;
 use idempotency::{
-    Attempt, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyHeaders,
-    IdempotencyKey, OperationState,
+    Attempt, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey, OperationState,
     store::{self, NewOperation},
 };
 use platform::{ApiError, Backend, Principal, Role, Timestamp, on_pool, on_tx, testing::TestDb};
@@ -39,13 +38,11 @@ async fn fixture(backend: Backend) -> Fixture {
         .migrate(&[&platform::MIGRATIONS, &idempotency::MIGRATIONS])
         .await
         .unwrap();
-    on_pool!(&db.db, |pool| sqlx::query(
-        "CREATE TABLE effects (id TEXT PRIMARY KEY)"
-    )
-    .execute(pool)
-    .await
-    .unwrap()
-    .rows_affected());
+    on_pool!(&db.db, |pool| sqlx::query("CREATE TABLE effects (id TEXT PRIMARY KEY)")
+        .execute(pool)
+        .await
+        .unwrap()
+        .rows_affected());
     let idempotency = Idempotency::new(db.db.clone(), IdempotencyConfig::default());
     let principal = Principal {
         account_id: "acme".into(),
@@ -72,12 +69,7 @@ impl Fixture {
     }
 
     /// Runs an operation whose effect inserts one row into `effects` and counts its runs.
-    async fn run(
-        &self,
-        key: &str,
-        command: serde_json::Value,
-        runs: &AtomicUsize,
-    ) -> (StatusCode, Parts, Bytes) {
+    async fn run(&self, key: &str, command: serde_json::Value, runs: &AtomicUsize) -> (StatusCode, Parts, Bytes) {
         let response = self
             .idempotency
             .execute(self.attempt(key), &command, async |tx| {
@@ -128,13 +120,11 @@ impl Fixture {
 
 async fn insert_effect(tx: &mut platform::Tx) -> Result<(), ApiError> {
     let id = uuid_token();
-    on_tx!(tx, |conn| sqlx::query(
-        "INSERT INTO effects (id) VALUES ($1)"
-    )
-    .bind(&id)
-    .execute(conn)
-    .await?
-    .rows_affected());
+    on_tx!(tx, |conn| sqlx::query("INSERT INTO effects (id) VALUES ($1)")
+        .bind(&id)
+        .execute(conn)
+        .await?
+        .rows_affected());
     Ok(())
 }
 
@@ -161,10 +151,7 @@ fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
 async fn claiming_a_free_key_stores_a_running_operation_with_a_lease(backend: Backend) {
     let f = fixture(backend).await;
     let until = Timestamp::now().plus(Duration::from_secs(30));
-    let claimed = f
-        .claim("k", &json!({"n": 1}), until)
-        .await
-        .expect("the key was free");
+    let claimed = f.claim("k", &json!({"n": 1}), until).await.expect("the key was free");
 
     assert_eq!(claimed.state, OperationState::InProgress);
     assert_eq!(claimed.attempts, 1);
@@ -181,10 +168,7 @@ async fn claiming_a_taken_key_writes_nothing(backend: Backend) {
     let second = f.claim("k", &json!({"n": 2}), until).await;
 
     assert!(second.is_none());
-    let stored = store::find_by_key(&f.db.db, "acme", "k")
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
     assert_eq!(stored.operation_id, first.operation_id);
     assert_eq!(stored.fingerprint, first.fingerprint);
 }
@@ -200,10 +184,7 @@ async fn an_operation_runs_its_effect_once_and_replays_its_stored_answer(backend
     assert_eq!(again_status, StatusCode::CREATED);
     assert_eq!(again_body, body);
     assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
-    assert_eq!(
-        header(&again, "operation-id"),
-        header(&first, "operation-id")
-    );
+    assert_eq!(header(&again, "operation-id"), header(&first, "operation-id"));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(f.effects().await, 1);
 }
@@ -225,13 +206,9 @@ async fn a_changed_command_under_the_same_key_is_422_and_runs_nothing(backend: B
 
 async fn a_duplicate_is_409_while_another_attempt_holds_the_lease(backend: Backend) {
     let f = fixture(backend).await;
-    f.claim(
-        "k",
-        &json!({"n": 1}),
-        Timestamp::now().plus(Duration::from_secs(30)),
-    )
-    .await
-    .unwrap();
+    f.claim("k", &json!({"n": 1}), Timestamp::now().plus(Duration::from_secs(30)))
+        .await
+        .unwrap();
     let runs = AtomicUsize::new(0);
 
     let (status, parts, body) = f.run("k", json!({"n": 1}), &runs).await;
@@ -248,11 +225,7 @@ async fn a_duplicate_is_409_while_another_attempt_holds_the_lease(backend: Backe
 async fn of_many_racing_takers_of_an_expired_lease_exactly_one_wins(backend: Backend) {
     let f = fixture(backend).await;
     let stale = f
-        .claim(
-            "k",
-            &json!({"n": 1}),
-            Timestamp::now().minus(Duration::from_secs(1)),
-        )
+        .claim("k", &json!({"n": 1}), Timestamp::now().minus(Duration::from_secs(1)))
         .await
         .unwrap();
     let db = f.db.db.clone();
@@ -276,10 +249,7 @@ async fn of_many_racing_takers_of_an_expired_lease_exactly_one_wins(backend: Bac
 
     let winners: Vec<_> = takers.into_iter().filter_map(|t| t.unwrap()).collect();
     assert_eq!(winners.len(), 1, "the lease went to exactly one taker");
-    let stored = store::find_by_key(&f.db.db, "acme", "k")
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
     assert_eq!(stored.lease_token, winners[0].lease_token);
     assert_eq!(stored.operation_id, stale.operation_id);
 }
@@ -287,24 +257,14 @@ async fn of_many_racing_takers_of_an_expired_lease_exactly_one_wins(backend: Bac
 async fn a_lease_that_has_not_run_out_cannot_be_taken_over(backend: Backend) {
     let f = fixture(backend).await;
     let held = f
-        .claim(
-            "k",
-            &json!({"n": 1}),
-            Timestamp::now().plus(Duration::from_secs(30)),
-        )
+        .claim("k", &json!({"n": 1}), Timestamp::now().plus(Duration::from_secs(30)))
         .await
         .unwrap();
     let now = Timestamp::now();
 
-    let taken = store::take_over(
-        &f.db.db,
-        &held,
-        "thief",
-        now.plus(Duration::from_secs(30)),
-        now,
-    )
-    .await
-    .unwrap();
+    let taken = store::take_over(&f.db.db, &held, "thief", now.plus(Duration::from_secs(30)), now)
+        .await
+        .unwrap();
 
     assert!(taken.is_none());
 }
@@ -313,24 +273,14 @@ async fn an_attempt_that_lost_its_lease_cannot_complete_the_operation(backend: B
     let f = fixture(backend).await;
     let command = json!({"n": 1});
     let slow = f
-        .claim(
-            "k",
-            &command,
-            Timestamp::now().minus(Duration::from_secs(1)),
-        )
+        .claim("k", &command, Timestamp::now().minus(Duration::from_secs(1)))
         .await
         .unwrap();
     let now = Timestamp::now();
-    store::take_over(
-        &f.db.db,
-        &slow,
-        "successor",
-        now.plus(Duration::from_secs(30)),
-        now,
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    store::take_over(&f.db.db, &slow, "successor", now.plus(Duration::from_secs(30)), now)
+        .await
+        .unwrap()
+        .unwrap();
 
     let mut tx = f.db.db.begin().await.unwrap();
     insert_effect(&mut tx).await.unwrap();
@@ -383,10 +333,7 @@ async fn a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key(ba
     );
     assert_eq!(f.effects().await, 0);
     assert!(
-        store::find_by_key(&f.db.db, "acme", "k")
-            .await
-            .unwrap()
-            .is_none(),
+        store::find_by_key(&f.db.db, "acme", "k").await.unwrap().is_none(),
         "the key is free again"
     );
 
@@ -410,24 +357,16 @@ async fn a_business_failure_rolls_its_writes_back_and_is_replayed(backend: Backe
     let (again_status, again, again_body) = read(fail().await).await;
 
     assert_eq!(status, StatusCode::CONFLICT);
-    assert_eq!(
-        header(&first, "content-type"),
-        Some("application/problem+json")
-    );
+    assert_eq!(header(&first, "content-type"), Some("application/problem+json"));
     assert_eq!(again_status, StatusCode::CONFLICT);
     assert_eq!(again_body, body);
     assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
     assert_eq!(f.effects().await, 0, "a failed operation leaves no effect");
-    let stored = store::find_by_key(&f.db.db, "acme", "k")
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
     assert_eq!(stored.state, OperationState::Failed);
 }
 
-async fn the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones(
-    backend: Backend,
-) {
+async fn the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones(backend: Backend) {
     let f = fixture(backend).await;
     let runs = AtomicUsize::new(0);
     f.run("finished-old", json!({"n": 1}), &runs).await;

@@ -163,10 +163,12 @@ impl Authenticator {
             return Ok(principal.clone());
         }
         let row: Option<(String, String, String)> = crate::on_pool!(&self.db, |pool| {
-            sqlx::query_as("SELECT account_id, principal_id, role FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
-                .bind(&hash)
-                .fetch_optional(pool)
-                .await?
+            sqlx::query_as(
+                "SELECT account_id, principal_id, role FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+            )
+            .bind(&hash)
+            .fetch_optional(pool)
+            .await?
         });
         let (account_id, principal_id, role) = row.ok_or_else(ApiError::unauthenticated)?;
         let role = role.parse().map_err(ApiError::internal)?;
@@ -210,16 +212,11 @@ where
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or_else(ApiError::unauthenticated)?;
-        let principal = Authenticator::from_ref(state)
-            .authenticate(&ApiKey::new(key))
-            .await?;
+        let principal = Authenticator::from_ref(state).authenticate(&ApiKey::new(key)).await?;
         crate::telemetry::record_principal(&principal);
         Ok(principal)
     }

@@ -27,11 +27,7 @@ pub struct ServiceConfig {
 pub struct ConfigError(String);
 
 impl ServiceConfig {
-    pub fn from_env(
-        service: &'static str,
-        default_port: u16,
-        sandbox_default: bool,
-    ) -> Result<Self, ConfigError> {
+    pub fn from_env(service: &'static str, default_port: u16, sandbox_default: bool) -> Result<Self, ConfigError> {
         let upper = service.to_ascii_uppercase();
         let listen = match env(&format!("{upper}_ADDR")) {
             Some(addr) => addr.parse().map_err(|_| {
@@ -52,9 +48,9 @@ impl ServiceConfig {
             None => sandbox_default,
         };
         let max_connections = match env("RETRYSAFE_DB_CONNECTIONS") {
-            Some(v) => v.parse().map_err(|_| {
-                ConfigError(format!("RETRYSAFE_DB_CONNECTIONS `{v}` is not a number"))
-            })?,
+            Some(v) => v
+                .parse()
+                .map_err(|_| ConfigError(format!("RETRYSAFE_DB_CONNECTIONS `{v}` is not a number")))?,
             None => 16,
         };
         Ok(ServiceConfig {
@@ -92,10 +88,7 @@ pub fn database_url_for(
     if let Some(url) = shared.filter(|u| u.starts_with("postgres")) {
         return postgres_database_for(&url, service);
     }
-    format!(
-        "sqlite://{}",
-        data_dir.join(format!("{service}.db")).display()
-    )
+    format!("sqlite://{}", data_dir.join(format!("{service}.db")).display())
 }
 
 fn postgres_database_for(url: &str, service: &str) -> String {
@@ -108,11 +101,7 @@ fn postgres_database_for(url: &str, service: &str) -> String {
         Some(slash) => (&base[..scheme_end + slash], &base[scheme_end + slash + 1..]),
         None => (base, ""),
     };
-    let prefix = if database.is_empty() {
-        "retrysafe"
-    } else {
-        database
-    };
+    let prefix = if database.is_empty() { "retrysafe" } else { database };
     let mut out = format!("{server}/{prefix}_{service}");
     if let Some(query) = query {
         out.push('?');

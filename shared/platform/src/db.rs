@@ -62,8 +62,7 @@ impl Db {
     /// if it does not exist yet.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Db, sqlx::Error> {
         if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            let options =
-                PgConnectOptions::from_str(url)?.log_statements(tracing::log::LevelFilter::Trace);
+            let options = PgConnectOptions::from_str(url)?.log_statements(tracing::log::LevelFilter::Trace);
             create_postgres_database_if_missing(&options).await?;
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections)
@@ -145,28 +144,21 @@ impl Tx {
 /// Creates the database named in `options` through the server's `postgres`
 /// database. `CREATE DATABASE` itself decides a race between two starting
 /// services: the loser's "already exists" error is expected and ignored.
-async fn create_postgres_database_if_missing(
-    options: &PgConnectOptions,
-) -> Result<(), sqlx::Error> {
+async fn create_postgres_database_if_missing(options: &PgConnectOptions) -> Result<(), sqlx::Error> {
     let Some(name) = options.get_database().map(str::to_owned) else {
         return Ok(());
     };
     let mut admin = options.clone().database("postgres").connect().await?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(&name)
-            .fetch_one(&mut admin)
-            .await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut admin)
+        .await?;
     if !exists {
         let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
-        match sqlx::query(sqlx::AssertSqlSafe(create))
-            .execute(&mut admin)
-            .await
-        {
+        match sqlx::query(sqlx::AssertSqlSafe(create)).execute(&mut admin).await {
             Ok(_) => {}
             // 42P04 duplicate_database, 23505 when two CREATEs race on pg_database
-            Err(sqlx::Error::Database(e))
-                if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
+            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
             Err(e) => return Err(e),
         }
     }

@@ -73,12 +73,7 @@ pub struct Problem {
 }
 
 impl ApiError {
-    pub fn new(
-        status: StatusCode,
-        code: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> Self {
+    pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
         ApiError(Box::new(ProblemParts {
             status,
             code,
@@ -92,10 +87,9 @@ impl ApiError {
 
     /// Adds a contract-named extra member (`operation_id`, `state`, …).
     pub fn with(mut self, member: &str, value: impl Serialize) -> Self {
-        self.0.extensions.insert(
-            member.to_owned(),
-            serde_json::to_value(value).unwrap_or(Value::Null),
-        );
+        self.0
+            .extensions
+            .insert(member.to_owned(), serde_json::to_value(value).unwrap_or(Value::Null));
         self
     }
 
@@ -155,13 +149,7 @@ impl ApiError {
     }
 
     pub fn invalid_request(detail: impl Into<String>, errors: Vec<FieldError>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "Invalid request",
-            detail,
-        )
-        .with("errors", errors)
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail).with("errors", errors)
     }
 
     pub fn invalid_field(field: impl Into<String>, message: impl Into<String>) -> Self {
@@ -250,13 +238,7 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {}: {}",
-            self.0.status.as_u16(),
-            self.0.code,
-            self.0.detail
-        )
+        write!(f, "{} {}: {}", self.0.status.as_u16(), self.0.code, self.0.detail)
     }
 }
 

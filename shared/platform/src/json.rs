@@ -52,14 +52,8 @@ fn is_json(request: &Request) -> bool {
     else {
         return false;
     };
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// Deserializes `bytes`, turning serde's message into the field it is about.
@@ -175,10 +169,7 @@ where
 {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        _state: &S,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
         axum::extract::Query::<T>::try_from_uri(&parts.uri)
             .map(|axum::extract::Query(value)| ApiQuery(value))
             .map_err(|e| ApiError::invalid_request(e.body_text(), vec![]))

@@ -35,10 +35,7 @@ pub static MIGRATIONS: Migrations = Migrations {
 /// Makes the directory a `sqlite://` URL points into, so a fresh checkout's
 /// first `cargo run` can create `./.sandbox/tickets.db`.
 pub fn prepare_sqlite_dir(url: &str) -> std::io::Result<()> {
-    let Some(path) = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-    else {
+    let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else {
         return Ok(());
     };
     let path = path.split('?').next().unwrap_or(path);
@@ -70,14 +67,33 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, letting requests
-/// under way finish.
+/// How long a stopping service waits for the requests under way.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets the
+/// requests under way finish for up to [`SHUTDOWN_GRACE`]. A request still
+/// running after that is dropped: its transaction never commits, and its
+/// claim is taken over by a retry once the lease runs out.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let stopping = std::sync::Arc::new(tokio::sync::Notify::new());
+    let notify = stopping.clone();
+    let graceful = async move {
+        shutdown.await;
+        notify.notify_one();
+    };
+    let server = axum::serve(listener, router).with_graceful_shutdown(graceful);
+    tokio::select! {
+        served = server.into_future() => served,
+        () = async {
+            stopping.notified().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!("requests still running after the grace period were dropped");
+            Ok(())
+        }
+    }
 }

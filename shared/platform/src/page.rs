@@ -21,16 +21,12 @@ impl PageRequest {
     pub fn parse(limit: Option<i64>, cursor: Option<&str>) -> Result<Self, ApiError> {
         let limit = limit.unwrap_or(DEFAULT_LIMIT);
         if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(ApiError::invalid_field(
-                "limit",
-                format!("must be 1 to {MAX_LIMIT}"),
-            ));
+            return Err(ApiError::invalid_field("limit", format!("must be 1 to {MAX_LIMIT}")));
         }
         let after_seq = match cursor {
             None | Some("") => 0,
-            Some(cursor) => decode_cursor(cursor).ok_or_else(|| {
-                ApiError::invalid_field("cursor", "is not a cursor this API gave out")
-            })?,
+            Some(cursor) => decode_cursor(cursor)
+                .ok_or_else(|| ApiError::invalid_field("cursor", "is not a cursor this API gave out"))?,
         };
         Ok(PageRequest { after_seq, limit })
     }
@@ -54,9 +50,7 @@ impl<T> Page<T> {
     pub fn from_rows(mut rows: Vec<(i64, T)>, request: PageRequest) -> Self {
         let more = rows.len() as i64 > request.limit;
         rows.truncate(request.limit as usize);
-        let next_cursor = more
-            .then(|| rows.last().map(|(seq, _)| encode_cursor(*seq)))
-            .flatten();
+        let next_cursor = more.then(|| rows.last().map(|(seq, _)| encode_cursor(*seq))).flatten();
         Page {
             data: rows.into_iter().map(|(_, item)| item).collect(),
             next_cursor,
@@ -71,10 +65,7 @@ fn encode_cursor(seq: i64) -> String {
 fn decode_cursor(cursor: &str) -> Option<i64> {
     let bytes = URL_SAFE_NO_PAD.decode(cursor).ok()?;
     let text = std::str::from_utf8(&bytes).ok()?;
-    text.strip_prefix("after:")?
-        .parse()
-        .ok()
-        .filter(|seq: &i64| *seq >= 0)
+    text.strip_prefix("after:")?.parse().ok().filter(|seq: &i64| *seq >= 0)
 }
 
 #[cfg(test)]

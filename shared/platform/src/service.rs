@@ -30,11 +30,7 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         404,
         "No such resource in the caller's account (another account's ids are 404 too).",
     ),
-    (
-        "unsupported_media_type",
-        415,
-        "The body is not `application/json`.",
-    ),
+    ("unsupported_media_type", 415, "The body is not `application/json`."),
     (
         "invalid_request",
         400,
@@ -96,10 +92,7 @@ pub fn common_routes(title: &'static str, mut openapi: OpenApi) -> Router {
         ),
     );
     Router::new()
-        .route(
-            "/healthz",
-            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
-        )
+        .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
         .route("/docs", get(move || async move { Html(docs_page(title)) }))
         // each problem's `type`; the page shows every code, with this one's anchor
         .route(
@@ -129,7 +122,10 @@ fn docs_page(title: &str) -> String {
     let rows: String = PROBLEM_CODES
         .iter()
         .map(|(code, status, meaning)| {
-            format!("<tr id=\"problem-{code}\"><td><code>{code}</code></td><td>{status}</td><td>{}</td></tr>\n", escape(meaning))
+            format!(
+                "<tr id=\"problem-{code}\"><td><code>{code}</code></td><td>{status}</td><td>{}</td></tr>\n",
+                escape(meaning)
+            )
         })
         .collect();
     format!(
@@ -156,7 +152,5 @@ td,th{{text-align:left;vertical-align:top;padding:.3rem .6rem;border-bottom:1px 
 }
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }

@@ -16,12 +16,9 @@ use crate::{auth::Principal, error::InternalCause};
 /// Installs the global subscriber. `LOG_FORMAT=json` selects JSON lines;
 /// `RUST_LOG` filters (default `info`). Safe to call more than once.
 pub fn init() {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     let _ = if json {
         builder.json().flatten_event(true).try_init()
     } else {

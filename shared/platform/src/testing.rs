@@ -53,13 +53,11 @@ pub async fn backend_available(backend: Backend) -> bool {
     }
     let reachable = POSTGRES
         .get_or_init(|| async {
-            let options =
-                PgConnectOptions::from_str(&postgres_admin_url()).map_err(|e| e.to_string())?;
-            let connection =
-                tokio::time::timeout(std::time::Duration::from_secs(5), options.connect())
-                    .await
-                    .map_err(|_| "timed out".to_owned())?
-                    .map_err(|e| e.to_string())?;
+            let options = PgConnectOptions::from_str(&postgres_admin_url()).map_err(|e| e.to_string())?;
+            let connection = tokio::time::timeout(std::time::Duration::from_secs(5), options.connect())
+                .await
+                .map_err(|_| "timed out".to_owned())?
+                .map_err(|e| e.to_string())?;
             connection.close().await.map_err(|e| e.to_string())
         })
         .await;
@@ -97,22 +95,13 @@ impl TestDb {
                 let admin_url = postgres_admin_url();
                 let database = format!("rs_test_{}", uuid::Uuid::new_v4().simple());
                 let options = PgConnectOptions::from_str(&admin_url).expect("a PostgreSQL URL");
-                let url = options
-                    .clone()
-                    .database(&database)
-                    .to_url_lossy()
-                    .to_string();
+                let url = options.clone().database(&database).to_url_lossy().to_string();
                 // Db::connect creates the database
-                let db = Db::connect(&url, 16)
-                    .await
-                    .expect("a PostgreSQL test database");
+                let db = Db::connect(&url, 16).await.expect("a PostgreSQL test database");
                 TestDb {
                     db,
                     url,
-                    cleanup: Cleanup::Postgres {
-                        admin_url,
-                        database,
-                    },
+                    cleanup: Cleanup::Postgres { admin_url, database },
                 }
             }
         }
@@ -125,11 +114,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Cleanup::Postgres {
-            admin_url,
-            database,
-        } = &self.cleanup
-        {
+        if let Cleanup::Postgres { admin_url, database } = &self.cleanup {
             let (admin_url, database, db) = (admin_url.clone(), database.clone(), self.db.clone());
             // Drop runs inside the test's runtime, so the async clean-up gets a thread of its own.
             let _ = std::thread::spawn(move || {
@@ -141,10 +126,7 @@ impl Drop for TestDb {
                     db.close().await;
                     let mut admin = PgConnection::connect(&admin_url).await.ok()?;
                     let drop = format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)");
-                    sqlx::query(sqlx::AssertSqlSafe(drop))
-                        .execute(&mut admin)
-                        .await
-                        .ok()?;
+                    sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut admin).await.ok()?;
                     admin.close().await.ok()
                 })
             })

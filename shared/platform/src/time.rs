@@ -36,20 +36,12 @@ impl Timestamp {
 
     pub fn plus(self, duration: std::time::Duration) -> Self {
         let delta = chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX);
-        Timestamp::from_datetime(
-            self.0
-                .checked_add_signed(delta)
-                .unwrap_or(DateTime::<Utc>::MAX_UTC),
-        )
+        Timestamp::from_datetime(self.0.checked_add_signed(delta).unwrap_or(DateTime::<Utc>::MAX_UTC))
     }
 
     pub fn minus(self, duration: std::time::Duration) -> Self {
         let delta = chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX);
-        Timestamp::from_datetime(
-            self.0
-                .checked_sub_signed(delta)
-                .unwrap_or(DateTime::<Utc>::MIN_UTC),
-        )
+        Timestamp::from_datetime(self.0.checked_sub_signed(delta).unwrap_or(DateTime::<Utc>::MIN_UTC))
     }
 
     /// Whole seconds from now until `self`, at least zero.
@@ -113,9 +105,7 @@ impl Encode<'_, Postgres> for Timestamp {
 
 impl<'r> Decode<'r, Postgres> for Timestamp {
     fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
-        Ok(Timestamp(<DateTime<Utc> as Decode<Postgres>>::decode(
-            value,
-        )?))
+        Ok(Timestamp(<DateTime<Utc> as Decode<Postgres>>::decode(value)?))
     }
 }
 
@@ -138,8 +128,6 @@ impl Encode<'_, Sqlite> for Timestamp {
 impl<'r> Decode<'r, Sqlite> for Timestamp {
     fn decode(value: SqliteValueRef<'r>) -> Result<Self, BoxDynError> {
         let text = <String as Decode<Sqlite>>::decode(value)?;
-        Ok(Timestamp(
-            DateTime::parse_from_rfc3339(&text)?.with_timezone(&Utc),
-        ))
+        Ok(Timestamp(DateTime::parse_from_rfc3339(&text)?.with_timezone(&Utc)))
     }
 }

@@ -16,9 +16,7 @@ async fn a_missing_or_unknown_bearer_key_is_401(backend: Backend) {
                 .unwrap(),
         )
         .await;
-    let unknown = app
-        .post("/v1/tickets", "not-a-key", Some("key-1"), ROTATE_CERT)
-        .await;
+    let unknown = app.post("/v1/tickets", "not-a-key", Some("key-1"), ROTATE_CERT).await;
 
     anonymous.assert_problem(401, "unauthenticated");
     unknown.assert_problem(401, "unauthenticated");
@@ -37,18 +35,14 @@ async fn a_created_api_key_authenticates_and_only_its_hash_is_stored(backend: Ba
         .await
         .unwrap();
 
-    let created = app
-        .post("/v1/tickets", key.expose(), Some("key-1"), ROTATE_CERT)
-        .await;
+    let created = app.post("/v1/tickets", key.expose(), Some("key-1"), ROTATE_CERT).await;
 
     assert_eq!(created.status, 201);
     assert_eq!(app.count("SELECT COUNT(*) FROM api_keys").await, 1);
-    let stored: String = platform::on_pool!(&app.db.db, |pool| sqlx::query_scalar(
-        "SELECT key_hash FROM api_keys"
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap());
+    let stored: String = platform::on_pool!(&app.db.db, |pool| sqlx::query_scalar("SELECT key_hash FROM api_keys")
+        .fetch_one(pool)
+        .await
+        .unwrap());
     assert_ne!(stored, key.expose());
     assert_eq!(stored, key.hash());
 }
@@ -94,12 +88,9 @@ async fn another_accounts_ticket_and_operation_are_404(backend: Backend) {
     app.get(&format!("/v1/tickets/{ticket_id}"), GLOBEX_AGENT)
         .await
         .assert_problem(404, "not_found");
-    app.get(
-        &format!("/v1/operations/{}", created.operation_id()),
-        GLOBEX_AGENT,
-    )
-    .await
-    .assert_problem(404, "not_found");
+    app.get(&format!("/v1/operations/{}", created.operation_id()), GLOBEX_AGENT)
+        .await
+        .assert_problem(404, "not_found");
     assert_eq!(
         app.get("/v1/operations?idempotency_key=key-1", GLOBEX_AGENT)
             .await
@@ -129,9 +120,7 @@ async fn another_accounts_ticket_and_operation_are_404(backend: Backend) {
         .await;
     status.assert_problem(404, "not_found");
     assert_eq!(
-        app.get(&format!("/v1/tickets/{ticket_id}"), ACME_AGENT)
-            .await
-            .json()["status"],
+        app.get(&format!("/v1/tickets/{ticket_id}"), ACME_AGENT).await.json()["status"],
         "open"
     );
 }

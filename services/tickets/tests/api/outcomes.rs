@@ -39,10 +39,7 @@ async fn same_key_and_body_replay_the_stored_answer_byte_for_byte(backend: Backe
     let second = app.create_ticket("key-1", ROTATE_CERT).await;
 
     assert_eq!(second.status, first.status);
-    assert_eq!(
-        second.body, first.body,
-        "the replay is the stored body, byte for byte"
-    );
+    assert_eq!(second.body, first.body, "the replay is the stored body, byte for byte");
     assert_eq!(second.header("content-type"), first.header("content-type"));
     assert_eq!(second.header("location"), first.header("location"));
     assert_eq!(second.operation_id(), first.operation_id());
@@ -50,10 +47,7 @@ async fn same_key_and_body_replay_the_stored_answer_byte_for_byte(backend: Backe
     assert_eq!(app.ticket_count().await, 1);
 
     let operation = app
-        .get(
-            &format!("/v1/operations/{}", first.operation_id()),
-            ACME_AGENT,
-        )
+        .get(&format!("/v1/operations/{}", first.operation_id()), ACME_AGENT)
         .await
         .json();
     assert_eq!(operation["attempts"], 2);
@@ -61,15 +55,16 @@ async fn same_key_and_body_replay_the_stored_answer_byte_for_byte(backend: Backe
     assert_eq!(operation["response_status"], 201);
 }
 
-async fn an_equivalent_body_in_another_order_with_the_default_written_out_is_a_replay(
-    backend: Backend,
-) {
+async fn an_equivalent_body_in_another_order_with_the_default_written_out_is_a_replay(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let first = app
         .create_ticket("key-1", r#"{"project":"ops","title":"Renew the domain"}"#)
         .await;
     let reordered = app
-        .create_ticket("key-1", "{ \"title\" : \"Renew the domain\",\n \"priority\": \"normal\", \"project\":\"ops\", \"labels\": [] }")
+        .create_ticket(
+            "key-1",
+            "{ \"title\" : \"Renew the domain\",\n \"priority\": \"normal\", \"project\":\"ops\", \"labels\": [] }",
+        )
         .await;
 
     assert_eq!(reordered.replayed(), Some("true"));
@@ -77,9 +72,7 @@ async fn an_equivalent_body_in_another_order_with_the_default_written_out_is_a_r
     assert_eq!(app.ticket_count().await, 1);
 }
 
-async fn same_key_with_a_changed_body_is_rejected_with_422_naming_only_the_operation_and_state(
-    backend: Backend,
-) {
+async fn same_key_with_a_changed_body_is_rejected_with_422_naming_only_the_operation_and_state(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let first = app.create_ticket("key-1", ROTATE_CERT).await;
     let changed = app
@@ -97,15 +90,7 @@ async fn same_key_with_a_changed_body_is_rejected_with_422_naming_only_the_opera
     members.sort();
     assert_eq!(
         members,
-        [
-            "code",
-            "detail",
-            "operation_id",
-            "state",
-            "status",
-            "title",
-            "type"
-        ]
+        ["code", "detail", "operation_id", "state", "status", "title", "type"]
     );
     let text = String::from_utf8_lossy(&changed.body);
     assert!(
@@ -113,32 +98,21 @@ async fn same_key_with_a_changed_body_is_rejected_with_422_naming_only_the_opera
         "nothing of the stored request or answer leaks"
     );
     assert_eq!(changed.operation_id(), first.operation_id());
-    assert_eq!(
-        app.ticket_count().await,
-        1,
-        "the changed body had no effect"
-    );
+    assert_eq!(app.ticket_count().await, 1, "the changed body had no effect");
 }
 
 async fn same_key_on_another_route_is_rejected_with_422(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let ticket = app.create_ticket("key-1", ROTATE_CERT).await.json();
     let path = format!("/v1/tickets/{}/comments", ticket["id"].as_str().unwrap());
-    let comment = app
-        .post(&path, ACME_AGENT, Some("key-1"), r#"{"body":"done"}"#)
-        .await;
+    let comment = app.post(&path, ACME_AGENT, Some("key-1"), r#"{"body":"done"}"#).await;
 
     comment.assert_problem(422, "idempotency_key_reused");
     assert_eq!(app.count("SELECT COUNT(*) FROM ticket_comments").await, 0);
 }
 
 /// Claims `key` as a running attempt elsewhere would: in progress, lease held.
-async fn claim_as_another_attempt(
-    app: &TestApp,
-    key: &str,
-    body: &CreateTicket,
-    lease: Duration,
-) -> String {
+async fn claim_as_another_attempt(app: &TestApp, key: &str, body: &CreateTicket, lease: Duration) -> String {
     let key = IdempotencyKey::parse(key).unwrap();
     let fingerprint = Fingerprint::of("POST", "/v1/tickets", "acme", body);
     let now = Timestamp::now();
@@ -174,50 +148,26 @@ fn rotate_cert_command() -> CreateTicket {
     }
 }
 
-async fn a_duplicate_of_a_running_operation_gets_409_request_in_progress_with_retry_after(
-    backend: Backend,
-) {
+async fn a_duplicate_of_a_running_operation_gets_409_request_in_progress_with_retry_after(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let operation_id = claim_as_another_attempt(
-        &app,
-        "key-1",
-        &rotate_cert_command(),
-        Duration::from_secs(30),
-    )
-    .await;
+    let operation_id = claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::from_secs(30)).await;
 
     let duplicate = app.create_ticket("key-1", ROTATE_CERT).await;
 
     duplicate.assert_problem(409, "request_in_progress");
-    let retry_after: u64 = duplicate
-        .header("retry-after")
-        .expect("Retry-After")
-        .parse()
-        .unwrap();
+    let retry_after: u64 = duplicate.header("retry-after").expect("Retry-After").parse().unwrap();
     assert!((1..=30).contains(&retry_after));
     let body = duplicate.json();
     assert_eq!(body["operation_id"], operation_id);
     assert_eq!(body["state"], "in_progress");
     assert_eq!(body["status_url"], format!("/v1/operations/{operation_id}"));
     assert_eq!(duplicate.operation_id(), operation_id);
-    assert_eq!(
-        app.ticket_count().await,
-        0,
-        "the duplicate did not run the operation"
-    );
+    assert_eq!(app.ticket_count().await, 0, "the duplicate did not run the operation");
 }
 
-async fn prefer_wait_answers_a_duplicate_with_the_replay_once_the_running_operation_finishes(
-    backend: Backend,
-) {
+async fn prefer_wait_answers_a_duplicate_with_the_replay_once_the_running_operation_finishes(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let operation_id = claim_as_another_attempt(
-        &app,
-        "key-1",
-        &rotate_cert_command(),
-        Duration::from_secs(30),
-    )
-    .await;
+    let operation_id = claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::from_secs(30)).await;
     let db = app.db.db.clone();
     let finisher = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -249,9 +199,7 @@ async fn prefer_wait_answers_a_duplicate_with_the_replay_once_the_running_operat
         Some("key-1"),
         ROTATE_CERT,
     );
-    request
-        .headers_mut()
-        .insert("prefer", "wait=5".parse().unwrap());
+    request.headers_mut().insert("prefer", "wait=5".parse().unwrap());
     let waited = app.send(request).await;
     finisher.await.unwrap();
 
@@ -263,13 +211,7 @@ async fn prefer_wait_answers_a_duplicate_with_the_replay_once_the_running_operat
 
 async fn prefer_wait_gives_up_after_the_wait_and_answers_409(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    claim_as_another_attempt(
-        &app,
-        "key-1",
-        &rotate_cert_command(),
-        Duration::from_secs(30),
-    )
-    .await;
+    claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::from_secs(30)).await;
 
     let mut request = json_request(
         axum::http::Method::POST,
@@ -278,9 +220,7 @@ async fn prefer_wait_gives_up_after_the_wait_and_answers_409(backend: Backend) {
         Some("key-1"),
         ROTATE_CERT,
     );
-    request
-        .headers_mut()
-        .insert("prefer", "wait=1".parse().unwrap());
+    request.headers_mut().insert("prefer", "wait=1".parse().unwrap());
     let started = Instant::now();
     let waited = app.send(request).await;
 
@@ -291,12 +231,9 @@ async fn prefer_wait_gives_up_after_the_wait_and_answers_409(backend: Backend) {
     );
 }
 
-async fn a_retry_after_the_lease_ran_out_takes_the_operation_over_and_runs_it_once(
-    backend: Backend,
-) {
+async fn a_retry_after_the_lease_ran_out_takes_the_operation_over_and_runs_it_once(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let operation_id =
-        claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::ZERO).await;
+    let operation_id = claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::ZERO).await;
 
     let retry = app.create_ticket("key-1", ROTATE_CERT).await;
     let replay = app.create_ticket("key-1", ROTATE_CERT).await;
@@ -315,21 +252,13 @@ async fn a_retry_after_the_lease_ran_out_takes_the_operation_over_and_runs_it_on
 
 async fn an_operation_whose_outcome_is_unknown_is_never_executed_again(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let operation_id = claim_as_another_attempt(
-        &app,
-        "key-1",
-        &rotate_cert_command(),
-        Duration::from_secs(30),
-    )
-    .await;
+    let operation_id = claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::from_secs(30)).await;
     on_pool!(&app.db.db, |pool| {
-        sqlx::query(
-        "UPDATE idempotency_operations SET state = 'unknown', lease_token = NULL, locked_until = NULL"
-    )
-    .execute(pool)
-    .await
-    .unwrap()
-    .rows_affected()
+        sqlx::query("UPDATE idempotency_operations SET state = 'unknown', lease_token = NULL, locked_until = NULL")
+            .execute(pool)
+            .await
+            .unwrap()
+            .rows_affected()
     });
 
     let retry = app.create_ticket("key-1", ROTATE_CERT).await;
@@ -337,10 +266,7 @@ async fn an_operation_whose_outcome_is_unknown_is_never_executed_again(backend: 
     retry.assert_problem(409, "operation_outcome_unknown");
     assert_eq!(retry.json()["state"], "unknown");
     assert_eq!(retry.json()["operation_id"], operation_id);
-    assert_eq!(
-        retry.json()["status_url"],
-        format!("/v1/operations/{operation_id}")
-    );
+    assert_eq!(retry.json()["status_url"], format!("/v1/operations/{operation_id}"));
     assert_eq!(app.ticket_count().await, 0);
 }
 
@@ -368,10 +294,7 @@ async fn a_final_business_failure_is_stored_and_replayed(backend: Backend) {
     assert_eq!(again.replayed(), Some("true"));
     assert_eq!(again.body, first.body);
     let operation = app
-        .get(
-            &format!("/v1/operations/{}", first.operation_id()),
-            ACME_AGENT,
-        )
+        .get(&format!("/v1/operations/{}", first.operation_id()), ACME_AGENT)
         .await
         .json();
     assert_eq!(operation["state"], "failed");
@@ -397,17 +320,10 @@ async fn the_operation_can_be_found_by_its_key_and_by_its_id(backend: Backend) {
     let ticket_id = created.json()["id"].as_str().unwrap().to_owned();
 
     let by_id = app
-        .get(
-            &format!("/v1/operations/{}", created.operation_id()),
-            ACME_AGENT,
-        )
+        .get(&format!("/v1/operations/{}", created.operation_id()), ACME_AGENT)
         .await;
-    let by_key = app
-        .get("/v1/operations?idempotency_key=key-1", ACME_AGENT)
-        .await;
-    let never_sent = app
-        .get("/v1/operations?idempotency_key=never-sent", ACME_AGENT)
-        .await;
+    let by_key = app.get("/v1/operations?idempotency_key=key-1", ACME_AGENT).await;
+    let never_sent = app.get("/v1/operations?idempotency_key=never-sent", ACME_AGENT).await;
 
     assert_eq!(by_id.status, StatusCode::OK);
     let operation = by_id.json();

@@ -24,15 +24,8 @@ async fn concurrent_copies_with_one_key_make_exactly_one_ticket(backend: Backend
         .filter(|a| a.replayed() == Some("false") && a.status == 201)
         .collect();
     assert_eq!(executed.len(), 1, "exactly one copy ran the operation");
-    let operation_ids: HashSet<_> = answers
-        .iter()
-        .map(|a| a.operation_id().to_owned())
-        .collect();
-    assert_eq!(
-        operation_ids.len(),
-        1,
-        "every copy was answered for the same operation"
-    );
+    let operation_ids: HashSet<_> = answers.iter().map(|a| a.operation_id().to_owned()).collect();
+    assert_eq!(operation_ids.len(), 1, "every copy was answered for the same operation");
     for answer in &answers {
         match answer.status.as_u16() {
             201 => assert_eq!(answer.body, executed[0].body),
@@ -47,16 +40,12 @@ async fn concurrent_copies_with_one_key_make_exactly_one_ticket(backend: Backend
     assert_eq!(operation["data"][0]["attempts"], COPIES as i64);
 }
 
-async fn concurrent_creates_with_different_keys_for_one_source_event_make_exactly_one_ticket(
-    backend: Backend,
-) {
+async fn concurrent_creates_with_different_keys_for_one_source_event_make_exactly_one_ticket(backend: Backend) {
     let app = std::sync::Arc::new(TestApp::spawn(backend).await);
     let answers = join_all((0..COPIES).map(|n| {
         let app = app.clone();
         tokio::spawn(async move {
-            let body = format!(
-                r#"{{"project":"ops","title":"Disk full (run {n})","source_event_id":"alert-42"}}"#
-            );
+            let body = format!(r#"{{"project":"ops","title":"Disk full (run {n})","source_event_id":"alert-42"}}"#);
             app.create_ticket(&format!("agent-run-{n}"), &body).await
         })
     }))

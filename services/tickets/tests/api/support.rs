@@ -37,37 +37,16 @@ impl TestApp {
     }
 
     pub async fn send(&self, request: Request<Body>) -> TestResponse {
-        let response = self
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .expect("the router answers");
+        let response = self.router.clone().oneshot(request).await.expect("the router answers");
         let status = response.status();
         let headers = response.headers().clone();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .expect("a body")
-            .to_bytes();
-        TestResponse {
-            status,
-            headers,
-            body,
-        }
+        let body = response.into_body().collect().await.expect("a body").to_bytes();
+        TestResponse { status, headers, body }
     }
 
     /// A POST as an agent would send it: bearer key, JSON, and a key if given.
-    pub async fn post(
-        &self,
-        path: &str,
-        bearer: &str,
-        key: Option<&str>,
-        body: &str,
-    ) -> TestResponse {
-        self.send(json_request(Method::POST, path, bearer, key, body))
-            .await
+    pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: &str) -> TestResponse {
+        self.send(json_request(Method::POST, path, bearer, key, body)).await
     }
 
     pub async fn create_ticket(&self, key: &str, body: &str) -> TestResponse {
@@ -95,13 +74,7 @@ impl TestApp {
     }
 }
 
-pub fn json_request(
-    method: Method,
-    path: &str,
-    bearer: &str,
-    key: Option<&str>,
-    body: &str,
-) -> Request<Body> {
+pub fn json_request(method: Method, path: &str, bearer: &str, key: Option<&str>, body: &str) -> Request<Body> {
     let mut builder = Request::builder()
         .method(method)
         .uri(path)
@@ -122,8 +95,7 @@ pub struct TestResponse {
 
 impl TestResponse {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|_| panic!("a JSON body, got {:?}", self.body))
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("a JSON body, got {:?}", self.body))
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -146,13 +118,9 @@ impl TestResponse {
     #[track_caller]
     pub fn assert_problem(&self, status: u16, code: &str) {
         assert_eq!(self.status.as_u16(), status, "status of {:?}", self.body);
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/problem+json")
-        );
+        assert_eq!(self.header("content-type"), Some("application/problem+json"));
         assert_eq!(self.code(), code, "code of {:?}", self.body);
     }
 }
 
-pub const ROTATE_CERT: &str =
-    r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
+pub const ROTATE_CERT: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;

@@ -17,9 +17,7 @@ async fn set_status(app: &TestApp, ticket_id: &str, body: Value) -> TestResponse
     .await
 }
 
-async fn a_create_for_a_known_source_event_answers_200_with_that_ticket_under_any_key(
-    backend: Backend,
-) {
+async fn a_create_for_a_known_source_event_answers_200_with_that_ticket_under_any_key(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let first = app
         .create_ticket(
@@ -28,7 +26,10 @@ async fn a_create_for_a_known_source_event_answers_200_with_that_ticket_under_an
         )
         .await;
     let second = app
-        .create_ticket("run-2", r#"{"project":"ops","title":"db-3 disk is full (again?)","source_event_id":"alert-7f3a"}"#)
+        .create_ticket(
+            "run-2",
+            r#"{"project":"ops","title":"db-3 disk is full (again?)","source_event_id":"alert-7f3a"}"#,
+        )
         .await;
 
     assert_eq!(first.status, 201);
@@ -50,10 +51,7 @@ async fn a_create_for_a_known_source_event_answers_200_with_that_ticket_under_an
     assert_eq!(app.ticket_count().await, 1);
 
     let listed = app
-        .get(
-            "/v1/tickets?project=ops&source_event_id=alert-7f3a",
-            ACME_AGENT,
-        )
+        .get("/v1/tickets?project=ops&source_event_id=alert-7f3a", ACME_AGENT)
         .await
         .json();
     assert_eq!(listed["data"].as_array().unwrap().len(), 1);
@@ -64,12 +62,7 @@ async fn matching_never_reopens_a_closed_ticket_and_never_comments(backend: Back
     let body = r#"{"project":"ops","title":"Disk full","source_event_id":"alert-1"}"#;
     let ticket = app.create_ticket("run-1", body).await.json();
     let id = ticket["id"].as_str().unwrap();
-    assert_eq!(
-        set_status(&app, id, json!({"status": "closed"}))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(set_status(&app, id, json!({"status": "closed"})).await.status, 200);
 
     let matched = app.create_ticket("run-2", body).await;
 
@@ -80,16 +73,10 @@ async fn matching_never_reopens_a_closed_ticket_and_never_comments(backend: Back
 
 async fn the_same_source_event_in_another_project_or_account_is_another_ticket(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    app.create_ticket(
-        "k1",
-        r#"{"project":"ops","title":"x","source_event_id":"e-1"}"#,
-    )
-    .await;
+    app.create_ticket("k1", r#"{"project":"ops","title":"x","source_event_id":"e-1"}"#)
+        .await;
     let other_project = app
-        .create_ticket(
-            "k2",
-            r#"{"project":"web","title":"x","source_event_id":"e-1"}"#,
-        )
+        .create_ticket("k2", r#"{"project":"web","title":"x","source_event_id":"e-1"}"#)
         .await;
     let other_account = app
         .post(
@@ -128,28 +115,13 @@ async fn each_comment_is_its_own_operation_and_a_retried_comment_is_added_once(b
     let path = format!("/v1/tickets/{id}/comments");
 
     let first = app
-        .post(
-            &path,
-            ACME_AGENT,
-            Some("comment-1"),
-            r#"{"body":"Rotated."}"#,
-        )
+        .post(&path, ACME_AGENT, Some("comment-1"), r#"{"body":"Rotated."}"#)
         .await;
     let retried = app
-        .post(
-            &path,
-            ACME_AGENT,
-            Some("comment-1"),
-            r#"{"body":"Rotated."}"#,
-        )
+        .post(&path, ACME_AGENT, Some("comment-1"), r#"{"body":"Rotated."}"#)
         .await;
     let second = app
-        .post(
-            &path,
-            ACME_AGENT,
-            Some("comment-2"),
-            r#"{"body":"Rotated."}"#,
-        )
+        .post(&path, ACME_AGENT, Some("comment-2"), r#"{"body":"Rotated."}"#)
         .await;
 
     assert_eq!(first.status, 201);
@@ -171,26 +143,13 @@ async fn setting_the_current_status_again_changes_nothing(backend: Backend) {
         .unwrap()
         .to_owned();
 
-    let resolved = set_status(
-        &app,
-        &id,
-        json!({"status": "resolved", "expected_version": 1}),
-    )
-    .await;
-    let again = set_status(
-        &app,
-        &id,
-        json!({"status": "resolved", "expected_version": 1}),
-    )
-    .await;
+    let resolved = set_status(&app, &id, json!({"status": "resolved", "expected_version": 1})).await;
+    let again = set_status(&app, &id, json!({"status": "resolved", "expected_version": 1})).await;
 
     assert_eq!(resolved.status, 200);
     assert_eq!(resolved.json()["changed"], true);
     assert_eq!(resolved.json()["version"], 2);
-    assert_eq!(
-        again.status, 200,
-        "a retried PUT of the same end state is a no-op"
-    );
+    assert_eq!(again.status, 200, "a retried PUT of the same end state is a no-op");
     assert_eq!(again.json()["changed"], false);
     assert_eq!(again.json()["version"], 2);
 }
@@ -203,19 +162,12 @@ async fn a_stale_expected_version_is_409_version_mismatch(backend: Backend) {
         .to_owned();
     set_status(&app, &id, json!({"status": "acknowledged"})).await;
 
-    let stale = set_status(
-        &app,
-        &id,
-        json!({"status": "resolved", "expected_version": 1}),
-    )
-    .await;
+    let stale = set_status(&app, &id, json!({"status": "resolved", "expected_version": 1})).await;
 
     stale.assert_problem(409, "version_mismatch");
     assert_eq!(stale.json()["current_version"], 2);
     assert_eq!(
-        app.get(&format!("/v1/tickets/{id}"), ACME_AGENT)
-            .await
-            .json()["status"],
+        app.get(&format!("/v1/tickets/{id}"), ACME_AGENT).await.json()["status"],
         "acknowledged"
     );
 }
@@ -281,6 +233,12 @@ async fn the_service_serves_health_and_its_openapi_document(backend: Backend) {
         assert!(openapi["paths"].get(path).is_some(), "{path} is documented");
     }
     assert!(String::from_utf8_lossy(&docs.body).contains("idempotency_key_reused"));
+    let swagger = app.get("/docs/api/", ACME_AGENT).await;
+    assert_eq!(
+        swagger.status, 200,
+        "the docs UI is served from the binary, with no network"
+    );
+    assert!(swagger.header("content-type").unwrap().starts_with("text/html"));
 }
 
 platform::both_backends!(

@@ -26,27 +26,17 @@ async fn keys_of_256_characters_or_with_spaces_are_400_idempotency_key_invalid(b
     assert_eq!(app.ticket_count().await, 1);
 }
 
-async fn a_request_that_fails_validation_claims_nothing_and_the_key_works_with_a_fixed_body(
-    backend: Backend,
-) {
+async fn a_request_that_fails_validation_claims_nothing_and_the_key_works_with_a_fixed_body(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let invalid = app
-        .create_ticket("key-1", r#"{"project":"ops","title":""}"#)
-        .await;
+    let invalid = app.create_ticket("key-1", r#"{"project":"ops","title":""}"#).await;
 
     invalid.assert_problem(400, "invalid_request");
     assert_eq!(
         invalid.json()["errors"],
         json!([{"field": "title", "message": "must not be blank"}])
     );
-    assert!(
-        invalid.header("operation-id").is_none(),
-        "no operation exists"
-    );
-    let operations = app
-        .get("/v1/operations?idempotency_key=key-1", ACME_AGENT)
-        .await
-        .json();
+    assert!(invalid.header("operation-id").is_none(), "no operation exists");
+    let operations = app.get("/v1/operations?idempotency_key=key-1", ACME_AGENT).await.json();
     assert_eq!(operations["data"], json!([]));
 
     let fixed = app.create_ticket("key-1", ROTATE_CERT).await;
@@ -62,11 +52,7 @@ async fn an_unknown_field_is_400_invalid_request_naming_the_field(backend: Backe
 
     response.assert_problem(400, "invalid_request");
     assert_eq!(response.json()["errors"][0]["field"], "colour");
-    assert_eq!(
-        app.count("SELECT COUNT(*) FROM idempotency_operations")
-            .await,
-        0
-    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_operations").await, 0);
 }
 
 async fn every_failed_field_is_listed_with_its_message(backend: Backend) {
@@ -87,14 +73,9 @@ async fn every_failed_field_is_listed_with_its_message(backend: Backend) {
 
 async fn a_wrong_type_or_an_unknown_priority_is_400_naming_the_field(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let wrong_type = app
-        .create_ticket("key-1", r#"{"project":"ops","title":42}"#)
-        .await;
+    let wrong_type = app.create_ticket("key-1", r#"{"project":"ops","title":42}"#).await;
     let bad_priority = app
-        .create_ticket(
-            "key-2",
-            r#"{"project":"ops","title":"x","priority":"asap"}"#,
-        )
+        .create_ticket("key-2", r#"{"project":"ops","title":"x","priority":"asap"}"#)
         .await;
     let missing = app.create_ticket("key-3", r#"{"project":"ops"}"#).await;
 
@@ -122,11 +103,7 @@ async fn a_body_that_is_not_json_is_400_and_a_non_json_content_type_is_415(backe
 
     broken.assert_problem(400, "invalid_request");
     text.assert_problem(415, "unsupported_media_type");
-    assert_eq!(
-        app.count("SELECT COUNT(*) FROM idempotency_operations")
-            .await,
-        0
-    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_operations").await, 0);
 }
 
 async fn unknown_routes_and_methods_answer_in_problem_json(backend: Backend) {
