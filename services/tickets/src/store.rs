@@ -85,7 +85,7 @@ pub async fn get_ticket(db: &Db, account_id: &str, ticket_id: &str) -> Result<Op
         ticket_columns!(),
         " FROM tickets WHERE account_id = $1 AND id = $2"
     );
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(ticket_id)
@@ -119,7 +119,7 @@ pub async fn list_tickets(
            AND ($3 IS NULL OR project = $3) AND ($4 IS NULL OR source_event_id = $4) AND ($5 IS NULL OR status = $5) \
          ORDER BY seq LIMIT $6"
     );
-    let rows = on_pool!(db, |pool| {
+    let rows = on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(after_seq)
@@ -178,7 +178,7 @@ pub async fn get_comment(
         comment_columns!(),
         " FROM ticket_comments WHERE account_id = $1 AND ticket_id = $2 AND id = $3"
     );
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(ticket_id)
@@ -202,7 +202,7 @@ pub async fn list_comments(
         comment_columns!(),
         " FROM ticket_comments WHERE account_id = $1 AND ticket_id = $2 AND seq > $3 ORDER BY seq LIMIT $4"
     );
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(ticket_id)
@@ -234,7 +234,7 @@ pub async fn set_status(
          RETURNING ",
         ticket_columns!()
     );
-    let updated = on_pool!(db, |pool| {
+    let updated = on_pool!(db.write(), |pool| {
         sqlx::query(UPDATE)
             .bind(account_id)
             .bind(ticket_id)

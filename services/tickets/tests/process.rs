@@ -108,7 +108,7 @@ async fn wait_for(log: &mut mpsc::UnboundedReceiver<Value>, message: &str) -> Va
 }
 
 async fn ticket_count(db: &TestDb) -> i64 {
-    on_pool!(&db.db, |pool| sqlx::query_scalar::<_, i64>(
+    on_pool!(db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
         "SELECT COUNT(*) FROM tickets"
     )
     .fetch_one(pool)

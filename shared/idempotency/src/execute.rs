@@ -105,6 +105,9 @@ impl Idempotency {
         C: Serialize,
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
     {
+        if !self.config.enabled {
+            return self.run_unguarded(effect).await;
+        }
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
         let owned = match self.claim_or_decide(&attempt, &fingerprint).await {
@@ -309,6 +312,28 @@ impl Idempotency {
         }
     }
 
+    /// The measurement baseline (`enabled: false`): the effect in its
+    /// transaction, and nothing else of this module.
+    async fn run_unguarded<F>(&self, effect: F) -> Response
+    where
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
+    {
+        let mut tx = match self.db.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        match effect(&mut tx).await {
+            Ok(done) => match tx.commit().await {
+                Ok(()) => stored_response_without_operation(&done.response),
+                Err(e) => ApiError::from(e).into_response(),
+            },
+            Err(error) => {
+                let _ = tx.rollback().await;
+                error.into_response()
+            }
+        }
+    }
+
     /// After losing the lease: answer as a duplicate would.
     async fn answer_current(&self, operation: &OperationRecord) -> Response {
         match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await {
@@ -339,6 +364,10 @@ fn in_progress(operation: &OperationRecord) -> Response {
 
 /// The stored answer, byte for byte, with the operation's headers.
 pub fn stored_response(stored: &StoredResponse, operation_id: &str, replayed: bool) -> Response {
+    with_operation_headers(stored_response_without_operation(stored), operation_id, replayed)
+}
+
+fn stored_response_without_operation(stored: &StoredResponse) -> Response {
     let mut response = (stored.status, stored.body.clone()).into_response();
     let headers = response.headers_mut();
     if let Ok(content_type) = HeaderValue::from_str(&stored.content_type) {
@@ -347,7 +376,7 @@ pub fn stored_response(stored: &StoredResponse, operation_id: &str, replayed: bo
     if let Some(location) = stored.location.as_deref().and_then(|l| HeaderValue::from_str(l).ok()) {
         headers.insert(header::LOCATION, location);
     }
-    with_operation_headers(response, operation_id, replayed)
+    response
 }
 
 fn with_operation_headers(mut response: Response, operation_id: &str, replayed: bool) -> Response {

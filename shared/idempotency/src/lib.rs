@@ -52,6 +52,11 @@ pub struct IdempotencyConfig {
     pub retention: Duration,
     /// How often the reaper looks for operations past their retention.
     pub reap_every: Duration,
+    /// `false` only to measure what idempotency costs (`RETRYSAFE_IDEMPOTENCY=off`):
+    /// the same handler, validation, transaction and effect run with no claim,
+    /// no stored answer and no replay. It breaks the contract; never turn it
+    /// off for real traffic.
+    pub enabled: bool,
 }
 
 impl Default for IdempotencyConfig {
@@ -60,13 +65,14 @@ impl Default for IdempotencyConfig {
             lease: Duration::from_secs(30),
             retention: Duration::from_secs(24 * 60 * 60),
             reap_every: Duration::from_secs(60),
+            enabled: true,
         }
     }
 }
 
 impl IdempotencyConfig {
     /// `RETRYSAFE_LEASE_SECONDS` (30), `RETRYSAFE_RETENTION_HOURS` (24),
-    /// `RETRYSAFE_REAP_EVERY_SECONDS` (60).
+    /// `RETRYSAFE_REAP_EVERY_SECONDS` (60), `RETRYSAFE_IDEMPOTENCY` (`on`).
     pub fn from_env() -> Result<Self, String> {
         let mut config = IdempotencyConfig::default();
         if let Some(seconds) = number("RETRYSAFE_LEASE_SECONDS")? {
@@ -77,6 +83,11 @@ impl IdempotencyConfig {
         }
         if let Some(seconds) = number("RETRYSAFE_REAP_EVERY_SECONDS")? {
             config.reap_every = Duration::from_secs_f64(seconds);
+        }
+        match std::env::var("RETRYSAFE_IDEMPOTENCY").as_deref() {
+            Ok("off") => config.enabled = false,
+            Ok("on") | Ok("") | Err(_) => {}
+            Ok(other) => return Err(format!("RETRYSAFE_IDEMPOTENCY `{other}` is neither `on` nor `off`")),
         }
         Ok(config)
     }

@@ -48,7 +48,7 @@ pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRe
          RETURNING ",
         columns!()
     );
-    let row = on_pool!(db, |pool| {
+    let row = on_pool!(db.write(), |pool| {
         sqlx::query(SQL)
             .bind(new.account_id)
             .bind(new.key.as_str())
@@ -81,7 +81,7 @@ pub async fn record_attempt(
         columns!(),
         ""
     );
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.write(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(key.as_str())
@@ -109,7 +109,7 @@ pub async fn take_over(
         columns!(),
         ""
     );
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.write(), |pool| {
         sqlx::query(SQL)
             .bind(&operation.account_id)
             .bind(operation.key.as_str())
@@ -186,7 +186,7 @@ pub async fn finish(
     lease_token: &str,
     completion: &Completion<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = on_pool!(db, |pool| {
+    let done = on_pool!(db.write(), |pool| {
         bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
             .execute(pool)
             .await?
@@ -198,7 +198,7 @@ pub async fn finish(
 /// Frees the key after a server error: nothing happened, so the operation
 /// is forgotten and the next attempt claims afresh.
 pub async fn release(db: &Db, account_id: &str, key: &IdempotencyKey, lease_token: &str) -> Result<(), sqlx::Error> {
-    on_pool!(db, |pool| {
+    on_pool!(db.write(), |pool| {
         sqlx::query(
             "DELETE FROM idempotency_operations \
              WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'",
@@ -218,7 +218,7 @@ pub async fn find_by_key(db: &Db, account_id: &str, key: &str) -> Result<Option<
         columns!(),
         " FROM idempotency_operations WHERE account_id = $1 AND idempotency_key = $2"
     );
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(key)
@@ -235,7 +235,7 @@ pub async fn find_by_id(db: &Db, account_id: &str, operation_id: &str) -> Result
         columns!(),
         " FROM idempotency_operations WHERE account_id = $1 AND operation_id = $2"
     );
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(operation_id)
@@ -249,7 +249,7 @@ pub async fn find_by_id(db: &Db, account_id: &str, operation_id: &str) -> Result
 /// Deletes finished operations last touched before `cutoff`. Operations
 /// `in_progress`, `awaiting_approval` or `unknown` are never reaped.
 pub async fn reap(db: &Db, cutoff: Timestamp) -> Result<u64, sqlx::Error> {
-    Ok(on_pool!(db, |pool| {
+    Ok(on_pool!(db.write(), |pool| {
         sqlx::query(
             "DELETE FROM idempotency_operations \
              WHERE state IN ('completed', 'failed', 'rejected') AND updated_at < $1",

@@ -38,11 +38,13 @@ async fn fixture(backend: Backend) -> Fixture {
         .migrate(&[&platform::MIGRATIONS, &idempotency::MIGRATIONS])
         .await
         .unwrap();
-    on_pool!(&db.db, |pool| sqlx::query("CREATE TABLE effects (id TEXT PRIMARY KEY)")
-        .execute(pool)
-        .await
-        .unwrap()
-        .rows_affected());
+    on_pool!(db.db.write(), |pool| sqlx::query(
+        "CREATE TABLE effects (id TEXT PRIMARY KEY)"
+    )
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected());
     let idempotency = Idempotency::new(db.db.clone(), IdempotencyConfig::default());
     let principal = Principal {
         account_id: "acme".into(),
@@ -82,7 +84,7 @@ impl Fixture {
     }
 
     async fn effects(&self) -> i64 {
-        on_pool!(&self.db.db, |pool| sqlx::query_scalar::<_, i64>(
+        on_pool!(self.db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
             "SELECT COUNT(*) FROM effects"
         )
         .fetch_one(pool)
@@ -386,7 +388,7 @@ async fn the_reaper_removes_finished_operations_past_retention_and_never_running
     .await
     .unwrap();
     let two_days_ago = Timestamp::now().minus(Duration::from_secs(48 * 3600));
-    on_pool!(&f.db.db, |pool| {
+    on_pool!(f.db.db.write(), |pool| {
         sqlx::query(
             "UPDATE idempotency_operations SET state = 'unknown', lease_token = NULL, locked_until = NULL \
              WHERE idempotency_key = 'unknown-old'",

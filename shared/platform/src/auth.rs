@@ -162,7 +162,7 @@ impl Authenticator {
         if let Some(principal) = self.demo.get(&hash) {
             return Ok(principal.clone());
         }
-        let row: Option<(String, String, String)> = crate::on_pool!(&self.db, |pool| {
+        let row: Option<(String, String, String)> = crate::on_pool!(self.db.read(), |pool| {
             sqlx::query_as(
                 "SELECT account_id, principal_id, role FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
             )
@@ -184,7 +184,7 @@ impl Authenticator {
     pub async fn create_key(&self, principal: &Principal) -> Result<ApiKey, sqlx::Error> {
         let key = ApiKey::generate();
         let now = Timestamp::now();
-        crate::on_pool!(&self.db, |pool| {
+        crate::on_pool!(self.db.write(), |pool| {
             sqlx::query(
                 "INSERT INTO api_keys (key_hash, account_id, principal_id, role, created_at) VALUES ($1, $2, $3, $4, $5)",
             )

@@ -34,7 +34,24 @@ impl Backend {
 #[derive(Clone, Debug)]
 pub enum Db {
     Postgres(PgPool),
-    Sqlite(SqlitePool),
+    Sqlite(SqlitePools),
+}
+
+/// SQLite allows one writer at a time. Writers queue for the single write
+/// connection inside the process (fair, and woken at once) instead of
+/// polling SQLite's lock with `busy_timeout` sleeps, which under load turns
+/// milliseconds into seconds. Readers never wait for writers (WAL).
+#[derive(Clone, Debug)]
+pub struct SqlitePools {
+    pub read: SqlitePool,
+    pub write: SqlitePool,
+}
+
+/// A pool to run one statement on: [`Db::read`] or [`Db::write`].
+#[derive(Clone, Copy, Debug)]
+pub enum Pool<'a> {
+    Postgres(&'a PgPool),
+    Sqlite(&'a SqlitePool),
 }
 
 /// A transaction on a [`Db`]: the unit in which a business write and the
@@ -78,12 +95,17 @@ impl Db {
                 .foreign_keys(true)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT)
                 .log_statements(tracing::log::LevelFilter::Trace);
-            let pool = SqlitePoolOptions::new()
+            let write = SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(SQLITE_BUSY_TIMEOUT)
+                .connect_with(options.clone())
+                .await?;
+            let read = SqlitePoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(SQLITE_BUSY_TIMEOUT)
-                .connect_with(options)
+                .connect_with(options.read_only(true))
                 .await?;
-            Ok(Db::Sqlite(pool))
+            Ok(Db::Sqlite(SqlitePools { read, write }))
         }
     }
 
@@ -91,6 +113,22 @@ impl Db {
         match self {
             Db::Postgres(_) => Backend::Postgres,
             Db::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// The pool for statements that only read.
+    pub fn read(&self) -> Pool<'_> {
+        match self {
+            Db::Postgres(pool) => Pool::Postgres(pool),
+            Db::Sqlite(pools) => Pool::Sqlite(&pools.read),
+        }
+    }
+
+    /// The pool for statements that write outside a transaction.
+    pub fn write(&self) -> Pool<'_> {
+        match self {
+            Db::Postgres(pool) => Pool::Postgres(pool),
+            Db::Sqlite(pools) => Pool::Sqlite(&pools.write),
         }
     }
 
@@ -103,7 +141,7 @@ impl Db {
         let migrator = Migrator::with_migrations(sets.iter().flat_map(pick).collect());
         match self {
             Db::Postgres(pool) => migrator.run(pool).await,
-            Db::Sqlite(pool) => migrator.run(pool).await,
+            Db::Sqlite(pools) => migrator.run(&pools.write).await,
         }
     }
 
@@ -113,14 +151,17 @@ impl Db {
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
         Ok(match self {
             Db::Postgres(pool) => Tx::Postgres(pool.begin().await?),
-            Db::Sqlite(pool) => Tx::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
+            Db::Sqlite(pools) => Tx::Sqlite(pools.write.begin_with("BEGIN IMMEDIATE").await?),
         })
     }
 
     pub async fn close(&self) {
         match self {
             Db::Postgres(pool) => pool.close().await,
-            Db::Sqlite(pool) => pool.close().await,
+            Db::Sqlite(pools) => {
+                pools.read.close().await;
+                pools.write.close().await;
+            }
         }
     }
 }
@@ -165,15 +206,16 @@ async fn create_postgres_database_if_missing(options: &PgConnectOptions) -> Resu
     admin.close().await
 }
 
-/// Runs `body` with `$pool` bound to the pool of whichever backend `db` is:
-/// for SQL that both dialects spell the same (`$1` placeholders work on both).
-/// The body is compiled once per backend, so every bind is type-checked twice.
+/// Runs `body` with `$pool` bound to a [`Pool`] (`db.read()` or
+/// `db.write()`) of whichever backend it is: for SQL that both dialects spell
+/// the same (`$1` placeholders work on both). The body is compiled once per
+/// backend, so every bind is type-checked twice.
 #[macro_export]
 macro_rules! on_pool {
-    ($db:expr, |$pool:ident| $body:expr) => {
-        match $db {
-            $crate::db::Db::Postgres($pool) => $body,
-            $crate::db::Db::Sqlite($pool) => $body,
+    ($pool_of:expr, |$pool:ident| $body:expr) => {
+        match $pool_of {
+            $crate::db::Pool::Postgres($pool) => $body,
+            $crate::db::Pool::Sqlite($pool) => $body,
         }
     };
 }

@@ -21,7 +21,7 @@ pub mod time;
 pub mod testing;
 
 pub use auth::{Authenticator, Principal, Role};
-pub use db::{Backend, Db, Migrations, Tx};
+pub use db::{Backend, Db, Migrations, Pool, Tx};
 pub use error::{ApiError, FieldError};
 pub use json::{ApiJson, ApiQuery};
 pub use time::Timestamp;

@@ -39,10 +39,12 @@ async fn a_created_api_key_authenticates_and_only_its_hash_is_stored(backend: Ba
 
     assert_eq!(created.status, 201);
     assert_eq!(app.count("SELECT COUNT(*) FROM api_keys").await, 1);
-    let stored: String = platform::on_pool!(&app.db.db, |pool| sqlx::query_scalar("SELECT key_hash FROM api_keys")
-        .fetch_one(pool)
-        .await
-        .unwrap());
+    let stored: String = platform::on_pool!(app.db.db.read(), |pool| sqlx::query_scalar(
+        "SELECT key_hash FROM api_keys"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap());
     assert_ne!(stored, key.expose());
     assert_eq!(stored, key.hash());
 }

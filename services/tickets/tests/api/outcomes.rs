@@ -253,7 +253,7 @@ async fn a_retry_after_the_lease_ran_out_takes_the_operation_over_and_runs_it_on
 async fn an_operation_whose_outcome_is_unknown_is_never_executed_again(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let operation_id = claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::from_secs(30)).await;
-    on_pool!(&app.db.db, |pool| {
+    on_pool!(app.db.db.write(), |pool| {
         sqlx::query("UPDATE idempotency_operations SET state = 'unknown', lease_token = NULL, locked_until = NULL")
             .execute(pool)
             .await

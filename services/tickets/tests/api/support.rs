@@ -63,7 +63,7 @@ impl TestApp {
 
     /// Counts rows straight from the database: what really happened.
     pub async fn count(&self, sql: &'static str) -> i64 {
-        on_pool!(&self.db.db, |pool| sqlx::query_scalar::<_, i64>(sql)
+        on_pool!(self.db.db.read(), |pool| sqlx::query_scalar::<_, i64>(sql)
             .fetch_one(pool)
             .await
             .unwrap())
