@@ -1,7 +1,8 @@
 //! Real processes, really killed (CONTRACT §5): a tickets process dies with
 //! SIGKILL between the claim and the commit, a new one starts on the same
-//! database, and a retry after the lease runs the operation exactly once. The
-//! stored answer survives the process.
+//! database, and a retry runs the operation exactly once — after the lease
+//! for leased claims, at once for claims made in the effect's transaction.
+//! The stored answer survives the process.
 //!
 //! The binary is built with the `failpoints` feature for tests, and a fail
 //! point (`FAILPOINTS=idempotency::after_claim=return`) holds the request at
@@ -29,7 +30,8 @@ struct Service {
 }
 
 impl Service {
-    async fn start(database_url: &str, fail_point: Option<&str>) -> Service {
+    /// `claim`: `transaction` or `leased` (`RETRYSAFE_CLAIM`).
+    async fn start(database_url: &str, claim: &str, fail_point: Option<&str>) -> Service {
         let mut command = Command::new(env!("CARGO_BIN_EXE_tickets"));
         command
             .env_remove("DATABASE_URL")
@@ -37,6 +39,7 @@ impl Service {
             .env("TICKETS_ADDR", "127.0.0.1:0")
             .env("RETRYSAFE_SANDBOX", "true")
             .env("RETRYSAFE_LEASE_SECONDS", LEASE_SECONDS)
+            .env("RETRYSAFE_CLAIM", claim)
             .env("LOG_FORMAT", "json")
             .env("RUST_LOG", "info")
             .env_remove("FAILPOINTS")
@@ -116,12 +119,10 @@ async fn ticket_count(db: &TestDb) -> i64 {
     .unwrap())
 }
 
-/// Kills a process held at `fail_point` with the request's effect unfinished,
-/// then proves the retry rule: 409 while the dead holder's lease lasts, one
-/// execution after it, and a byte-for-byte replay from a third process.
-async fn crash_at(backend: Backend, fail_point: &str) {
-    let db = TestDb::new(backend).await;
-    let mut doomed = Service::start(&db.url, Some(fail_point)).await;
+/// Starts a process that holds its first request at `fail_point`, kills it
+/// with SIGKILL while the agent waits, and starts another on the same database.
+async fn kill_while_held(db: &TestDb, claim: &str, fail_point: &str) -> Service {
+    let mut doomed = Service::start(&db.url, claim, Some(fail_point)).await;
     let lost = tokio::spawn({
         let base = doomed.base.clone();
         async move {
@@ -138,8 +139,30 @@ async fn crash_at(backend: Backend, fail_point: &str) {
     wait_for(&mut doomed.log, "fail point reached").await;
     doomed.kill().await;
     assert!(lost.await.unwrap().is_err(), "the agent never got an answer");
+    Service::start(&db.url, claim, None).await
+}
 
-    let restarted = Service::start(&db.url, None).await;
+/// A third process answers the retry with the stored answer, byte for byte.
+async fn assert_replayed_by_a_new_process(db: &TestDb, claim: &str, created_body: &[u8]) {
+    let third = Service::start(&db.url, claim, None).await;
+    let replay = third.create("crash-key").await.unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        replay.bytes().await.unwrap(),
+        created_body,
+        "the stored answer survived the process, byte for byte"
+    );
+    assert_eq!(ticket_count(db).await, 1);
+    third.kill().await;
+}
+
+/// Leased claims: 409 while the dead holder's lease lasts, then one execution
+/// by the retry that takes the lease over, under the same operation id.
+async fn leased_crash_at(backend: Backend, fail_point: &str) {
+    let db = TestDb::new(backend).await;
+    let restarted = kill_while_held(&db, "leased", fail_point).await;
+
     let early = restarted.create("crash-key").await.unwrap();
     assert_eq!(
         early.status(),
@@ -177,36 +200,54 @@ async fn crash_at(backend: Backend, fail_point: &str) {
     assert_eq!(ticket_count(&db).await, 1, "exactly one ticket");
     restarted.kill().await;
 
-    let third = Service::start(&db.url, None).await;
-    let replay = third.create("crash-key").await.unwrap();
-    assert_eq!(replay.status(), StatusCode::CREATED);
-    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_replayed_by_a_new_process(&db, "leased", &created_body).await;
+}
+
+async fn a_leased_claim_killed_after_it_committed_is_run_once_by_a_retry_after_the_lease(backend: Backend) {
+    leased_crash_at(backend, "idempotency::after_claim").await;
+}
+
+async fn a_leased_claim_killed_with_its_effect_uncommitted_is_run_once_by_a_retry_after_the_lease(backend: Backend) {
+    leased_crash_at(backend, "idempotency::before_commit").await;
+}
+
+/// One-transaction claims: the killed transaction took its claim with it, so
+/// the first retry after the restart runs the operation, once.
+async fn a_transaction_killed_before_its_commit_leaves_nothing_and_the_retry_runs_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let restarted = kill_while_held(&db, "transaction", "idempotency::before_commit").await;
     assert_eq!(
-        replay.bytes().await.unwrap(),
-        created_body,
-        "the stored answer survived the process, byte for byte"
+        ticket_count(&db).await,
+        0,
+        "nothing of the killed attempt was committed"
     );
-    assert_eq!(ticket_count(&db).await, 1);
-    third.kill().await;
-}
 
-async fn a_process_killed_after_the_claim_leaves_one_execution_to_the_retry_after_the_lease(backend: Backend) {
-    crash_at(backend, "idempotency::after_claim").await;
-}
+    let created = restarted.create("crash-key").await.unwrap();
+    let again = restarted.create("crash-key").await.unwrap();
 
-async fn a_process_killed_with_the_effect_written_but_not_committed_leaves_no_ticket(backend: Backend) {
-    crash_at(backend, "idempotency::before_commit").await;
+    assert_eq!(
+        created.status(),
+        StatusCode::CREATED,
+        "no lease to wait for: the claim died with its transaction"
+    );
+    assert_eq!(created.headers()["idempotent-replayed"], "false");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let created_body = created.bytes().await.unwrap();
+    assert_eq!(ticket_count(&db).await, 1, "exactly one ticket");
+    restarted.kill().await;
+
+    assert_replayed_by_a_new_process(&db, "transaction", &created_body).await;
 }
 
 async fn a_stored_answer_is_replayed_by_a_restarted_process(backend: Backend) {
     let db = TestDb::new(backend).await;
-    let first_process = Service::start(&db.url, None).await;
+    let first_process = Service::start(&db.url, "transaction", None).await;
     let created = first_process.create("restart-key").await.unwrap();
     assert_eq!(created.status(), StatusCode::CREATED);
     let body = created.bytes().await.unwrap();
     first_process.kill().await;
 
-    let second_process = Service::start(&db.url, None).await;
+    let second_process = Service::start(&db.url, "transaction", None).await;
     let replay = second_process.create("restart-key").await.unwrap();
 
     assert_eq!(replay.status(), StatusCode::CREATED);
@@ -217,7 +258,8 @@ async fn a_stored_answer_is_replayed_by_a_restarted_process(backend: Backend) {
 }
 
 platform::both_backends!(
-    a_process_killed_after_the_claim_leaves_one_execution_to_the_retry_after_the_lease,
-    a_process_killed_with_the_effect_written_but_not_committed_leaves_no_ticket,
+    a_leased_claim_killed_after_it_committed_is_run_once_by_a_retry_after_the_lease,
+    a_leased_claim_killed_with_its_effect_uncommitted_is_run_once_by_a_retry_after_the_lease,
+    a_transaction_killed_before_its_commit_leaves_nothing_and_the_retry_runs_once,
     a_stored_answer_is_replayed_by_a_restarted_process,
 );

@@ -12,7 +12,7 @@ use platform::{ApiError, Principal, Timestamp, Tx, error::PROBLEM_JSON, telemetr
 use serde::Serialize;
 
 use crate::{
-    Idempotency,
+    ClaimMode, Idempotency,
     fingerprint::Fingerprint,
     key::IdempotencyHeaders,
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse, new_operation_id},
@@ -110,6 +110,9 @@ impl Idempotency {
         }
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
+        if self.config.claim == ClaimMode::InTransaction {
+            return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
+        }
         let owned = match self.claim_or_decide(&attempt, &fingerprint).await {
             Ok(Decision::Run(operation)) => *operation,
             Ok(Decision::Answer(response)) => return response,
@@ -121,6 +124,119 @@ impl Idempotency {
         telemetry::record_operation(&owned.operation_id, fingerprint.as_str(), "claimed");
         fail_point("idempotency::after_claim").await;
         self.run(owned, effect).await
+    }
+
+    /// [`ClaimMode::InTransaction`]: a retry of a known operation is answered
+    /// with one statement; a first attempt runs its effect and then claims the
+    /// key *with its answer* in the same transaction, so the claim, the effect
+    /// and the stored answer become visible together or not at all.
+    async fn execute_in_transaction<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
+    where
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
+    {
+        let (principal, key) = (attempt.principal, &attempt.headers.key);
+        match store::record_attempt(&self.db, &principal.account_id, key).await {
+            Ok(Some(existing)) => {
+                return match self.decide(existing, fingerprint, attempt.headers.wait, true).await {
+                    Ok(Decision::Answer(response)) => response,
+                    // a leased claim whose holder died: run it the leased way
+                    Ok(Decision::Run(operation)) => self.run(*operation, effect).await,
+                    Ok(Decision::Vanished) => self.answer_duplicate(attempt, fingerprint).await,
+                    Err(error) => error.into_response(),
+                };
+            }
+            Ok(None) => {}
+            Err(e) => return ApiError::from(e).into_response(),
+        }
+
+        let now = Timestamp::now();
+        let new = NewOperation {
+            account_id: &principal.account_id,
+            key,
+            operation_id: new_operation_id(),
+            principal_id: &principal.principal_id,
+            method: attempt.method,
+            route: attempt.route,
+            fingerprint,
+            lease_token: String::new(),
+            locked_until: now,
+            now,
+        };
+        let operation_id = new.operation_id.as_str();
+        telemetry::record_operation(operation_id, fingerprint.as_str(), "claimed");
+        let mut tx = match self.db.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        match effect(&mut tx).await {
+            Ok(done) => {
+                let completion = Completion {
+                    state: OperationState::Completed,
+                    response: &done.response,
+                    resource: done.resource.as_ref(),
+                    external_ref: None,
+                    now: Timestamp::now(),
+                };
+                match store::claim_finished(&mut tx, &new, &completion).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Another attempt with this key committed first: ours is undone.
+                        let _ = tx.rollback().await;
+                        return self.answer_duplicate(attempt, fingerprint).await;
+                    }
+                    Err(e) => {
+                        let _ = tx.rollback().await;
+                        return ApiError::from(e).into_response();
+                    }
+                }
+                fail_point("idempotency::after_claim").await;
+                fail_point("idempotency::before_commit").await;
+                if let Err(e) = tx.commit().await {
+                    return ApiError::from(e).into_response();
+                }
+                telemetry::record_operation(operation_id, fingerprint.as_str(), "created");
+                stored_response(&done.response, operation_id, false)
+            }
+            Err(error) if error.is_final() => {
+                let _ = tx.rollback().await;
+                let response = problem_response(&error);
+                let completion = Completion {
+                    state: OperationState::Failed,
+                    response: &response,
+                    resource: None,
+                    external_ref: None,
+                    now: Timestamp::now(),
+                };
+                match store::claim_finished_without_effect(&self.db, &new, &completion).await {
+                    Ok(true) => {
+                        telemetry::record_operation(operation_id, fingerprint.as_str(), "failed");
+                        with_retry_after(stored_response(&response, operation_id, false), &error)
+                    }
+                    Ok(false) => self.answer_duplicate(attempt, fingerprint).await,
+                    Err(e) => ApiError::from(e).into_response(),
+                }
+            }
+            Err(error) => {
+                // nothing was claimed: the next attempt starts afresh
+                let _ = tx.rollback().await;
+                error.into_response()
+            }
+        }
+    }
+
+    /// The answer for an attempt that lost the race for its key: whatever the
+    /// winner stored (or 409 while it runs). It never runs the operation again.
+    async fn answer_duplicate(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Response {
+        let account_id = &attempt.principal.account_id;
+        match store::record_attempt(&self.db, account_id, &attempt.headers.key).await {
+            Ok(Some(existing)) => match self.decide(existing, fingerprint, attempt.headers.wait, false).await {
+                Ok(Decision::Answer(response)) => response,
+                Ok(_) => ApiError::internal("the operation changed hands while it was answered").into_response(),
+                Err(error) => error.into_response(),
+            },
+            Ok(None) => ApiError::internal("the operation that won the key is gone").into_response(),
+            Err(e) => ApiError::from(e).into_response(),
+        }
     }
 
     async fn claim_or_decide(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Result<Decision, ApiError> {
@@ -147,7 +263,7 @@ impl Idempotency {
             else {
                 continue;
             };
-            match self.decide(existing, fingerprint, attempt.headers.wait).await? {
+            match self.decide(existing, fingerprint, attempt.headers.wait, true).await? {
                 Decision::Vanished => continue,
                 decision => return Ok(decision),
             }
@@ -156,11 +272,14 @@ impl Idempotency {
     }
 
     /// The answer for an attempt whose key already names an operation.
+    /// `may_take_over`: whether this attempt can still run the operation if
+    /// it finds a lease that ran out (it cannot once its effect was spent).
     async fn decide(
         &self,
         mut operation: OperationRecord,
         fingerprint: &Fingerprint,
         wait: Option<Duration>,
+        may_take_over: bool,
     ) -> Result<Decision, ApiError> {
         let deadline = wait.map(|w| Instant::now() + w);
         loop {
@@ -183,7 +302,7 @@ impl Idempotency {
             match operation.state {
                 OperationState::InProgress => {
                     let now = Timestamp::now();
-                    if operation.lease_expired(now) {
+                    if may_take_over && operation.lease_expired(now) {
                         let locked_until = now.plus(self.config.lease);
                         if let Some(taken) =
                             store::take_over(&self.db, &operation, &new_lease_token(), locked_until, now).await?
@@ -283,12 +402,7 @@ impl Idempotency {
             }
             Err(error) if error.is_final() => {
                 let _ = tx.rollback().await;
-                let response = StoredResponse {
-                    status: error.status(),
-                    content_type: PROBLEM_JSON.into(),
-                    location: None,
-                    body: error.to_problem_json(),
-                };
+                let response = problem_response(&error);
                 let completion = Completion {
                     state: OperationState::Failed,
                     response: &response,
@@ -337,7 +451,7 @@ impl Idempotency {
     /// After losing the lease: answer as a duplicate would.
     async fn answer_current(&self, operation: &OperationRecord) -> Response {
         match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await {
-            Ok(Some(current)) => match self.decide(current, &operation.fingerprint, None).await {
+            Ok(Some(current)) => match self.decide(current, &operation.fingerprint, None, false).await {
                 Ok(Decision::Answer(response)) => response,
                 Ok(_) => in_progress(operation),
                 Err(error) => error.into_response(),
@@ -345,6 +459,16 @@ impl Idempotency {
             Ok(None) => in_progress(operation),
             Err(e) => ApiError::from(e).into_response(),
         }
+    }
+}
+
+/// A final business failure, as it is stored and replayed.
+fn problem_response(error: &ApiError) -> StoredResponse {
+    StoredResponse {
+        status: error.status(),
+        content_type: PROBLEM_JSON.into(),
+        location: None,
+        body: error.to_problem_json(),
     }
 }
 

@@ -41,9 +41,26 @@ pub static MIGRATIONS: Migrations = Migrations {
     sqlite: sqlx::migrate!("../../migrations/idempotency/sqlite"),
 };
 
-/// How long leases and stored answers last.
+/// When a first attempt's claim commits (DESIGN-NOTES §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// The claim, the effect and the stored answer commit in one transaction.
+    /// Nothing is ever visible half done, so a crash leaves nothing to take
+    /// over; a concurrent duplicate waits on the primary key and gets the
+    /// replay. The fastest path, for effects that stay in the database.
+    InTransaction,
+    /// The claim commits first, holding a lease; the effect and the answer
+    /// commit in a second transaction. Duplicates see `request_in_progress`,
+    /// and a crashed holder's lease is taken over after it runs out. For work
+    /// that outlives a request (approvals, an outbox).
+    Leased,
+}
+
+/// How claims are made, and how long leases and stored answers last.
 #[derive(Debug, Clone)]
 pub struct IdempotencyConfig {
+    /// When the claim commits; see [`ClaimMode`].
+    pub claim: ClaimMode,
     /// How long a claimed operation is held by the attempt running it. When it
     /// runs out (the process died, or is far too slow) the next attempt with
     /// the same key may take the operation over.
@@ -62,6 +79,7 @@ pub struct IdempotencyConfig {
 impl Default for IdempotencyConfig {
     fn default() -> Self {
         IdempotencyConfig {
+            claim: ClaimMode::InTransaction,
             lease: Duration::from_secs(30),
             retention: Duration::from_secs(24 * 60 * 60),
             reap_every: Duration::from_secs(60),
@@ -71,8 +89,9 @@ impl Default for IdempotencyConfig {
 }
 
 impl IdempotencyConfig {
-    /// `RETRYSAFE_LEASE_SECONDS` (30), `RETRYSAFE_RETENTION_HOURS` (24),
-    /// `RETRYSAFE_REAP_EVERY_SECONDS` (60), `RETRYSAFE_IDEMPOTENCY` (`on`).
+    /// `RETRYSAFE_CLAIM` (`transaction` or `leased`), `RETRYSAFE_LEASE_SECONDS` (30),
+    /// `RETRYSAFE_RETENTION_HOURS` (24), `RETRYSAFE_REAP_EVERY_SECONDS` (60),
+    /// `RETRYSAFE_IDEMPOTENCY` (`on`).
     pub fn from_env() -> Result<Self, String> {
         let mut config = IdempotencyConfig::default();
         if let Some(seconds) = number("RETRYSAFE_LEASE_SECONDS")? {
@@ -83,6 +102,15 @@ impl IdempotencyConfig {
         }
         if let Some(seconds) = number("RETRYSAFE_REAP_EVERY_SECONDS")? {
             config.reap_every = Duration::from_secs_f64(seconds);
+        }
+        match std::env::var("RETRYSAFE_CLAIM").as_deref() {
+            Ok("transaction") | Ok("") | Err(_) => {}
+            Ok("leased") => config.claim = ClaimMode::Leased,
+            Ok(other) => {
+                return Err(format!(
+                    "RETRYSAFE_CLAIM `{other}` is neither `transaction` nor `leased`"
+                ));
+            }
         }
         match std::env::var("RETRYSAFE_IDEMPOTENCY").as_deref() {
             Ok("off") => config.enabled = false,

@@ -195,6 +195,72 @@ pub async fn finish(
     Ok(done == 1)
 }
 
+const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
+     (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
+      response_status, response_content_type, response_location, response_body, \
+      resource_type, resource_id, resource_url, external_ref, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17) \
+     ON CONFLICT (account_id, idempotency_key) DO NOTHING";
+
+macro_rules! bind_claim_finished {
+    ($query:expr, $new:expr, $c:expr) => {
+        $query
+            .bind($new.account_id)
+            .bind($new.key.as_str())
+            .bind(&$new.operation_id)
+            .bind($new.principal_id)
+            .bind($new.method)
+            .bind($new.route)
+            .bind($new.fingerprint.as_str())
+            .bind($c.state.as_str())
+            .bind(i32::from($c.response.status.as_u16()))
+            .bind(&$c.response.content_type)
+            .bind($c.response.location.as_deref())
+            .bind(&$c.response.body)
+            .bind($c.resource.map(|r| r.kind.as_str()))
+            .bind($c.resource.map(|r| r.id.as_str()))
+            .bind($c.resource.map(|r| r.url.as_str()))
+            .bind($c.external_ref)
+            .bind($c.now)
+    };
+}
+
+/// Claims the key with the operation already finished, inside the
+/// transaction of its effect ([`ClaimMode::InTransaction`](crate::ClaimMode)):
+/// one insert under the primary key carries the claim and the answer. `false`:
+/// another attempt holds the key (PostgreSQL waited for it to commit), and the
+/// caller must roll its effect back. The lease fields of `new` are not used: a
+/// claim that finishes in its own transaction is never seen running.
+pub async fn claim_finished(
+    tx: &mut Tx,
+    new: &NewOperation<'_>,
+    completion: &Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let inserted = on_tx!(tx, |conn| {
+        bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQL), new, completion)
+            .execute(conn)
+            .await?
+            .rows_affected()
+    });
+    Ok(inserted == 1)
+}
+
+/// Like [`claim_finished`], outside any transaction: a first attempt whose
+/// effect failed with a final business failure, rolled back, stores that answer.
+pub async fn claim_finished_without_effect(
+    db: &Db,
+    new: &NewOperation<'_>,
+    completion: &Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let inserted = on_pool!(db.write(), |pool| {
+        bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQL), new, completion)
+            .execute(pool)
+            .await?
+            .rows_affected()
+    });
+    Ok(inserted == 1)
+}
+
 /// Frees the key after a server error: nothing happened, so the operation
 /// is forgotten and the next attempt claims afresh.
 pub async fn release(db: &Db, account_id: &str, key: &IdempotencyKey, lease_token: &str) -> Result<(), sqlx::Error> {

@@ -18,7 +18,8 @@ use axum::{
 use futures::future::join_all;
 use http_body_util::BodyExt;
 use idempotency::{
-    Attempt, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey, OperationState,
+    Attempt, ClaimMode, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey,
+    OperationState,
     store::{self, NewOperation},
 };
 use platform::{ApiError, Backend, Principal, Role, Timestamp, on_pool, on_tx, testing::TestDb};
@@ -418,8 +419,22 @@ async fn the_reaper_removes_finished_operations_past_retention_and_never_running
     }
 }
 
-async fn many_concurrent_attempts_with_one_key_run_the_effect_once(backend: Backend) {
-    let f = Arc::new(fixture(backend).await);
+async fn many_concurrent_attempts_with_one_key_commit_the_effect_once(backend: Backend) {
+    for claim in [ClaimMode::InTransaction, ClaimMode::Leased] {
+        concurrent_attempts_with_one_key(backend, claim).await;
+    }
+}
+
+async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
+    let mut f = fixture(backend).await;
+    f.idempotency = Idempotency::new(
+        f.db.db.clone(),
+        IdempotencyConfig {
+            claim,
+            ..IdempotencyConfig::default()
+        },
+    );
+    let f = Arc::new(f);
     let runs = Arc::new(AtomicUsize::new(0));
     let answers = join_all((0..32).map(|_| {
         let (f, runs) = (f.clone(), runs.clone());
@@ -427,8 +442,11 @@ async fn many_concurrent_attempts_with_one_key_run_the_effect_once(backend: Back
     }))
     .await;
 
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(f.effects().await, 1);
+    assert_eq!(f.effects().await, 1, "{claim:?}: one key, one committed effect");
+    if claim == ClaimMode::Leased {
+        // a committed claim keeps every other attempt from even starting the effect
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
     for status in answers {
         assert!(matches!(status.unwrap().as_u16(), 201 | 409));
     }
@@ -446,5 +464,5 @@ platform::both_backends!(
     a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key,
     a_business_failure_rolls_its_writes_back_and_is_replayed,
     the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones,
-    many_concurrent_attempts_with_one_key_run_the_effect_once,
+    many_concurrent_attempts_with_one_key_commit_the_effect_once,
 );
