@@ -4,14 +4,14 @@
 
 use axum::{
     Json, Router,
-    extract::{Path, State},
+    extract::State,
     http::StatusCode,
     response::Response,
     routing::{get, post, put},
 };
 use idempotency::{Attempt, Effect, IdempotencyHeaders};
 use platform::{
-    ApiError, ApiJson, ApiQuery, Principal,
+    ApiError, ApiJson, ApiPath, ApiQuery, Principal,
     page::{Page, PageRequest},
 };
 use serde::Deserialize;
@@ -87,7 +87,7 @@ pub async fn create_ticket(
 pub async fn get_ticket(
     State(app): State<App>,
     principal: Principal,
-    Path(ticket_id): Path<String>,
+    ApiPath(ticket_id): ApiPath<String>,
 ) -> Result<Json<Ticket>, ApiError> {
     store::get_ticket(&app.db, &principal.account_id, &ticket_id)
         .await?
@@ -159,7 +159,7 @@ pub async fn add_comment(
     State(app): State<App>,
     principal: Principal,
     key: IdempotencyHeaders,
-    Path(ticket_id): Path<String>,
+    ApiPath(ticket_id): ApiPath<String>,
     ApiJson(body): ApiJson<AddCommentBody>,
 ) -> Response {
     let command = AddComment {
@@ -194,7 +194,7 @@ pub struct PageQuery {
 pub async fn list_comments(
     State(app): State<App>,
     principal: Principal,
-    Path(ticket_id): Path<String>,
+    ApiPath(ticket_id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PageQuery>,
 ) -> Result<Json<Page<Comment>>, ApiError> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
@@ -226,7 +226,7 @@ pub async fn list_comments(
 pub async fn get_comment(
     State(app): State<App>,
     principal: Principal,
-    Path((ticket_id, comment_id)): Path<(String, String)>,
+    ApiPath((ticket_id, comment_id)): ApiPath<(String, String)>,
 ) -> Result<Json<Comment>, ApiError> {
     store::get_comment(&app.db, &principal.account_id, &ticket_id, &comment_id)
         .await?
@@ -253,7 +253,7 @@ pub async fn get_comment(
 pub async fn set_status(
     State(app): State<App>,
     principal: Principal,
-    Path(ticket_id): Path<String>,
+    ApiPath(ticket_id): ApiPath<String>,
     ApiJson(body): ApiJson<SetStatusBody>,
 ) -> Result<Json<TicketStatusChanged>, ApiError> {
     let (ticket, changed) = store::set_status(

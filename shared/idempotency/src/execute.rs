@@ -121,7 +121,7 @@ impl Idempotency {
             }
             Err(error) => return error.into_response(),
         };
-        telemetry::record_operation(&owned.operation_id, fingerprint.as_str(), "claimed");
+        telemetry::record_operation(&owned.operation_id, fingerprint.as_str());
         fail_point("idempotency::after_claim").await;
         self.run(owned, effect).await
     }
@@ -135,7 +135,14 @@ impl Idempotency {
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
     {
         let (principal, key) = (attempt.principal, &attempt.headers.key);
-        match store::record_attempt(&self.db, &principal.account_id, key).await {
+        // A read first: a retry is answered without taking the write lock, and
+        // a first attempt pays one cheap miss.
+        let known = match store::find_by_key(&self.db, &principal.account_id, key.as_str()).await {
+            Ok(Some(_)) => store::record_attempt(&self.db, &principal.account_id, key).await,
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        };
+        match known {
             Ok(Some(existing)) => {
                 return match self.decide(existing, fingerprint, attempt.headers.wait, true).await {
                     Ok(Decision::Answer(response)) => response,
@@ -163,7 +170,6 @@ impl Idempotency {
             now,
         };
         let operation_id = new.operation_id.as_str();
-        telemetry::record_operation(operation_id, fingerprint.as_str(), "claimed");
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
@@ -194,7 +200,8 @@ impl Idempotency {
                 if let Err(e) = tx.commit().await {
                     return ApiError::from(e).into_response();
                 }
-                telemetry::record_operation(operation_id, fingerprint.as_str(), "created");
+                telemetry::record_operation(operation_id, fingerprint.as_str());
+                telemetry::record_outcome("created");
                 stored_response(&done.response, operation_id, false)
             }
             Err(error) if error.is_final() => {
@@ -209,7 +216,8 @@ impl Idempotency {
                 };
                 match store::claim_finished_without_effect(&self.db, &new, &completion).await {
                     Ok(true) => {
-                        telemetry::record_operation(operation_id, fingerprint.as_str(), "failed");
+                        telemetry::record_operation(operation_id, fingerprint.as_str());
+                        telemetry::record_outcome("failed");
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
                     Ok(false) => self.answer_duplicate(attempt, fingerprint).await,
@@ -284,7 +292,8 @@ impl Idempotency {
         let deadline = wait.map(|w| Instant::now() + w);
         loop {
             if &operation.fingerprint != fingerprint {
-                telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "key_reused");
+                telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
+                telemetry::record_outcome("key_reused");
                 let error = ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "idempotency_key_reused",
@@ -313,7 +322,8 @@ impl Idempotency {
                     } else if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
                         tokio::time::sleep(WAIT_POLL.min(deadline - Instant::now())).await;
                     } else {
-                        telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "in_progress");
+                        telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
+                        telemetry::record_outcome("in_progress");
                         return Ok(Decision::Answer(in_progress(&operation)));
                     }
                     // lost the takeover, or waited a little: look again
@@ -323,7 +333,8 @@ impl Idempotency {
                     }
                 }
                 OperationState::Unknown => {
-                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "outcome_unknown");
+                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
+                    telemetry::record_outcome("outcome_unknown");
                     let error = ApiError::new(
                         StatusCode::CONFLICT,
                         "operation_outcome_unknown",
@@ -343,7 +354,8 @@ impl Idempotency {
                 | OperationState::Failed
                 | OperationState::Rejected
                 | OperationState::AwaitingApproval => {
-                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str(), "replayed");
+                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
+                    telemetry::record_outcome("replayed");
                     let stored = operation
                         .response
                         .as_ref()
@@ -365,7 +377,8 @@ impl Idempotency {
             if let Err(e) = store::release(&self.db, account_id, key, &token).await {
                 tracing::error!(%operation_id, error = %e, "could not free the key after a server error; it frees when the lease ends");
             }
-            error.into_response()
+            telemetry::record_outcome("server_error");
+            with_operation_headers(error.into_response(), operation_id, false)
         };
 
         let mut tx = match self.db.begin().await {
@@ -397,7 +410,7 @@ impl Idempotency {
                 if let Err(e) = tx.commit().await {
                     return free_the_key(e.into()).await;
                 }
-                telemetry::record_operation(operation_id, operation.fingerprint.as_str(), "created");
+                telemetry::record_outcome("created");
                 stored_response(&done.response, operation_id, false)
             }
             Err(error) if error.is_final() => {
@@ -412,7 +425,7 @@ impl Idempotency {
                 };
                 match store::finish(&self.db, account_id, key, &token, &completion).await {
                     Ok(true) => {
-                        telemetry::record_operation(operation_id, operation.fingerprint.as_str(), "failed");
+                        telemetry::record_outcome("failed");
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
                     Ok(false) => self.answer_current(&operation).await,

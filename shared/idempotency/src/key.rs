@@ -39,6 +39,13 @@ impl IdempotencyKey {
         } else {
             value.to_owned()
         };
+        Self::parse_unquoted(key)
+    }
+
+    /// Checks a key given as it is, with no quoting to undo: the
+    /// `idempotency_key` query parameter of the operation status lookup.
+    pub fn parse_unquoted(key: impl Into<String>) -> Result<Self, KeyError> {
+        let key = key.into();
         if key.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -50,6 +57,11 @@ impl IdempotencyKey {
             return Err(KeyError::TooLong(len));
         }
         Ok(IdempotencyKey(key))
+    }
+
+    /// A key read back from the store, where it was written after parsing.
+    pub fn from_stored(key: String) -> Self {
+        IdempotencyKey(key)
     }
 
     pub fn as_str(&self) -> &str {

@@ -3,10 +3,10 @@
 
 use axum::{
     Json, Router,
-    extract::{FromRef, Path, Query, State},
+    extract::{FromRef, State},
     routing::get,
 };
-use platform::{ApiError, Authenticator, Principal, Timestamp};
+use platform::{ApiError, ApiPath, ApiQuery, Authenticator, Principal, Timestamp, page::PageRequest};
 use serde::{Deserialize, Serialize};
 
 use crate::{Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef, store};
@@ -69,8 +69,12 @@ pub struct OperationList {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OperationQuery {
-    /// The key the operation was sent with.
+    /// The key the operation was sent with, after unquoting: the key itself,
+    /// URL-encoded, never the quoted header form.
     pub idempotency_key: Option<String>,
+    /// 1–200, default 50 (a key names at most one operation).
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
 }
 
 /// `GET /v1/operations/{operation_id}` and `GET /v1/operations?idempotency_key=`.
@@ -100,7 +104,7 @@ where
 pub async fn get_operation(
     State(idempotency): State<Idempotency>,
     principal: Principal,
-    Path(operation_id): Path<String>,
+    ApiPath(operation_id): ApiPath<String>,
 ) -> Result<Json<OperationView>, ApiError> {
     store::find_by_id(&idempotency.db, &principal.account_id, &operation_id)
         .await?
@@ -124,13 +128,13 @@ pub async fn get_operation(
 pub async fn find_operation_by_key(
     State(idempotency): State<Idempotency>,
     principal: Principal,
-    query: Result<Query<OperationQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(query): ApiQuery<OperationQuery>,
 ) -> Result<Json<OperationList>, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::invalid_request(e.body_text(), vec![]))?;
+    PageRequest::parse(query.limit, query.cursor.as_deref())?;
     let key = query
         .idempotency_key
         .ok_or_else(|| ApiError::invalid_field("idempotency_key", "is required"))?;
-    let key = IdempotencyKey::parse(&key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+    let key = IdempotencyKey::parse_unquoted(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
     let data = store::find_by_key(&idempotency.db, &principal.account_id, key.as_str())
         .await?
         .map(OperationView::from)

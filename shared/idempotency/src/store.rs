@@ -70,6 +70,8 @@ pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRe
 
 /// Counts one more request that carried the key, and reads the operation.
 /// `None`: the operation is gone (reaped, or freed after a server error).
+/// The count is written with relaxed durability: a database crash may lose
+/// the last increments, never an outcome.
 pub async fn record_attempt(
     db: &Db,
     account_id: &str,
@@ -81,7 +83,7 @@ pub async fn record_attempt(
         columns!(),
         ""
     );
-    Ok(on_pool!(db.write(), |pool| {
+    Ok(on_pool!(db.write_relaxed(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(key.as_str())
@@ -343,7 +345,8 @@ where
     let state: String = row.try_get("state")?;
     let state = OperationState::parse(&state).ok_or_else(|| corrupt("unknown state"))?;
     let key: String = row.try_get("idempotency_key")?;
-    let key = IdempotencyKey::parse(&key).map_err(|_| corrupt("invalid key"))?;
+    // stored unquoted: parsing it again would unquote a key that begins with `"`
+    let key = IdempotencyKey::from_stored(key);
     let response = match (
         row.try_get::<Option<i32>, _>("response_status")?,
         row.try_get::<Option<Vec<u8>>, _>("response_body")?,

@@ -33,8 +33,18 @@ impl Backend {
 /// A connection pool to one service's database.
 #[derive(Clone, Debug)]
 pub enum Db {
-    Postgres(PgPool),
+    Postgres(PgPools),
     Sqlite(SqlitePools),
+}
+
+/// PostgreSQL: one pool for everything that must be durable, and a small one
+/// with `synchronous_commit = off` for writes whose loss in a database crash
+/// changes no outcome (counting attempts): a replay then never waits for a
+/// WAL flush.
+#[derive(Clone, Debug)]
+pub struct PgPools {
+    pub main: PgPool,
+    pub relaxed: PgPool,
 }
 
 /// SQLite allows one writer at a time. Writers queue for the single write
@@ -81,12 +91,17 @@ impl Db {
         if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let options = PgConnectOptions::from_str(url)?.log_statements(tracing::log::LevelFilter::Trace);
             create_postgres_database_if_missing(&options).await?;
-            let pool = PgPoolOptions::new()
+            let main = PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(Duration::from_secs(30))
-                .connect_with(options)
+                .connect_with(options.clone())
                 .await?;
-            Ok(Db::Postgres(pool))
+            let relaxed = PgPoolOptions::new()
+                .max_connections(max_connections.div_ceil(4))
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(options.options([("synchronous_commit", "off")]))
+                .await?;
+            Ok(Db::Postgres(PgPools { main, relaxed }))
         } else {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -119,7 +134,7 @@ impl Db {
     /// The pool for statements that only read.
     pub fn read(&self) -> Pool<'_> {
         match self {
-            Db::Postgres(pool) => Pool::Postgres(pool),
+            Db::Postgres(pools) => Pool::Postgres(&pools.main),
             Db::Sqlite(pools) => Pool::Sqlite(&pools.read),
         }
     }
@@ -127,7 +142,17 @@ impl Db {
     /// The pool for statements that write outside a transaction.
     pub fn write(&self) -> Pool<'_> {
         match self {
-            Db::Postgres(pool) => Pool::Postgres(pool),
+            Db::Postgres(pools) => Pool::Postgres(&pools.main),
+            Db::Sqlite(pools) => Pool::Sqlite(&pools.write),
+        }
+    }
+
+    /// The pool for writes that may be lost in a database crash without
+    /// changing any outcome. (SQLite in WAL mode with `synchronous = NORMAL`
+    /// never waits for a flush at commit anyway.)
+    pub fn write_relaxed(&self) -> Pool<'_> {
+        match self {
+            Db::Postgres(pools) => Pool::Postgres(&pools.relaxed),
             Db::Sqlite(pools) => Pool::Sqlite(&pools.write),
         }
     }
@@ -140,7 +165,7 @@ impl Db {
         };
         let migrator = Migrator::with_migrations(sets.iter().flat_map(pick).collect());
         match self {
-            Db::Postgres(pool) => migrator.run(pool).await,
+            Db::Postgres(pools) => migrator.run(&pools.main).await,
             Db::Sqlite(pools) => migrator.run(&pools.write).await,
         }
     }
@@ -150,14 +175,17 @@ impl Db {
     /// can fail with SQLITE_BUSY instead of waiting its turn.
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
         Ok(match self {
-            Db::Postgres(pool) => Tx::Postgres(pool.begin().await?),
+            Db::Postgres(pools) => Tx::Postgres(pools.main.begin().await?),
             Db::Sqlite(pools) => Tx::Sqlite(pools.write.begin_with("BEGIN IMMEDIATE").await?),
         })
     }
 
     pub async fn close(&self) {
         match self {
-            Db::Postgres(pool) => pool.close().await,
+            Db::Postgres(pools) => {
+                pools.relaxed.close().await;
+                pools.main.close().await;
+            }
             Db::Sqlite(pools) => {
                 pools.read.close().await;
                 pools.write.close().await;

@@ -23,7 +23,7 @@ pub mod testing;
 pub use auth::{Authenticator, Principal, Role};
 pub use db::{Backend, Db, Migrations, Pool, Tx};
 pub use error::{ApiError, FieldError};
-pub use json::{ApiJson, ApiQuery};
+pub use json::{ApiJson, ApiPath, ApiQuery};
 pub use time::Timestamp;
 
 /// The platform's own tables (`api_keys`), applied by every service.

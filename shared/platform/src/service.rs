@@ -115,6 +115,7 @@ pub fn finish(router: Router) -> Router {
             )
             .into_response()
         })
+        .layer(axum::extract::DefaultBodyLimit::max(crate::json::MAX_BODY_BYTES))
         .layer(crate::telemetry::request_layer())
 }
 

@@ -72,10 +72,16 @@ pub fn record_principal(principal: &Principal) {
     span.record("principal_id", principal.principal_id.as_str());
 }
 
-/// Records what the idempotency layer decided for this request.
-pub fn record_operation(operation_id: &str, fingerprint: &str, outcome: &str) {
+/// Records which operation this request is an attempt at. Each field is
+/// recorded once per request: the text format appends a re-recorded field.
+pub fn record_operation(operation_id: &str, fingerprint: &str) {
     let span = Span::current();
     span.record("operation_id", operation_id);
     span.record("fingerprint", fingerprint);
-    span.record("outcome", outcome);
+}
+
+/// Records what the attempt came to: `created`, `replayed`, `key_reused`,
+/// `in_progress`, `failed`, `outcome_unknown` or `server_error`.
+pub fn record_outcome(outcome: &str) {
+    Span::current().record("outcome", outcome);
 }

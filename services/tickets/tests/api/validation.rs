@@ -122,7 +122,112 @@ async fn unknown_routes_and_methods_answer_in_problem_json(backend: Backend) {
     delete.assert_problem(405, "method_not_allowed");
 }
 
+async fn a_quoted_key_that_holds_a_quote_is_one_operation_across_retries(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let first = app.create_ticket(r#""\"abc""#, ROTATE_CERT).await;
+    let again = app.create_ticket(r#""\"abc""#, ROTATE_CERT).await;
+    let tricky = app.create_ticket(r#""\"x\"""#, ROTATE_CERT).await;
+
+    assert_eq!(first.status, 201);
+    assert_eq!(again.replayed(), Some("true"));
+    assert_eq!(
+        tricky.status, 201,
+        "`\"x\"` unquotes to the key `\"x\"`, a key of its own"
+    );
+    let found = app
+        .get("/v1/operations?idempotency_key=%22abc", ACME_AGENT)
+        .await
+        .json();
+    assert_eq!(found["data"][0]["operation_id"], first.operation_id());
+}
+
+async fn a_nul_character_anywhere_is_refused_alike_on_both_backends(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let in_body = app
+        .create_ticket("key-1", r#"{"project":"ops","title":"a\u0000b"}"#)
+        .await;
+    let in_label = app
+        .create_ticket("key-2", r#"{"project":"ops","title":"x","labels":["ok","b\u0000"]}"#)
+        .await;
+
+    in_body.assert_problem(400, "invalid_request");
+    assert_eq!(in_body.json()["errors"][0]["field"], "title");
+    assert_eq!(in_label.json()["errors"][0]["field"], "labels[1]");
+    app.get("/v1/tickets/%00", ACME_AGENT)
+        .await
+        .assert_problem(404, "not_found");
+    app.get("/v1/operations/%00", ACME_AGENT)
+        .await
+        .assert_problem(404, "not_found");
+    app.get("/v1/tickets?project=%00", ACME_AGENT)
+        .await
+        .assert_problem(400, "invalid_request");
+    app.post(
+        "/v1/tickets/%00/comments",
+        ACME_AGENT,
+        Some("key-3"),
+        r#"{"body":"hi"}"#,
+    )
+    .await
+    .assert_problem(404, "not_found");
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM idempotency_operations").await,
+        0,
+        "nothing was claimed"
+    );
+}
+
+async fn a_path_that_is_not_utf8_is_404_in_problem_json(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.get("/v1/operations/%FF", ACME_AGENT)
+        .await
+        .assert_problem(404, "not_found");
+    app.post("/v1/tickets/%FF/comments", ACME_AGENT, Some("k"), r#"{"body":"hi"}"#)
+        .await
+        .assert_problem(404, "not_found");
+}
+
+async fn a_body_that_is_not_a_json_object_is_400(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let array = app
+        .create_ticket("key-1", r#"["ops","array body",null,"high",null,null]"#)
+        .await;
+
+    array.assert_problem(400, "invalid_request");
+    assert_eq!(app.ticket_count().await, 0);
+}
+
+async fn a_body_over_64_kib_is_413_and_claims_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let body = json!({"project": "ops", "title": "big", "description": "x".repeat(70 * 1024)}).to_string();
+    let response = app.create_ticket("key-1", &body).await;
+
+    response.assert_problem(413, "payload_too_large");
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_operations").await, 0);
+}
+
+async fn a_bad_query_parameter_is_named_in_the_errors(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let bad_limit = app.get("/v1/tickets?limit=abc", ACME_AGENT).await;
+    let bad_status = app.get("/v1/tickets?status=bogus", ACME_AGENT).await;
+    let paged = app.get("/v1/operations?idempotency_key=k&limit=5", ACME_AGENT).await;
+
+    bad_limit.assert_problem(400, "invalid_request");
+    assert_eq!(bad_limit.json()["errors"][0]["field"], "limit");
+    assert_eq!(bad_status.json()["errors"][0]["field"], "status");
+    assert_eq!(
+        paged.status, 200,
+        "the operations list takes limit and cursor like every list"
+    );
+}
+
 platform::both_backends!(
+    a_quoted_key_that_holds_a_quote_is_one_operation_across_retries,
+    a_nul_character_anywhere_is_refused_alike_on_both_backends,
+    a_path_that_is_not_utf8_is_404_in_problem_json,
+    a_body_that_is_not_a_json_object_is_400,
+    a_body_over_64_kib_is_413_and_claims_nothing,
+    a_bad_query_parameter_is_named_in_the_errors,
     a_create_without_a_key_is_400_idempotency_key_missing,
     keys_of_256_characters_or_with_spaces_are_400_idempotency_key_invalid,
     a_request_that_fails_validation_claims_nothing_and_the_key_works_with_a_fixed_body,
