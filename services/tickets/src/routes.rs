@@ -63,9 +63,14 @@ pub async fn create_ticket(
     key: IdempotencyHeaders,
     ApiJson(body): ApiJson<CreateTicketBody>,
 ) -> Response {
-    let command = CreateTicket::from(body);
+    create(&app, &principal, key, CreateTicket::from(body)).await
+}
+
+/// The create itself, below HTTP: what the handler runs once the request is
+/// parsed (and what the benchmark runs with no HTTP at all).
+pub async fn create(app: &App, principal: &Principal, key: IdempotencyHeaders, command: CreateTicket) -> Response {
     app.idempotency
-        .execute(Attempt::post(CREATE_TICKET, &principal, key), &command, async |tx| {
+        .execute(Attempt::post(CREATE_TICKET, principal, key), &command, async |tx| {
             let (ticket, outcome) = store::create_ticket(tx, &principal.account_id, &command).await?;
             let (id, url) = (ticket.id.clone(), ticket.url());
             Ok(Effect::json(outcome.status(), &TicketCreated { ticket, outcome }).with_resource("ticket", &id, url))

@@ -1,0 +1,606 @@
+//! The benchmark harness: the idempotent write path measured against its
+//! limits (issue 7, `PERFORMANCE.md`), over real HTTP on loopback, on SQLite
+//! and on PostgreSQL.
+//!
+//! ```sh
+//! cargo run --release -p bench                 # the full run (minutes); writes bench/results/
+//! cargo run --release -p bench -- --quick      # a smoke run (seconds): proves the harness works
+//! ```
+//!
+//! Every comparison is measured side by side in the same run, alternating the
+//! two sides round by round, and every figure is the median of the rounds:
+//! these machines are noisy, so the ratios are the result, not the times.
+
+mod chart;
+mod load;
+mod report;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use idempotency::{ClaimMode, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey};
+use platform::{Backend, Db, Principal, Role, Timestamp, on_pool};
+use report::{
+    BackendReport, CreateComparison, DbOnly, Figure, Machine, ReplayComparison, Report, Storm, TableSize, TargetCheck,
+};
+use tickets::{App, domain::CreateTicket};
+use tokio::runtime::Runtime;
+
+use crate::load::{Load, median_figure};
+
+const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
+
+/// How long and how often: the full run, or a smoke run that only proves the harness works.
+#[derive(Debug, Clone)]
+struct Plan {
+    quick: bool,
+    run: Duration,
+    rounds: usize,
+    concurrency: Vec<usize>,
+    storm_copies: usize,
+    storms: usize,
+    small_table: u64,
+    large_table: u64,
+}
+
+impl Plan {
+    fn full() -> Self {
+        Plan {
+            quick: false,
+            run: Duration::from_secs(3),
+            rounds: 5,
+            concurrency: vec![1, 16, 64],
+            storm_copies: 200,
+            storms: 5,
+            small_table: 10_000,
+            large_table: 10_000_000,
+        }
+    }
+
+    fn quick() -> Self {
+        Plan {
+            quick: true,
+            run: Duration::from_millis(250),
+            rounds: 1,
+            concurrency: vec![1, 16],
+            storm_copies: 50,
+            storms: 1,
+            small_table: 1_000,
+            large_table: 10_000,
+        }
+    }
+}
+
+struct Args {
+    plan: Plan,
+    backends: Vec<Backend>,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut plan = Plan::full();
+    let mut backends = vec![Backend::Sqlite, Backend::Postgres];
+    let mut out = PathBuf::from("bench/results");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => plan = Plan::quick(),
+            "--backend" => {
+                backends = match args.next().as_deref() {
+                    Some("sqlite") => vec![Backend::Sqlite],
+                    Some("postgres") => vec![Backend::Postgres],
+                    Some("both") => vec![Backend::Sqlite, Backend::Postgres],
+                    other => return Err(format!("--backend takes sqlite, postgres or both, not {other:?}")),
+                }
+            }
+            "--out" => out = args.next().map(PathBuf::from).ok_or("--out takes a directory")?,
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}`; usage: bench [--quick] [--backend sqlite|postgres|both] [--out DIR]"
+                ));
+            }
+        }
+    }
+    Ok(Args { plan, backends, out })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args()?;
+    // The services run on a runtime of their own, as they would in their own
+    // process; the load generator runs on another. Both share the machine's cores.
+    let services = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let services = Arc::new(services);
+
+    let mut backends = Vec::new();
+    let mut broken = Vec::new();
+    for backend in &args.backends {
+        eprintln!("== {} ==", backend.name());
+        let report = clients.block_on(bench_backend(*backend, &args.plan, services.clone()))?;
+        for storm_effects in &report.storm.effects_per_storm {
+            if *storm_effects != 1 {
+                broken.push(format!(
+                    "{}: a storm made {storm_effects} tickets instead of 1",
+                    backend.name()
+                ));
+            }
+        }
+        backends.push(report);
+    }
+
+    let report = Report {
+        date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        machine: machine(),
+        quick: args.plan.quick,
+        backends,
+    };
+    print_table(&report);
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("report.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(args.out.join("report.svg"), chart::render_svg(&report)?)?;
+    eprintln!("wrote {}/report.json and report.svg", args.out.display());
+    if !broken.is_empty() {
+        return Err(broken.join("; ").into());
+    }
+    Ok(())
+}
+
+/// A tickets service serving on loopback, and its database.
+struct Service {
+    base: String,
+    app: App,
+    db: Db,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn start_service(services: &Runtime, db: Db, config: IdempotencyConfig) -> Service {
+    let app = App::new(db.clone(), config, true);
+    let router = tickets::build_router(app.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let listener = free_listener();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    services.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let _ = platform::serve(listener, router, async {
+            let _ = stopped.await;
+        })
+        .await;
+    });
+    Service { base, app, db, stop }
+}
+
+/// A loopback listener on a free port, to hand to the services' runtime.
+fn free_listener() -> std::net::TcpListener {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    listener.set_nonblocking(true).expect("a non-blocking listener");
+    listener
+}
+
+/// Opens a fresh database `name` for `backend` (dropped and made anew).
+async fn fresh_db(backend: Backend, name: &str) -> Db {
+    let db = Db::connect(&database_url(backend, name, true).await, 16)
+        .await
+        .expect("a benchmark database");
+    tickets::migrate(&db).await.expect("migrations apply");
+    db
+}
+
+async fn database_url(backend: Backend, name: &str, fresh: bool) -> String {
+    match backend {
+        Backend::Sqlite => {
+            let dir = Path::new("target/bench-data");
+            std::fs::create_dir_all(dir).unwrap();
+            let file = dir.join(format!("{name}.db"));
+            if fresh {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+                }
+            }
+            format!("sqlite://{}", file.display())
+        }
+        Backend::Postgres => {
+            let admin = platform::testing::postgres_admin_url();
+            let database = format!("rsbench_{name}");
+            if fresh {
+                let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                    .await
+                    .expect("PostgreSQL");
+                let drop = format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)");
+                sqlx::query(sqlx::AssertSqlSafe(drop))
+                    .execute(&mut connection)
+                    .await
+                    .unwrap();
+            }
+            let (server, _) = admin.rsplit_once('/').unwrap_or((&admin, ""));
+            format!("{server}/{database}")
+        }
+    }
+}
+
+fn config(enabled: bool) -> IdempotencyConfig {
+    IdempotencyConfig {
+        claim: ClaimMode::InTransaction,
+        enabled,
+        ..IdempotencyConfig::default()
+    }
+}
+
+async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) -> Result<BackendReport, String> {
+    if backend == Backend::Postgres && !platform::testing::backend_available(Backend::Postgres).await {
+        return Err("PostgreSQL is unreachable; set TEST_DATABASE_URL or pass --backend sqlite".into());
+    }
+    let on = start_service(&services, fresh_db(backend, "on").await, config(true));
+    let off = start_service(&services, fresh_db(backend, "off").await, config(false));
+    let load = Load::new(plan.run);
+
+    // 1. Idempotent create vs the same create with the layer off.
+    let mut create = Vec::new();
+    for &concurrency in &plan.concurrency {
+        eprintln!("create, {concurrency} clients");
+        let (a, b) = load
+            .side_by_side(
+                plan.rounds,
+                concurrency,
+                load.creates(&on.base, "on"),
+                load.creates(&off.base, "off"),
+            )
+            .await;
+        let (on_figure, off_figure) = (median_figure(&a), median_figure(&b));
+        create.push(CreateComparison {
+            concurrency,
+            on: on_figure,
+            off: off_figure,
+            throughput_ratio: on_figure.rps / off_figure.rps,
+            p50_ratio: on_figure.p50_ms / off_figure.p50_ms,
+            p99_ratio: on_figure.p99_ms / off_figure.p99_ms,
+        });
+    }
+
+    // 2. Replays vs creates, on the same service.
+    let concurrency = 16.min(*plan.concurrency.last().unwrap());
+    eprintln!("replay vs create, {concurrency} clients");
+    let keys = load.prepare_replays(&on.base, 256).await;
+    let (replays, creates) = load
+        .side_by_side(
+            plan.rounds,
+            concurrency,
+            load.replays(&on.base, keys),
+            load.creates(&on.base, "vs-replay"),
+        )
+        .await;
+    let (replay_figure, create_figure) = (median_figure(&replays), median_figure(&creates));
+    let replay = ReplayComparison {
+        concurrency,
+        replay: replay_figure,
+        create: create_figure,
+        throughput_ratio: replay_figure.rps / create_figure.rps,
+        p50_ratio: replay_figure.p50_ms / create_figure.p50_ms,
+    };
+
+    // 3. Same-key storms: exactly one effect each, every request answered.
+    eprintln!("{} storms of {} copies", plan.storms, plan.storm_copies);
+    let mut effects_per_storm = Vec::new();
+    let mut statuses = BTreeMap::new();
+    let mut storm_samples = Vec::new();
+    for storm in 0..plan.storms {
+        let title = format!("storm {} {storm}", std::process::id());
+        let (sample, answers) = load.storm(&on.base, plan.storm_copies, &title).await;
+        for status in answers {
+            *statuses.entry(status).or_insert(0) += 1;
+        }
+        effects_per_storm.push(count_tickets_titled(&on.db, &title).await);
+        storm_samples.push(sample);
+    }
+    let (storm_p50, storm_p99) = (
+        median(storm_samples.iter().map(|s| s.p50_ms)),
+        median(storm_samples.iter().map(|s| s.p99_ms)),
+    );
+    let storm = Storm {
+        copies: plan.storm_copies,
+        storms: plan.storms,
+        effects_per_storm,
+        statuses,
+        p50_ms: storm_p50,
+        p99_ms: storm_p99,
+        p99_over_p50: storm_p99 / storm_p50,
+    };
+
+    // 4. The service's own create with no HTTP: how much of the time is HTTP.
+    eprintln!("database path without HTTP, {concurrency} clients");
+    let (direct_on, direct_off) = load
+        .side_by_side(
+            plan.rounds,
+            concurrency,
+            direct_creates(on.app.clone()),
+            direct_creates(off.app.clone()),
+        )
+        .await;
+    let (direct_on, direct_off) = (median_figure(&direct_on), median_figure(&direct_off));
+    let http_on = create
+        .iter()
+        .find(|c| c.concurrency == concurrency)
+        .map(|c| c.on)
+        .unwrap_or(create_figure);
+    let db_only = DbOnly {
+        concurrency,
+        on: direct_on,
+        off: direct_off,
+        throughput_ratio: direct_on.rps / direct_off.rps,
+        http_on,
+        http_share_of_time: 1.0 - http_on.rps / direct_on.rps,
+    };
+    let _ = on.stop.send(());
+    let _ = off.stop.send(());
+    on.db.close().await;
+    off.db.close().await;
+
+    // 5. The claim's cost against the size of the operations table.
+    eprintln!(
+        "table size: {} vs {} stored operations",
+        plan.small_table, plan.large_table
+    );
+    let small = start_service(&services, seeded_db(backend, plan.small_table).await, config(true));
+    let large = start_service(&services, seeded_db(backend, plan.large_table).await, config(true));
+    let (s, l) = load
+        .side_by_side(
+            plan.rounds,
+            1,
+            load.creates(&small.base, "small"),
+            load.creates(&large.base, "large"),
+        )
+        .await;
+    let (small_figure, large_figure) = (median_figure(&s), median_figure(&l));
+    let table_size = TableSize {
+        small_operations: plan.small_table,
+        large_operations: plan.large_table,
+        concurrency: 1,
+        small: small_figure,
+        large: large_figure,
+        p50_ratio: large_figure.p50_ms / small_figure.p50_ms,
+    };
+    let _ = small.stop.send(());
+    let _ = large.stop.send(());
+
+    let mut targets = Vec::new();
+    for c in &create {
+        targets.push(check(
+            &format!("create/off c={}", c.concurrency),
+            ">=",
+            0.70,
+            c.throughput_ratio,
+        ));
+        targets.push(check(&format!("p50/off c={}", c.concurrency), "<=", 1.40, c.p50_ratio));
+    }
+    targets.push(check("replay/create", ">=", 3.0, replay.throughput_ratio));
+    targets.push(check("storm p99/p50", "<", 5.0, storm.p99_over_p50));
+    targets.push(check("p50 large/small", "<=", 1.20, table_size.p50_ratio));
+    Ok(BackendReport {
+        backend: backend.name().into(),
+        create,
+        replay,
+        storm,
+        table_size,
+        db_only,
+        targets,
+    })
+}
+
+fn check(name: &str, op: &str, threshold: f64, measured: f64) -> TargetCheck {
+    let met = match op {
+        ">=" => measured >= threshold,
+        "<=" => measured <= threshold,
+        _ => measured < threshold,
+    };
+    TargetCheck {
+        name: name.into(),
+        target: format!("{op} {threshold:.2}"),
+        measured,
+        met,
+    }
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+async fn count_tickets_titled(db: &Db, title: &str) -> i64 {
+    on_pool!(db.read(), |pool| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM tickets WHERE title = $1"
+    )
+    .bind(title)
+    .fetch_one(pool)
+    .await
+    .unwrap())
+}
+
+/// `tickets::routes::create` called straight, as the handler would call it.
+fn direct_creates(app: App) -> impl Fn(usize, u64) -> futures::future::BoxFuture<'static, bool> + Clone {
+    let run = std::process::id();
+    move |worker, n| {
+        let app = app.clone();
+        Box::pin(async move {
+            let principal = Principal {
+                account_id: "acme".into(),
+                principal_id: "acme-agent".into(),
+                role: Role::Agent,
+            };
+            let key = IdempotencyKey::parse(&format!("direct-{run}-{worker}-{n}")).unwrap();
+            let command = CreateTicket::from(
+                platform::json::parse_json::<tickets::domain::CreateTicketBody>(BODY.as_bytes()).unwrap(),
+            );
+            let response =
+                tickets::routes::create(&app, &principal, IdempotencyHeaders { key, wait: None }, command).await;
+            response.status().is_success()
+        })
+    }
+}
+
+/// A database with `operations` finished operations already stored, made once
+/// and kept (seeding ten million rows takes minutes).
+async fn seeded_db(backend: Backend, operations: u64) -> Db {
+    let name = format!("seeded_{operations}");
+    let db = Db::connect(&database_url(backend, &name, false).await, 16)
+        .await
+        .expect("a seeded database");
+    tickets::migrate(&db).await.expect("migrations apply");
+    let have: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM idempotency_operations WHERE idempotency_key LIKE 'seed-%'"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap());
+    let mut next = have as u64 + 1;
+    let batch = 500_000;
+    while next <= operations {
+        let last = (next + batch - 1).min(operations);
+        eprintln!("  seeding operations {next}..={last} of {operations}");
+        seed(&db, next as i64, last as i64).await;
+        next = last + 1;
+    }
+    db
+}
+
+async fn seed(db: &Db, first: i64, last: i64) {
+    let now = Timestamp::now();
+    match db.write() {
+        platform::Pool::Postgres(pool) => {
+            sqlx::query(
+                "INSERT INTO idempotency_operations (account_id, idempotency_key, operation_id, principal_id, method, \
+                 route, fingerprint, state, attempts, response_status, response_content_type, response_body, \
+                 created_at, updated_at) \
+                 SELECT 'acme', 'seed-' || g, 'op_seed_' || g, 'acme-agent', 'POST', '/v1/tickets', \
+                        md5(g::text) || md5((g + 1)::text), 'completed', 1, 201, 'application/json', '\\x7b7d'::bytea, $3, $3 \
+                 FROM generate_series($1::bigint, $2::bigint) AS g",
+            )
+            .bind(first)
+            .bind(last)
+            .bind(now)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        platform::Pool::Sqlite(pool) => {
+            sqlx::query(
+                "WITH RECURSIVE g(n) AS (SELECT $1 UNION ALL SELECT n + 1 FROM g WHERE n < $2) \
+                 INSERT INTO idempotency_operations (account_id, idempotency_key, operation_id, principal_id, method, \
+                 route, fingerprint, state, attempts, response_status, response_content_type, response_body, \
+                 created_at, updated_at) \
+                 SELECT 'acme', 'seed-' || n, 'op_seed_' || n, 'acme-agent', 'POST', '/v1/tickets', \
+                        printf('%064x', n), 'completed', 1, 201, 'application/json', X'7b7d', $3, $3 FROM g",
+            )
+            .bind(first)
+            .bind(last)
+            .bind(now)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+    }
+}
+
+fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split(':').nth(1)))
+        .map(|m| m.trim().to_owned())
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|r| {
+            r.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_owned()))
+        })
+        .unwrap_or_else(|| std::env::consts::OS.to_owned());
+    Machine {
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cpu_model,
+        memory_gib: (memory_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+        os,
+    }
+}
+
+fn print_table(report: &Report) {
+    println!();
+    println!(
+        "Retrysafe benchmark, {} — {} cpus, {}, {} GiB{}",
+        report.date,
+        report.machine.cpus,
+        report.machine.cpu_model,
+        report.machine.memory_gib,
+        if report.quick {
+            " (quick run: the numbers mean nothing)"
+        } else {
+            ""
+        }
+    );
+    for b in &report.backends {
+        println!();
+        println!("{}", b.backend);
+        println!("  {:<34} {:>10} {:>10} {:>10}", "", "req/s", "p50 ms", "p99 ms");
+        let row =
+            |name: String, f: &Figure| println!("  {name:<34} {:>10.0} {:>10.2} {:>10.2}", f.rps, f.p50_ms, f.p99_ms);
+        for c in &b.create {
+            row(format!("create, idempotent, c={}", c.concurrency), &c.on);
+            row(format!("create, layer off,  c={}", c.concurrency), &c.off);
+        }
+        row(format!("replay, c={}", b.replay.concurrency), &b.replay.replay);
+        row(
+            format!("create (beside replay), c={}", b.replay.concurrency),
+            &b.replay.create,
+        );
+        row(
+            format!("create, {} ops stored, c=1", b.table_size.small_operations),
+            &b.table_size.small,
+        );
+        row(
+            format!("create, {} ops stored, c=1", b.table_size.large_operations),
+            &b.table_size.large,
+        );
+        row(
+            format!("no HTTP: create, idempotent, c={}", b.db_only.concurrency),
+            &b.db_only.on,
+        );
+        row(
+            format!("no HTTP: create, layer off,  c={}", b.db_only.concurrency),
+            &b.db_only.off,
+        );
+        println!(
+            "  storm: {} × {} copies, tickets per storm {:?}, answers {:?}, p50 {:.2} ms, p99 {:.2} ms",
+            b.storm.storms, b.storm.copies, b.storm.effects_per_storm, b.storm.statuses, b.storm.p50_ms, b.storm.p99_ms
+        );
+        println!(
+            "  HTTP's share of an idempotent create's time: {:.0}%",
+            b.db_only.http_share_of_time * 100.0
+        );
+        println!("  targets:");
+        for t in &b.targets {
+            println!(
+                "    {:<20} {:>8.2}  {:<8} {}",
+                t.name,
+                t.measured,
+                t.target,
+                if t.met { "met" } else { "MISSED" }
+            );
+        }
+    }
+}

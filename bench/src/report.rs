@@ -1,0 +1,117 @@
+//! What a benchmark run found: every figure, every comparison, every target.
+//! Written as JSON, printed as a table, drawn as a chart.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// UTC, RFC 3339.
+    pub date: String,
+    pub machine: Machine,
+    /// A smoke run (`--quick`): too short for its numbers to mean anything.
+    pub quick: bool,
+    pub backends: Vec<BackendReport>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub os: String,
+}
+
+/// One load measurement: the median over `runs` runs of each number.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Figure {
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub runs: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackendReport {
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    /// Idempotent create vs the same create with the idempotency layer off.
+    pub create: Vec<CreateComparison>,
+    pub replay: ReplayComparison,
+    pub storm: Storm,
+    pub table_size: TableSize,
+    pub db_only: DbOnly,
+    pub targets: Vec<TargetCheck>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateComparison {
+    pub concurrency: usize,
+    pub on: Figure,
+    pub off: Figure,
+    /// on.rps / off.rps
+    pub throughput_ratio: f64,
+    /// on.p50 / off.p50
+    pub p50_ratio: f64,
+    /// on.p99 / off.p99
+    pub p99_ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplayComparison {
+    pub concurrency: usize,
+    pub replay: Figure,
+    pub create: Figure,
+    /// replay.rps / create.rps
+    pub throughput_ratio: f64,
+    /// replay.p50 / create.p50
+    pub p50_ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Storm {
+    /// Requests fired at once with one key and one body, per storm.
+    pub copies: usize,
+    pub storms: usize,
+    /// Tickets made per storm (asserted to be 1 each).
+    pub effects_per_storm: Vec<i64>,
+    /// Every request got an answer; by status, over all storms.
+    pub statuses: BTreeMap<u16, usize>,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p99_over_p50: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TableSize {
+    pub small_operations: u64,
+    pub large_operations: u64,
+    pub concurrency: usize,
+    pub small: Figure,
+    pub large: Figure,
+    /// large.p50 / small.p50
+    pub p50_ratio: f64,
+}
+
+/// The service's own idempotent create (`tickets::create`) in a loop, with no HTTP.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DbOnly {
+    pub concurrency: usize,
+    pub on: Figure,
+    pub off: Figure,
+    pub throughput_ratio: f64,
+    /// The HTTP create at the same concurrency, for comparison.
+    pub http_on: Figure,
+    /// 1 - db_only.rps⁻¹ / http.rps⁻¹: the share of a create's time spent outside the database path.
+    pub http_share_of_time: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TargetCheck {
+    pub name: String,
+    /// e.g. `>= 0.70`
+    pub target: String,
+    pub measured: f64,
+    pub met: bool,
+}
