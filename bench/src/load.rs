@@ -11,6 +11,9 @@ use std::{
 };
 
 use futures::future::{BoxFuture, join_all};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
 
 use crate::{BODY, report::Figure};
 
@@ -58,13 +61,20 @@ pub fn median_figure(samples: &[Sample]) -> Figure {
     }
 }
 
-/// One request of a workload, by client number and that client's request number;
-/// `true` when it got the answer the workload expects.
-pub trait Request: Fn(usize, u64) -> BoxFuture<'static, bool> + Clone + Send + Sync + 'static {}
-impl<F: Fn(usize, u64) -> BoxFuture<'static, bool> + Clone + Send + Sync + 'static> Request for F {}
+/// What a workload sends, and what it expects back.
+#[derive(Clone)]
+pub enum Workload {
+    /// HTTP requests to a service at `addr`.
+    Http {
+        addr: std::net::SocketAddr,
+        request: Arc<dyn Fn(usize, u64) -> http::Request<Full<Bytes>> + Send + Sync>,
+        expect: fn(&http::response::Parts) -> bool,
+    },
+    /// The service's own code called in-process.
+    Direct(Arc<dyn Fn(usize, u64) -> BoxFuture<'static, bool> + Send + Sync>),
+}
 
 pub struct Load {
-    client: reqwest::Client,
     run: Duration,
     /// Makes every generated key unique across runs and workloads.
     next_key: Arc<AtomicU64>,
@@ -72,28 +82,33 @@ pub struct Load {
 
 impl Load {
     pub fn new(run: Duration) -> Self {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("an HTTP client");
         Load {
-            client,
             run,
             next_key: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    /// `concurrency` clients sending `request` back to back for the run's duration.
-    pub async fn run(&self, concurrency: usize, request: impl Request) -> Sample {
+    /// `concurrency` clients sending back to back for the run's duration.
+    /// Over HTTP each client keeps one keep-alive connection of its own, as a
+    /// lean load tool (wrk, oha) does: the generator must cost the machine
+    /// far less than the service it measures.
+    pub async fn run(&self, concurrency: usize, workload: &Workload) -> Sample {
         let started = Instant::now();
         let deadline = started + self.run;
         let clients = (0..concurrency).map(|client| {
-            let request = request.clone();
+            let workload = workload.clone();
             tokio::spawn(async move {
                 let (mut latencies, mut failures, mut n) = (Vec::new(), 0, 0);
+                let mut connection = None;
                 while Instant::now() < deadline {
                     let sent = Instant::now();
-                    if !request(client, n).await {
+                    let ok = match &workload {
+                        Workload::Direct(call) => call(client, n).await,
+                        Workload::Http { addr, request, expect } => send(&mut connection, *addr, request(client, n))
+                            .await
+                            .is_some_and(|r| expect(&r)),
+                    };
+                    if !ok {
                         failures += 1;
                     }
                     latencies.push(sent.elapsed());
@@ -122,69 +137,67 @@ impl Load {
         &self,
         rounds: usize,
         concurrency: usize,
-        a: impl Request,
-        b: impl Request,
+        a: &Workload,
+        b: &Workload,
     ) -> (Vec<Sample>, Vec<Sample>) {
-        self.run(concurrency, a.clone()).await;
-        self.run(concurrency, b.clone()).await;
+        self.run(concurrency, a).await;
+        self.run(concurrency, b).await;
         let (mut a_samples, mut b_samples) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             if round % 2 == 0 {
-                a_samples.push(self.run(concurrency, a.clone()).await);
-                b_samples.push(self.run(concurrency, b.clone()).await);
+                a_samples.push(self.run(concurrency, a).await);
+                b_samples.push(self.run(concurrency, b).await);
             } else {
-                b_samples.push(self.run(concurrency, b.clone()).await);
-                a_samples.push(self.run(concurrency, a.clone()).await);
+                b_samples.push(self.run(concurrency, b).await);
+                a_samples.push(self.run(concurrency, a).await);
             }
         }
         (a_samples, b_samples)
     }
 
     /// Ticket creates, each with a key of its own: every request is a first attempt.
-    pub fn creates(&self, base: &str, tag: &str) -> impl Request {
-        let (client, next_key) = (self.client.clone(), self.next_key.clone());
-        let (url, prefix) = (format!("{base}/v1/tickets"), format!("{tag}-{}", std::process::id()));
-        move |_, _| {
-            let key = format!("{prefix}-{}", next_key.fetch_add(1, Ordering::Relaxed));
-            let request = post(&client, &url, &key, BODY.to_owned());
-            Box::pin(async move { request.send().await.is_ok_and(|r| r.status().as_u16() == 201) })
+    pub fn creates(&self, addr: std::net::SocketAddr, tag: &str) -> Workload {
+        let next_key = self.next_key.clone();
+        let prefix = format!("{tag}-{}", std::process::id());
+        Workload::Http {
+            addr,
+            request: Arc::new(move |_, _| {
+                post(
+                    &format!("{prefix}-{}", next_key.fetch_add(1, Ordering::Relaxed)),
+                    BODY.to_owned(),
+                )
+            }),
+            expect: |r| r.status == 201,
         }
     }
 
     /// Makes `count` tickets and returns their keys, for [`Load::replays`].
-    pub async fn prepare_replays(&self, base: &str, count: usize) -> Arc<Vec<String>> {
-        let url = format!("{base}/v1/tickets");
+    pub async fn prepare_replays(&self, addr: std::net::SocketAddr, count: usize) -> Arc<Vec<String>> {
         let keys: Vec<String> = (0..count)
             .map(|n| format!("replay-{}-{n}", std::process::id()))
             .collect();
+        let mut connection = None;
         for key in &keys {
-            let response = post(&self.client, &url, key, BODY.to_owned())
-                .send()
+            let response = send(&mut connection, addr, post(key, BODY.to_owned()))
                 .await
                 .expect("the service answers");
-            assert_eq!(response.status().as_u16(), 201);
+            assert_eq!(response.status, 201);
         }
         Arc::new(keys)
     }
 
     /// Retries of finished creates: every request is answered from the stored answer.
-    pub fn replays(&self, base: &str, keys: Arc<Vec<String>>) -> impl Request {
-        let (client, url) = (self.client.clone(), format!("{base}/v1/tickets"));
-        move |client_number, n| {
-            let key = &keys[(client_number * 31 + n as usize) % keys.len()];
-            let request = post(&client, &url, key, BODY.to_owned());
-            Box::pin(async move {
-                request.send().await.is_ok_and(|r| {
-                    r.status().as_u16() == 201 && r.headers().get("idempotent-replayed").is_some_and(|v| v == "true")
-                })
-            })
+    pub fn replays(&self, addr: std::net::SocketAddr, keys: Arc<Vec<String>>) -> Workload {
+        Workload::Http {
+            addr,
+            request: Arc::new(move |client, n| post(&keys[(client * 31 + n as usize) % keys.len()], BODY.to_owned())),
+            expect: |r| r.status == 201 && r.headers.get("idempotent-replayed").is_some_and(|v| v == "true"),
         }
     }
 
-    /// `copies` requests with one key and one body, released at once. Returns
-    /// the latencies and every answer's status.
-    pub async fn storm(&self, base: &str, copies: usize, title: &str) -> (Sample, Vec<u16>) {
-        let url = format!("{base}/v1/tickets");
+    /// `copies` requests with one key and one body, each on its own
+    /// connection, released at once. Returns the latencies and every status.
+    pub async fn storm(&self, addr: std::net::SocketAddr, copies: usize, title: &str) -> (Sample, Vec<u16>) {
         let key = format!(
             "storm-{}-{}",
             std::process::id(),
@@ -194,11 +207,15 @@ impl Load {
         let gate = Arc::new(tokio::sync::Barrier::new(copies));
         let started = Instant::now();
         let copies = (0..copies).map(|_| {
-            let (gate, request) = (gate.clone(), post(&self.client, &url, &key, body.clone()));
+            let (gate, request) = (gate.clone(), post(&key, body.clone()));
             tokio::spawn(async move {
+                let mut connection = connect(addr).await;
                 gate.wait().await;
                 let sent = Instant::now();
-                let status = request.send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+                let status = send(&mut connection, addr, request)
+                    .await
+                    .map(|r| r.status.as_u16())
+                    .unwrap_or(0);
                 (sent.elapsed(), status)
             })
         });
@@ -220,11 +237,48 @@ impl Load {
     }
 }
 
-fn post(client: &reqwest::Client, url: &str, key: &str, body: String) -> reqwest::RequestBuilder {
-    client
-        .post(url)
-        .bearer_auth("demo-acme-agent")
+type Connection = Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>;
+
+async fn connect(addr: std::net::SocketAddr) -> Connection {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.set_nodelay(true).ok()?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(connection);
+    Some(sender)
+}
+
+/// Sends on the client's connection (made, or made again after an error),
+/// and reads the whole answer.
+async fn send(
+    connection: &mut Connection,
+    addr: std::net::SocketAddr,
+    request: http::Request<Full<Bytes>>,
+) -> Option<http::response::Parts> {
+    if connection.as_ref().is_none_or(|c| c.is_closed()) {
+        *connection = connect(addr).await;
+    }
+    let sender = connection.as_mut()?;
+    sender.ready().await.ok()?;
+    match sender.send_request(request).await {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            // read the body to the end, so the connection is ready for the next request
+            body.collect().await.ok()?;
+            Some(parts)
+        }
+        Err(_) => {
+            *connection = None;
+            None
+        }
+    }
+}
+
+fn post(key: &str, body: String) -> http::Request<Full<Bytes>> {
+    http::Request::post("/v1/tickets")
+        .header("host", "127.0.0.1")
+        .header("authorization", "Bearer demo-acme-agent")
         .header("content-type", "application/json")
         .header("idempotency-key", key)
-        .body(body)
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid request")
 }

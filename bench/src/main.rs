@@ -30,7 +30,7 @@ use report::{
 use tickets::{App, domain::CreateTicket};
 use tokio::runtime::Runtime;
 
-use crate::load::{Load, median_figure};
+use crate::load::{Load, Workload, median_figure};
 
 const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
 
@@ -157,7 +157,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// A tickets service serving on loopback, and its database.
 struct Service {
-    base: String,
+    addr: std::net::SocketAddr,
     app: App,
     db: Db,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -168,7 +168,7 @@ fn start_service(services: &Runtime, db: Db, config: IdempotencyConfig) -> Servi
     let router = tickets::build_router(app.clone());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let listener = free_listener();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+    let addr = listener.local_addr().unwrap();
     services.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         let _ = platform::serve(listener, router, async {
@@ -176,7 +176,7 @@ fn start_service(services: &Runtime, db: Db, config: IdempotencyConfig) -> Servi
         })
         .await;
     });
-    Service { base, app, db, stop }
+    Service { addr, app, db, stop }
 }
 
 /// A loopback listener on a free port, to hand to the services' runtime.
@@ -251,8 +251,8 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
             .side_by_side(
                 plan.rounds,
                 concurrency,
-                load.creates(&on.base, "on"),
-                load.creates(&off.base, "off"),
+                &load.creates(on.addr, "on"),
+                &load.creates(off.addr, "off"),
             )
             .await;
         let (on_figure, off_figure) = (median_figure(&a), median_figure(&b));
@@ -269,13 +269,13 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
     // 2. Replays vs creates, on the same service.
     let concurrency = 16.min(*plan.concurrency.last().unwrap());
     eprintln!("replay vs create, {concurrency} clients");
-    let keys = load.prepare_replays(&on.base, 256).await;
+    let keys = load.prepare_replays(on.addr, 256).await;
     let (replays, creates) = load
         .side_by_side(
             plan.rounds,
             concurrency,
-            load.replays(&on.base, keys),
-            load.creates(&on.base, "vs-replay"),
+            &load.replays(on.addr, keys),
+            &load.creates(on.addr, "vs-replay"),
         )
         .await;
     let (replay_figure, create_figure) = (median_figure(&replays), median_figure(&creates));
@@ -294,7 +294,7 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
     let mut storm_samples = Vec::new();
     for storm in 0..plan.storms {
         let title = format!("storm {} {storm}", std::process::id());
-        let (sample, answers) = load.storm(&on.base, plan.storm_copies, &title).await;
+        let (sample, answers) = load.storm(on.addr, plan.storm_copies, &title).await;
         for status in answers {
             *statuses.entry(status).or_insert(0) += 1;
         }
@@ -321,8 +321,8 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         .side_by_side(
             plan.rounds,
             concurrency,
-            direct_creates(on.app.clone()),
-            direct_creates(off.app.clone()),
+            &direct_creates(on.app.clone()),
+            &direct_creates(off.app.clone()),
         )
         .await;
     let (direct_on, direct_off) = (median_figure(&direct_on), median_figure(&direct_off));
@@ -355,8 +355,8 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         .side_by_side(
             plan.rounds,
             1,
-            load.creates(&small.base, "small"),
-            load.creates(&large.base, "large"),
+            &load.creates(small.addr, "small"),
+            &load.creates(large.addr, "large"),
         )
         .await;
     let (small_figure, large_figure) = (median_figure(&s), median_figure(&l));
@@ -426,9 +426,9 @@ async fn count_tickets_titled(db: &Db, title: &str) -> i64 {
 }
 
 /// `tickets::routes::create` called straight, as the handler would call it.
-fn direct_creates(app: App) -> impl Fn(usize, u64) -> futures::future::BoxFuture<'static, bool> + Clone {
+fn direct_creates(app: App) -> Workload {
     let run = std::process::id();
-    move |worker, n| {
+    Workload::Direct(Arc::new(move |worker, n| {
         let app = app.clone();
         Box::pin(async move {
             let principal = Principal {
@@ -444,7 +444,7 @@ fn direct_creates(app: App) -> impl Fn(usize, u64) -> futures::future::BoxFuture
                 tickets::routes::create(&app, &principal, IdempotencyHeaders { key, wait: None }, command).await;
             response.status().is_success()
         })
-    }
+    }))
 }
 
 /// A database with `operations` finished operations already stored, made once

@@ -87,14 +87,21 @@ pub async fn serve(
     let db = Db::connect(&config.database_url, config.max_connections).await?;
     migrate(&db).await?;
     let app = App::new(db.clone(), idempotency, config.sandbox);
+    if !app.idempotency.config().enabled {
+        tracing::warn!("RETRYSAFE_IDEMPOTENCY=off: no claims, no replays. For measuring the layer's cost only");
+    }
     let reaper = app.idempotency.spawn_reaper();
+    let attempt_writer = app.idempotency.spawn_attempt_writer();
     let listener = match listener {
         Some(listener) => listener,
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, "tickets listening");
+    let app_idempotency = app.idempotency.clone();
     let served = platform::serve(listener, build_router(app), shutdown).await;
     reaper.abort();
+    attempt_writer.abort();
+    let _ = app_idempotency.flush_attempts().await;
     db.close().await;
     Ok(served?)
 }

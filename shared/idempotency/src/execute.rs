@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::{
     ClaimMode, Idempotency,
     fingerprint::Fingerprint,
-    key::IdempotencyHeaders,
+    key::{IdempotencyHeaders, IdempotencyKey},
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse, new_operation_id},
     store::{self, Completion, NewOperation},
 };
@@ -137,12 +137,7 @@ impl Idempotency {
         let (principal, key) = (attempt.principal, &attempt.headers.key);
         // A read first: a retry is answered without taking the write lock, and
         // a first attempt pays one cheap miss.
-        let known = match store::find_by_key(&self.db, &principal.account_id, key.as_str()).await {
-            Ok(Some(_)) => store::record_attempt(&self.db, &principal.account_id, key).await,
-            Ok(None) => Ok(None),
-            Err(e) => Err(e),
-        };
-        match known {
+        match self.find_and_count(&principal.account_id, key).await {
             Ok(Some(existing)) => {
                 return match self.decide(existing, fingerprint, attempt.headers.wait, true).await {
                     Ok(Decision::Answer(response)) => response,
@@ -232,11 +227,24 @@ impl Idempotency {
         }
     }
 
+    /// Reads the operation a key names, counting this request as an attempt at it.
+    async fn find_and_count(
+        &self,
+        account_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<Option<OperationRecord>, sqlx::Error> {
+        let found = store::find_by_key(&self.db, account_id, key.as_str()).await?;
+        if found.is_some() {
+            self.attempts.count(account_id, key.as_str());
+        }
+        Ok(found)
+    }
+
     /// The answer for an attempt that lost the race for its key: whatever the
     /// winner stored (or 409 while it runs). It never runs the operation again.
     async fn answer_duplicate(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Response {
         let account_id = &attempt.principal.account_id;
-        match store::record_attempt(&self.db, account_id, &attempt.headers.key).await {
+        match self.find_and_count(account_id, &attempt.headers.key).await {
             Ok(Some(existing)) => match self.decide(existing, fingerprint, attempt.headers.wait, false).await {
                 Ok(Decision::Answer(response)) => response,
                 Ok(_) => ApiError::internal("the operation changed hands while it was answered").into_response(),
@@ -267,8 +275,7 @@ impl Idempotency {
             if let Some(claimed) = store::claim(&self.db, &new).await? {
                 return Ok(Decision::Run(Box::new(claimed)));
             }
-            let Some(existing) = store::record_attempt(&self.db, &principal.account_id, &attempt.headers.key).await?
-            else {
+            let Some(existing) = self.find_and_count(&principal.account_id, &attempt.headers.key).await? else {
                 continue;
             };
             match self.decide(existing, fingerprint, attempt.headers.wait, true).await? {

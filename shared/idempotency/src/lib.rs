@@ -18,6 +18,7 @@
 //! }
 //! ```
 
+pub mod attempts;
 pub mod execute;
 pub mod fingerprint;
 pub mod key;
@@ -136,11 +137,28 @@ fn number(name: &str) -> Result<Option<f64>, String> {
 pub struct Idempotency {
     db: Db,
     config: IdempotencyConfig,
+    attempts: std::sync::Arc<attempts::AttemptCounter>,
 }
 
 impl Idempotency {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
-        Idempotency { db, config }
+        Idempotency {
+            db,
+            config,
+            attempts: Default::default(),
+        }
+    }
+
+    /// Writes attempt counts in the background, shortly after they arrive.
+    /// Without it they are written when an operation's status is read.
+    pub fn spawn_attempt_writer(&self) -> tokio::task::JoinHandle<()> {
+        let (attempts, db) = (self.attempts.clone(), self.db.clone());
+        tokio::spawn(async move { attempts.write_continuously(&db).await })
+    }
+
+    /// Writes every attempt counted so far.
+    pub async fn flush_attempts(&self) -> Result<(), sqlx::Error> {
+        self.attempts.flush(&self.db).await
     }
 
     pub fn db(&self) -> &Db {

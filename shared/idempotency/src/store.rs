@@ -68,30 +68,20 @@ pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRe
     Ok(row)
 }
 
-/// Counts one more request that carried the key, and reads the operation.
-/// `None`: the operation is gone (reaped, or freed after a server error).
-/// The count is written with relaxed durability: a database crash may lose
-/// the last increments, never an outcome.
-pub async fn record_attempt(
-    db: &Db,
-    account_id: &str,
-    key: &IdempotencyKey,
-) -> Result<Option<OperationRecord>, sqlx::Error> {
-    const SQL: &str = concat!(
-        "UPDATE idempotency_operations SET attempts = attempts + 1 \
-         WHERE account_id = $1 AND idempotency_key = $2 RETURNING ",
-        columns!(),
-        ""
-    );
-    Ok(on_pool!(db.write_relaxed(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(key.as_str())
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode(&row))
-            .transpose()?
-    }))
+/// Adds `n` requests to an operation's `attempts`, with relaxed durability
+/// (see [`AttemptCounter`](crate::attempts::AttemptCounter)).
+pub async fn add_attempts(db: &Db, account_id: &str, key: &str, n: i32) -> Result<(), sqlx::Error> {
+    on_pool!(db.write_relaxed(), |pool| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET attempts = attempts + $3 WHERE account_id = $1 AND idempotency_key = $2",
+        )
+        .bind(account_id)
+        .bind(key)
+        .bind(n)
+        .execute(pool)
+        .await?;
+    });
+    Ok(())
 }
 
 /// Takes over an operation whose lease has run out: compare-and-set on the
