@@ -98,9 +98,23 @@ fn parse_args() -> Result<Args, String> {
                 }
             }
             "--out" => out = args.next().map(PathBuf::from).ok_or("--out takes a directory")?,
+            "--large" => {
+                plan.large_table = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("--large takes a number of operations")?
+            }
+            "--seconds" => {
+                let seconds: f64 = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("--seconds takes a number")?;
+                plan.run = Duration::from_secs_f64(seconds);
+            }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; usage: bench [--quick] [--backend sqlite|postgres|both] [--out DIR]"
+                    "unknown argument `{other}`; usage: bench [--quick] [--backend sqlite|postgres|both] [--out DIR] \
+                     [--large OPERATIONS] [--seconds PER_RUN]"
                 ));
             }
         }
@@ -427,8 +441,9 @@ async fn count_tickets_titled(db: &Db, title: &str) -> i64 {
 
 /// `tickets::routes::create` called straight, as the handler would call it.
 fn direct_creates(app: App) -> Workload {
-    let run = std::process::id();
-    Workload::Direct(Arc::new(move |worker, n| {
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    Workload::Direct(Arc::new(move |_, _| {
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let app = app.clone();
         Box::pin(async move {
             let principal = Principal {
@@ -436,7 +451,7 @@ fn direct_creates(app: App) -> Workload {
                 principal_id: "acme-agent".into(),
                 role: Role::Agent,
             };
-            let key = IdempotencyKey::parse(&format!("direct-{run}-{worker}-{n}")).unwrap();
+            let key = IdempotencyKey::parse(&format!("direct-{}-{n}", std::process::id())).unwrap();
             let command = CreateTicket::from(
                 platform::json::parse_json::<tickets::domain::CreateTicketBody>(BODY.as_bytes()).unwrap(),
             );

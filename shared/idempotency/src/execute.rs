@@ -100,16 +100,32 @@ impl Idempotency {
     /// An `Err` from `effect` that is a final business failure (a 4xx) rolls
     /// the effect back and is stored and replayed like any answer; a server
     /// error (5xx) rolls back and frees the key.
+    ///
+    /// The effect may be started more than once (a losing duplicate's run is
+    /// rolled back), but only one run ever commits. It is `Clone` (closures
+    /// that borrow their inputs are) so that an attempt that finds a dead
+    /// holder's lease can run it again.
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         if !self.config.enabled {
             return self.run_unguarded(effect).await;
         }
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
+        if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
+            self.attempts.count(account_id, attempt.headers.key.as_str());
+            telemetry::record_operation(&answer.operation_id, fingerprint.as_str());
+            return if answer.fingerprint == fingerprint {
+                telemetry::record_outcome("replayed");
+                stored_response(&answer.response, &answer.operation_id, true)
+            } else {
+                telemetry::record_outcome("key_reused");
+                key_reused(&answer.operation_id, answer.state)
+            };
+        }
         if self.config.claim == ClaimMode::InTransaction {
             return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
         }
@@ -132,25 +148,9 @@ impl Idempotency {
     /// and the stored answer become visible together or not at all.
     async fn execute_in_transaction<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         let (principal, key) = (attempt.principal, &attempt.headers.key);
-        // A read first: a retry is answered without taking the write lock, and
-        // a first attempt pays one cheap miss.
-        match self.find_and_count(&principal.account_id, key).await {
-            Ok(Some(existing)) => {
-                return match self.decide(existing, fingerprint, attempt.headers.wait, true).await {
-                    Ok(Decision::Answer(response)) => response,
-                    // a leased claim whose holder died: run it the leased way
-                    Ok(Decision::Run(operation)) => self.run(*operation, effect).await,
-                    Ok(Decision::Vanished) => self.answer_duplicate(attempt, fingerprint).await,
-                    Err(error) => error.into_response(),
-                };
-            }
-            Ok(None) => {}
-            Err(e) => return ApiError::from(e).into_response(),
-        }
-
         let now = Timestamp::now();
         let new = NewOperation {
             account_id: &principal.account_id,
@@ -169,7 +169,8 @@ impl Idempotency {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };
-        match effect(&mut tx).await {
+        // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
+        match effect.clone()(&mut tx).await {
             Ok(done) => {
                 let completion = Completion {
                     state: OperationState::Completed,
@@ -181,9 +182,9 @@ impl Idempotency {
                 match store::claim_finished(&mut tx, &new, &completion).await {
                     Ok(true) => {}
                     Ok(false) => {
-                        // Another attempt with this key committed first: ours is undone.
+                        // The key was taken (PostgreSQL waited for its holder to commit): ours is undone.
                         let _ = tx.rollback().await;
-                        return self.answer_duplicate(attempt, fingerprint).await;
+                        return self.answer_taken_key(attempt, fingerprint, effect).await;
                     }
                     Err(e) => {
                         let _ = tx.rollback().await;
@@ -197,6 +198,14 @@ impl Idempotency {
                 }
                 telemetry::record_operation(operation_id, fingerprint.as_str());
                 telemetry::record_outcome("created");
+                self.remember(
+                    &principal.account_id,
+                    key.as_str(),
+                    operation_id,
+                    fingerprint,
+                    OperationState::Completed,
+                    &done.response,
+                );
                 stored_response(&done.response, operation_id, false)
             }
             Err(error) if error.is_final() => {
@@ -213,9 +222,17 @@ impl Idempotency {
                     Ok(true) => {
                         telemetry::record_operation(operation_id, fingerprint.as_str());
                         telemetry::record_outcome("failed");
+                        self.remember(
+                            &principal.account_id,
+                            key.as_str(),
+                            operation_id,
+                            fingerprint,
+                            OperationState::Failed,
+                            &response,
+                        );
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
-                    Ok(false) => self.answer_duplicate(attempt, fingerprint).await,
+                    Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
                     Err(e) => ApiError::from(e).into_response(),
                 }
             }
@@ -225,6 +242,20 @@ impl Idempotency {
                 error.into_response()
             }
         }
+    }
+
+    /// Keeps a finished answer for replays from memory.
+    fn remember(
+        &self,
+        account_id: &str,
+        key: &str,
+        operation_id: &str,
+        fingerprint: &Fingerprint,
+        state: OperationState,
+        response: &StoredResponse,
+    ) {
+        self.replay_cache
+            .put(account_id, key, operation_id, fingerprint, state, response);
     }
 
     /// Reads the operation a key names, counting this request as an attempt at it.
@@ -240,17 +271,22 @@ impl Idempotency {
         Ok(found)
     }
 
-    /// The answer for an attempt that lost the race for its key: whatever the
-    /// winner stored (or 409 while it runs). It never runs the operation again.
-    async fn answer_duplicate(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Response {
+    /// The answer for an attempt that found its key taken: whatever the
+    /// operation stored, 409 while it runs — or, when its holder died and the
+    /// lease ran out, this attempt takes it over and runs the effect again.
+    async fn answer_taken_key<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
+    where
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+    {
         let account_id = &attempt.principal.account_id;
         match self.find_and_count(account_id, &attempt.headers.key).await {
-            Ok(Some(existing)) => match self.decide(existing, fingerprint, attempt.headers.wait, false).await {
+            Ok(Some(existing)) => match self.decide(existing, fingerprint, attempt.headers.wait, true).await {
                 Ok(Decision::Answer(response)) => response,
-                Ok(_) => ApiError::internal("the operation changed hands while it was answered").into_response(),
+                Ok(Decision::Run(operation)) => self.run(*operation, effect).await,
+                Ok(Decision::Vanished) => ApiError::internal("the operation that held the key is gone").into_response(),
                 Err(error) => error.into_response(),
             },
-            Ok(None) => ApiError::internal("the operation that won the key is gone").into_response(),
+            Ok(None) => ApiError::internal("the operation that held the key is gone").into_response(),
             Err(e) => ApiError::from(e).into_response(),
         }
     }
@@ -301,19 +337,7 @@ impl Idempotency {
             if &operation.fingerprint != fingerprint {
                 telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
                 telemetry::record_outcome("key_reused");
-                let error = ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "idempotency_key_reused",
-                    "Idempotency-Key reused with a different request",
-                    "this key already names an operation with a different request; a new intention needs a new key",
-                )
-                .with("operation_id", &operation.operation_id)
-                .with("state", operation.state);
-                return Ok(Decision::Answer(with_operation_headers(
-                    error.into_response(),
-                    &operation.operation_id,
-                    false,
-                )));
+                return Ok(Decision::Answer(key_reused(&operation.operation_id, operation.state)));
             }
             match operation.state {
                 OperationState::InProgress => {
@@ -367,6 +391,14 @@ impl Idempotency {
                         .response
                         .as_ref()
                         .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
+                    self.remember(
+                        &operation.account_id,
+                        operation.key.as_str(),
+                        &operation.operation_id,
+                        fingerprint,
+                        operation.state,
+                        stored,
+                    );
                     return Ok(Decision::Answer(stored_response(stored, &operation.operation_id, true)));
                 }
             }
@@ -376,7 +408,7 @@ impl Idempotency {
     /// Runs the effect of an operation this attempt holds the lease of.
     async fn run<F>(&self, operation: OperationRecord, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         let token = operation.lease_token.clone().unwrap_or_default();
         let (account_id, key, operation_id) = (&operation.account_id, &operation.key, &operation.operation_id);
@@ -418,6 +450,14 @@ impl Idempotency {
                     return free_the_key(e.into()).await;
                 }
                 telemetry::record_outcome("created");
+                self.remember(
+                    account_id,
+                    key.as_str(),
+                    operation_id,
+                    &operation.fingerprint,
+                    OperationState::Completed,
+                    &done.response,
+                );
                 stored_response(&done.response, operation_id, false)
             }
             Err(error) if error.is_final() => {
@@ -433,6 +473,14 @@ impl Idempotency {
                 match store::finish(&self.db, account_id, key, &token, &completion).await {
                     Ok(true) => {
                         telemetry::record_outcome("failed");
+                        self.remember(
+                            account_id,
+                            key.as_str(),
+                            operation_id,
+                            &operation.fingerprint,
+                            OperationState::Failed,
+                            &response,
+                        );
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
                     Ok(false) => self.answer_current(&operation).await,
@@ -450,7 +498,7 @@ impl Idempotency {
     /// transaction, and nothing else of this module.
     async fn run_unguarded<F>(&self, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError>,
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
@@ -480,6 +528,20 @@ impl Idempotency {
             Err(e) => ApiError::from(e).into_response(),
         }
     }
+}
+
+/// 422: the key names another request. Only the operation's id and state are
+/// told, never what it stored.
+fn key_reused(operation_id: &str, state: OperationState) -> Response {
+    let error = ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+        "Idempotency-Key reused with a different request",
+        "this key already names an operation with a different request; a new intention needs a new key",
+    )
+    .with("operation_id", operation_id)
+    .with("state", state);
+    with_operation_headers(error.into_response(), operation_id, false)
 }
 
 /// A final business failure, as it is stored and replayed.

@@ -24,6 +24,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod operation;
 pub mod reaper;
+pub mod replay_cache;
 pub mod routes;
 pub mod store;
 
@@ -70,6 +71,9 @@ pub struct IdempotencyConfig {
     pub retention: Duration,
     /// How often the reaper looks for operations past their retention.
     pub reap_every: Duration,
+    /// How many finished answers each process keeps in memory to answer
+    /// replays with no query (0: none). See [`replay_cache`].
+    pub replay_cache_entries: usize,
     /// `false` only to measure what idempotency costs (`RETRYSAFE_IDEMPOTENCY=off`):
     /// the same handler, validation, transaction and effect run with no claim,
     /// no stored answer and no replay. It breaks the contract; never turn it
@@ -84,13 +88,15 @@ impl Default for IdempotencyConfig {
             lease: Duration::from_secs(30),
             retention: Duration::from_secs(24 * 60 * 60),
             reap_every: Duration::from_secs(60),
+            replay_cache_entries: 10_000,
             enabled: true,
         }
     }
 }
 
 impl IdempotencyConfig {
-    /// `RETRYSAFE_CLAIM` (`transaction` or `leased`), `RETRYSAFE_LEASE_SECONDS` (30),
+    /// `RETRYSAFE_CLAIM` (`transaction` or `leased`), `RETRYSAFE_REPLAY_CACHE` (10000 answers),
+    /// `RETRYSAFE_LEASE_SECONDS` (30),
     /// `RETRYSAFE_RETENTION_HOURS` (24), `RETRYSAFE_REAP_EVERY_SECONDS` (60),
     /// `RETRYSAFE_IDEMPOTENCY` (`on`).
     pub fn from_env() -> Result<Self, String> {
@@ -103,6 +109,9 @@ impl IdempotencyConfig {
         }
         if let Some(seconds) = number("RETRYSAFE_REAP_EVERY_SECONDS")? {
             config.reap_every = Duration::from_secs_f64(seconds);
+        }
+        if let Some(entries) = number("RETRYSAFE_REPLAY_CACHE")? {
+            config.replay_cache_entries = entries as usize;
         }
         match std::env::var("RETRYSAFE_CLAIM").as_deref() {
             Ok("transaction") | Ok("") | Err(_) => {}
@@ -138,14 +147,17 @@ pub struct Idempotency {
     db: Db,
     config: IdempotencyConfig,
     attempts: std::sync::Arc<attempts::AttemptCounter>,
+    replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
 }
 
 impl Idempotency {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
+        let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, config.retention);
         Idempotency {
             db,
             config,
             attempts: Default::default(),
+            replay_cache: std::sync::Arc::new(replay_cache),
         }
     }
 

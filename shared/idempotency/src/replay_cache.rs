@@ -1,0 +1,83 @@
+//! Recent finished answers, kept in memory to answer replays without the
+//! database.
+//!
+//! A finished operation never changes: its stored answer is final. So each
+//! process can keep the answers it gave or replayed recently, and answer a
+//! retry it has seen before with no query at all. The cache only ever
+//! *speeds up* an answer: on a miss (another process, a restart, an evicted
+//! entry) the database decides exactly as it would without it. Entries live
+//! no longer than the retention period.
+
+use std::{
+    num::NonZeroUsize,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use crate::{Fingerprint, OperationState, StoredResponse};
+
+/// A finished operation, as a replay needs it.
+#[derive(Debug)]
+pub struct CachedAnswer {
+    pub operation_id: String,
+    pub fingerprint: Fingerprint,
+    pub state: OperationState,
+    pub response: StoredResponse,
+    cached_at: Instant,
+}
+
+#[derive(Debug)]
+pub struct ReplayCache {
+    entries: Option<Mutex<lru::LruCache<(String, String), Arc<CachedAnswer>>>>,
+    ttl: Duration,
+}
+
+impl ReplayCache {
+    /// Holds up to `capacity` answers (0 turns the cache off) for at most `ttl`.
+    pub fn new(capacity: usize, ttl: Duration) -> Self {
+        ReplayCache {
+            entries: NonZeroUsize::new(capacity).map(|c| Mutex::new(lru::LruCache::new(c))),
+            ttl,
+        }
+    }
+
+    pub fn get(&self, account_id: &str, key: &str) -> Option<Arc<CachedAnswer>> {
+        let mut entries = self.entries.as_ref()?.lock().unwrap_or_else(|p| p.into_inner());
+        let id = (account_id.to_owned(), key.to_owned());
+        match entries.get(&id) {
+            Some(answer) if answer.cached_at.elapsed() < self.ttl => Some(answer.clone()),
+            Some(_) => {
+                entries.pop(&id);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Remembers a finished operation's answer; anything unfinished is ignored.
+    pub fn put(
+        &self,
+        account_id: &str,
+        key: &str,
+        operation_id: &str,
+        fingerprint: &Fingerprint,
+        state: OperationState,
+        response: &StoredResponse,
+    ) {
+        let Some(entries) = self.entries.as_ref() else { return };
+        if !state.is_finished() {
+            return;
+        }
+        let answer = CachedAnswer {
+            operation_id: operation_id.to_owned(),
+            fingerprint: fingerprint.clone(),
+            state,
+            response: response.clone(),
+            cached_at: Instant::now(),
+        };
+        entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .put((account_id.to_owned(), key.to_owned()), Arc::new(answer));
+    }
+}
