@@ -26,9 +26,12 @@ pub struct CachedAnswer {
     cached_at: Instant,
 }
 
+/// `(account_id, idempotency_key)` → the answer, least recently used evicted first.
+type Entries = lru::LruCache<(String, String), Arc<CachedAnswer>>;
+
 #[derive(Debug)]
 pub struct ReplayCache {
-    entries: Option<Mutex<lru::LruCache<(String, String), Arc<CachedAnswer>>>>,
+    entries: Option<Mutex<Entries>>,
     ttl: Duration,
 }
 
