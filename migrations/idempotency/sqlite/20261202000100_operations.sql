@@ -2,6 +2,8 @@
 -- The primary key is what makes the claim atomic: a second INSERT of the same
 -- (account_id, idempotency_key) conflicts instead of creating a second operation.
 -- Times are fixed-width RFC 3339 UTC text (platform::time::Timestamp), so text order is time order.
+-- A rowid table, not WITHOUT ROWID: a row carries a stored answer of hundreds of
+-- bytes, and SQLite advises WITHOUT ROWID only for small rows.
 CREATE TABLE idempotency_operations (
     account_id            TEXT    NOT NULL,
     idempotency_key       TEXT    NOT NULL CHECK (length(idempotency_key) BETWEEN 1 AND 255),
@@ -30,7 +32,7 @@ CREATE TABLE idempotency_operations (
     PRIMARY KEY (account_id, idempotency_key),
     CHECK ((state = 'in_progress') = (lease_token IS NOT NULL AND locked_until IS NOT NULL)),
     CHECK (state NOT IN ('completed', 'failed', 'rejected') OR (response_status IS NOT NULL AND response_body IS NOT NULL))
-) STRICT, WITHOUT ROWID;
+) STRICT;
 
 -- what the retention reaper scans: finished operations by age
 CREATE INDEX idempotency_operations_finished_by_age

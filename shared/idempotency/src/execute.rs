@@ -16,6 +16,7 @@ use crate::{
     fingerprint::Fingerprint,
     key::{IdempotencyHeaders, IdempotencyKey},
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse, new_operation_id},
+    replay_cache::CachedAnswer,
     store::{self, Completion, NewOperation},
 };
 
@@ -116,15 +117,7 @@ impl Idempotency {
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
         if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
-            self.attempts.count(account_id, attempt.headers.key.as_str());
-            telemetry::record_operation(&answer.operation_id, fingerprint.as_str());
-            return if answer.fingerprint == fingerprint {
-                telemetry::record_outcome("replayed");
-                stored_response(&answer.response, &answer.operation_id, true)
-            } else {
-                telemetry::record_outcome("key_reused");
-                key_reused(&answer.operation_id, answer.state)
-            };
+            return self.replay_cached(&answer, account_id, &attempt.headers.key, &fingerprint);
         }
         if self.config.claim == ClaimMode::InTransaction {
             return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
@@ -169,6 +162,12 @@ impl Idempotency {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };
+        // A duplicate that waited for the write lock while the first attempt
+        // committed finds its answer here, and never starts the effect.
+        if let Some(answer) = self.replay_cache.get(&principal.account_id, key.as_str()) {
+            let _ = tx.rollback().await;
+            return self.replay_cached(&answer, &principal.account_id, key, fingerprint);
+        }
         // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
         match effect.clone()(&mut tx).await {
             Ok(done) => {
@@ -241,6 +240,25 @@ impl Idempotency {
                 let _ = tx.rollback().await;
                 error.into_response()
             }
+        }
+    }
+
+    /// The answer to a retry whose operation is in the replay cache.
+    fn replay_cached(
+        &self,
+        answer: &CachedAnswer,
+        account_id: &str,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Response {
+        self.attempts.count(account_id, key.as_str());
+        telemetry::record_operation(&answer.operation_id, fingerprint.as_str());
+        if &answer.fingerprint == fingerprint {
+            telemetry::record_outcome("replayed");
+            stored_response(&answer.response, &answer.operation_id, true)
+        } else {
+            telemetry::record_outcome("key_reused");
+            key_reused(&answer.operation_id, answer.state)
         }
     }
 
