@@ -135,10 +135,11 @@ impl Idempotency {
         self.run(owned, effect).await
     }
 
-    /// [`ClaimMode::InTransaction`]: a retry of a known operation is answered
-    /// with one statement; a first attempt runs its effect and then claims the
-    /// key *with its answer* in the same transaction, so the claim, the effect
-    /// and the stored answer become visible together or not at all.
+    /// [`ClaimMode::InTransaction`]: the attempt runs its effect and then
+    /// claims the key *with its answer* in the same transaction, so the claim,
+    /// the effect and the stored answer become visible together or not at all.
+    /// An attempt whose key turns out to be taken rolls its effect back and
+    /// answers as a duplicate; no read is spent on the first attempt's path.
     async fn execute_in_transaction<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,

@@ -212,8 +212,12 @@ where
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
+            // the scheme name is case-insensitive (RFC 9110 §11.1)
+            .and_then(|v| {
+                v.split_once(' ')
+                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            })
+            .map(|(_, key)| key.trim())
             .filter(|k| !k.is_empty())
             .ok_or_else(ApiError::unauthenticated)?;
         let principal = Authenticator::from_ref(state).authenticate(&ApiKey::new(key)).await?;

@@ -127,7 +127,21 @@ async fn another_accounts_ticket_and_operation_are_404(backend: Backend) {
     );
 }
 
+async fn the_bearer_scheme_is_case_insensitive(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let response = app
+        .send(
+            Request::get("/v1/tickets")
+                .header("authorization", format!("BEARER {ACME_AGENT}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(response.status, 200);
+}
+
 platform::both_backends!(
+    the_bearer_scheme_is_case_insensitive,
     a_missing_or_unknown_bearer_key_is_401,
     a_created_api_key_authenticates_and_only_its_hash_is_stored,
     demo_keys_exist_only_in_sandbox_mode,
