@@ -101,7 +101,7 @@ pub async fn serve(
     let served = platform::serve(listener, build_router(app), shutdown).await;
     reaper.abort();
     attempt_writer.abort();
-    let _ = app_idempotency.flush_attempts().await;
+    app_idempotency.flush_attempts().await;
     db.close().await;
     Ok(served?)
 }

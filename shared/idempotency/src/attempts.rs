@@ -34,8 +34,16 @@ impl AttemptCounter {
     pub async fn flush(&self, db: &Db) -> Result<(), sqlx::Error> {
         let _one_at_a_time = self.flushing.lock().await;
         let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        for ((account_id, key), n) in batch {
-            store::add_attempts(db, &account_id, &key, n).await?;
+        let mut unwritten = batch.into_iter();
+        while let Some(((account_id, key), n)) = unwritten.next() {
+            if let Err(e) = store::add_attempts(db, &account_id, &key, n).await {
+                // keep what was not written for the next round
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                for (id, count) in std::iter::once(((account_id, key), n)).chain(unwritten) {
+                    *pending.entry(id).or_insert(0) += count;
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }

@@ -194,7 +194,7 @@ impl Idempotency {
                 fail_point("idempotency::after_claim").await;
                 fail_point("idempotency::before_commit").await;
                 if let Err(e) = tx.commit().await {
-                    return ApiError::from(e).into_response();
+                    return commit_failed(e);
                 }
                 telemetry::record_operation(operation_id, fingerprint.as_str());
                 telemetry::record_outcome("created");
@@ -205,6 +205,7 @@ impl Idempotency {
                     fingerprint,
                     OperationState::Completed,
                     &done.response,
+                    completion.now,
                 );
                 stored_response(&done.response, operation_id, false)
             }
@@ -229,6 +230,7 @@ impl Idempotency {
                             fingerprint,
                             OperationState::Failed,
                             &response,
+                            completion.now,
                         );
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
@@ -237,9 +239,17 @@ impl Idempotency {
                 }
             }
             Err(error) => {
-                // nothing was claimed: the next attempt starts afresh
                 let _ = tx.rollback().await;
-                error.into_response()
+                // A duplicate's effect may fail because the first attempt's
+                // committed effect is in its way: if the key is taken, answer as
+                // a duplicate. Otherwise nothing was claimed, and a retry starts afresh.
+                match self.find_and_count(&principal.account_id, key).await {
+                    Ok(Some(existing)) => match self.decide(existing, fingerprint, attempt.headers.wait, false).await {
+                        Ok(Decision::Answer(response)) => response,
+                        _ => error.into_response(),
+                    },
+                    _ => error.into_response(),
+                }
             }
         }
     }
@@ -264,6 +274,7 @@ impl Idempotency {
     }
 
     /// Keeps a finished answer for replays from memory.
+    #[allow(clippy::too_many_arguments)]
     fn remember(
         &self,
         account_id: &str,
@@ -272,9 +283,10 @@ impl Idempotency {
         fingerprint: &Fingerprint,
         state: OperationState,
         response: &StoredResponse,
+        finished: Timestamp,
     ) {
         self.replay_cache
-            .put(account_id, key, operation_id, fingerprint, state, response);
+            .put(account_id, key, operation_id, fingerprint, state, response, finished);
     }
 
     /// Reads the operation a key names, counting this request as an attempt at it.
@@ -382,7 +394,7 @@ impl Idempotency {
                         None => return Ok(Decision::Vanished),
                     }
                 }
-                OperationState::Unknown => {
+                OperationState::Unknown if operation.response.is_none() => {
                     telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
                     telemetry::record_outcome("outcome_unknown");
                     let error = ApiError::new(
@@ -400,7 +412,9 @@ impl Idempotency {
                         false,
                     )));
                 }
-                OperationState::Completed
+                // an unknown outcome whose first answer (a 202) was stored keeps replaying it
+                OperationState::Unknown
+                | OperationState::Completed
                 | OperationState::Failed
                 | OperationState::Rejected
                 | OperationState::AwaitingApproval => {
@@ -417,6 +431,7 @@ impl Idempotency {
                         fingerprint,
                         operation.state,
                         stored,
+                        operation.updated_at,
                     );
                     return Ok(Decision::Answer(stored_response(stored, &operation.operation_id, true)));
                 }
@@ -476,6 +491,7 @@ impl Idempotency {
                     &operation.fingerprint,
                     OperationState::Completed,
                     &done.response,
+                    completion.now,
                 );
                 stored_response(&done.response, operation_id, false)
             }
@@ -499,6 +515,7 @@ impl Idempotency {
                             &operation.fingerprint,
                             OperationState::Failed,
                             &response,
+                            completion.now,
                         );
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
@@ -547,6 +564,14 @@ impl Idempotency {
             Err(e) => ApiError::from(e).into_response(),
         }
     }
+}
+
+/// A commit whose outcome the server cannot know (the connection broke while
+/// committing). A retry with the same key finds out: a replay if it committed.
+fn commit_failed(error: sqlx::Error) -> Response {
+    ApiError::internal(format!("commit: {error}"))
+        .with_detail("the server could not confirm the commit; retry with the same key: if it committed, the retry replays its answer")
+        .into_response()
 }
 
 /// 422: the key names another request. Only the operation's id and state are

@@ -152,7 +152,8 @@ pub struct Idempotency {
 
 impl Idempotency {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
-        let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, config.retention);
+        let lifetime = config.retention.saturating_sub(config.reap_every * 2);
+        let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, lifetime);
         Idempotency {
             db,
             config,
@@ -168,9 +169,13 @@ impl Idempotency {
         tokio::spawn(async move { attempts.write_continuously(&db).await })
     }
 
-    /// Writes every attempt counted so far.
-    pub async fn flush_attempts(&self) -> Result<(), sqlx::Error> {
-        self.attempts.flush(&self.db).await
+    /// Writes every attempt counted so far. A failure is logged, not
+    /// returned: the counts are kept for the next round, and no answer
+    /// depends on them.
+    pub async fn flush_attempts(&self) {
+        if let Err(e) = self.attempts.flush(&self.db).await {
+            tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
+        }
     }
 
     pub fn db(&self) -> &Db {

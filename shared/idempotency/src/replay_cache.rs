@@ -11,8 +11,10 @@
 use std::{
     num::NonZeroUsize,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
+
+use platform::Timestamp;
 
 use crate::{Fingerprint, OperationState, StoredResponse};
 
@@ -23,7 +25,9 @@ pub struct CachedAnswer {
     pub fingerprint: Fingerprint,
     pub state: OperationState,
     pub response: StoredResponse,
-    cached_at: Instant,
+    /// When the cached answer stops being served: before the reaper may
+    /// delete the row, so memory never answers for a key the database forgot.
+    expires_at: Timestamp,
 }
 
 /// `(account_id, idempotency_key)` → the answer, least recently used evicted first.
@@ -32,15 +36,17 @@ type Entries = lru::LruCache<(String, String), Arc<CachedAnswer>>;
 #[derive(Debug)]
 pub struct ReplayCache {
     entries: Option<Mutex<Entries>>,
-    ttl: Duration,
+    lifetime: Duration,
 }
 
 impl ReplayCache {
-    /// Holds up to `capacity` answers (0 turns the cache off) for at most `ttl`.
-    pub fn new(capacity: usize, ttl: Duration) -> Self {
+    /// Holds up to `capacity` answers (0 turns the cache off), each until
+    /// `lifetime` after its operation finished: the retention period less a
+    /// margin for the reaper's round.
+    pub fn new(capacity: usize, lifetime: Duration) -> Self {
         ReplayCache {
             entries: NonZeroUsize::new(capacity).map(|c| Mutex::new(lru::LruCache::new(c))),
-            ttl,
+            lifetime,
         }
     }
 
@@ -48,7 +54,7 @@ impl ReplayCache {
         let mut entries = self.entries.as_ref()?.lock().unwrap_or_else(|p| p.into_inner());
         let id = (account_id.to_owned(), key.to_owned());
         match entries.get(&id) {
-            Some(answer) if answer.cached_at.elapsed() < self.ttl => Some(answer.clone()),
+            Some(answer) if Timestamp::now() < answer.expires_at => Some(answer.clone()),
             Some(_) => {
                 entries.pop(&id);
                 None
@@ -57,7 +63,9 @@ impl ReplayCache {
         }
     }
 
-    /// Remembers a finished operation's answer; anything unfinished is ignored.
+    /// Remembers a finished operation's answer, given when it `finished`;
+    /// anything unfinished is ignored.
+    #[allow(clippy::too_many_arguments)]
     pub fn put(
         &self,
         account_id: &str,
@@ -66,6 +74,7 @@ impl ReplayCache {
         fingerprint: &Fingerprint,
         state: OperationState,
         response: &StoredResponse,
+        finished: Timestamp,
     ) {
         let Some(entries) = self.entries.as_ref() else { return };
         if !state.is_finished() {
@@ -76,7 +85,7 @@ impl ReplayCache {
             fingerprint: fingerprint.clone(),
             state,
             response: response.clone(),
-            cached_at: Instant::now(),
+            expires_at: finished.plus(self.lifetime),
         };
         entries
             .lock()

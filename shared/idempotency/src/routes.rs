@@ -106,7 +106,7 @@ pub async fn get_operation(
     principal: Principal,
     ApiPath(operation_id): ApiPath<String>,
 ) -> Result<Json<OperationView>, ApiError> {
-    idempotency.flush_attempts().await?;
+    idempotency.flush_attempts().await;
     store::find_by_id(&idempotency.db, &principal.account_id, &operation_id)
         .await?
         .map(|op| Json(op.into()))
@@ -135,7 +135,7 @@ pub async fn find_operation_by_key(
     let key = query
         .idempotency_key
         .ok_or_else(|| ApiError::invalid_field("idempotency_key", "is required"))?;
-    idempotency.flush_attempts().await?;
+    idempotency.flush_attempts().await;
     let key = IdempotencyKey::parse_unquoted(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
     let data = store::find_by_key(&idempotency.db, &principal.account_id, key.as_str())
         .await?

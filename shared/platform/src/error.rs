@@ -93,6 +93,12 @@ impl ApiError {
         self
     }
 
+    /// Replaces the human-readable `detail`.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.0.detail = detail.into();
+        self
+    }
+
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
         self.0.retry_after = Some(seconds);
         self
@@ -120,8 +126,15 @@ impl ApiError {
 
     /// A known, final business outcome (a 4xx): stored with its operation and
     /// replayed to every retry. A 5xx is not an outcome: it frees the claim.
+    /// Neither is a problem that asks to be retried (408, 429, or any with
+    /// `Retry-After`): storing it would refuse every retry it invites.
     pub fn is_final(&self) -> bool {
         self.0.status.is_client_error()
+            && !matches!(
+                self.0.status,
+                StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
+            )
+            && self.0.retry_after.is_none()
     }
 
     // --- the contract's problems, by code ---
@@ -267,5 +280,26 @@ impl IntoResponse for ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
         ApiError::internal(format!("database: {error}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_errors_are_final_but_those_that_ask_for_a_retry_are_not() {
+        assert!(ApiError::invalid_state("closed").is_final());
+        assert!(ApiError::not_found("ticket").is_final());
+        assert!(!ApiError::internal("boom").is_final());
+        assert!(!ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", "Slow down", "later").is_final());
+        assert!(!ApiError::invalid_state("busy").with_retry_after(2).is_final());
+    }
+
+    #[test]
+    fn an_internal_error_never_shows_its_cause() {
+        let body = String::from_utf8(ApiError::internal("password=hunter2 at db.rs:12").to_problem_json()).unwrap();
+        assert!(!body.contains("hunter2"));
+        assert!(body.contains("\"code\":\"internal_error\""));
     }
 }

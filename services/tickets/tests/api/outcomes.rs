@@ -270,6 +270,46 @@ async fn an_operation_whose_outcome_is_unknown_is_never_executed_again(backend: 
     assert_eq!(app.ticket_count().await, 0);
 }
 
+async fn an_unknown_outcome_whose_first_answer_was_stored_keeps_replaying_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let operation_id = claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::from_secs(30)).await;
+    let accepted = StoredResponse {
+        status: StatusCode::ACCEPTED,
+        content_type: "application/json".into(),
+        location: None,
+        body: br#"{"state":"processing"}"#.to_vec(),
+    };
+    let completion = Completion {
+        state: OperationState::Completed,
+        response: &accepted,
+        resource: None,
+        external_ref: None,
+        now: Timestamp::now(),
+    };
+    let key = IdempotencyKey::parse("key-1").unwrap();
+    assert!(
+        store::finish(&app.db.db, "acme", &key, "other-attempt", &completion)
+            .await
+            .unwrap()
+    );
+    // the delivery's answer was lost: the outcome is unknown, the 202 stays the stored answer
+    on_pool!(app.db.db.write(), |pool| sqlx::query(
+        "UPDATE idempotency_operations SET state = 'unknown'"
+    )
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected());
+
+    let retry = app.create_ticket("key-1", ROTATE_CERT).await;
+
+    assert_eq!(retry.status, StatusCode::ACCEPTED);
+    assert_eq!(retry.replayed(), Some("true"));
+    assert_eq!(&retry.body[..], br#"{"state":"processing"}"#);
+    assert_eq!(retry.operation_id(), operation_id);
+    assert_eq!(app.ticket_count().await, 0);
+}
+
 async fn a_final_business_failure_is_stored_and_replayed(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let first = app
@@ -390,6 +430,7 @@ platform::both_backends!(
     prefer_wait_gives_up_after_the_wait_and_answers_409,
     a_retry_after_the_lease_ran_out_takes_the_operation_over_and_runs_it_once,
     an_operation_whose_outcome_is_unknown_is_never_executed_again,
+    an_unknown_outcome_whose_first_answer_was_stored_keeps_replaying_it,
     a_final_business_failure_is_stored_and_replayed,
     a_quoted_key_and_the_same_key_bare_are_one_operation,
     the_operation_can_be_found_by_its_key_and_by_its_id,
