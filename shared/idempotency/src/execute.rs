@@ -158,99 +158,113 @@ impl Idempotency {
             locked_until: now,
             now,
         };
-        let operation_id = new.operation_id.as_str();
-        let mut tx = match self.db.begin().await {
-            Ok(tx) => tx,
-            Err(e) => return ApiError::from(e).into_response(),
-        };
-        // A duplicate that waited for the write lock while the first attempt
-        // committed finds its answer here, and never starts the effect.
-        if let Some(answer) = self.replay_cache.get(&principal.account_id, key.as_str()) {
-            let _ = tx.rollback().await;
-            return self.replay_cached(&answer, &principal.account_id, key, fingerprint);
-        }
-        // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
-        match effect.clone()(&mut tx).await {
-            Ok(done) => {
-                let completion = Completion {
-                    state: OperationState::Completed,
-                    response: &done.response,
-                    resource: done.resource.as_ref(),
-                    external_ref: None,
-                    now: Timestamp::now(),
-                };
-                match store::claim_finished(&mut tx, &new, &completion).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        // The key was taken (PostgreSQL waited for its holder to commit): ours is undone.
-                        let _ = tx.rollback().await;
-                        return self.answer_taken_key(attempt, fingerprint, effect).await;
-                    }
-                    Err(e) => {
-                        let _ = tx.rollback().await;
-                        return ApiError::from(e).into_response();
-                    }
-                }
-                fail_point("idempotency::after_claim").await;
-                fail_point("idempotency::before_commit").await;
-                if let Err(e) = tx.commit().await {
-                    return commit_failed(e);
-                }
-                telemetry::record_operation(operation_id, fingerprint.as_str());
-                telemetry::record_outcome("created");
-                self.remember(
-                    &principal.account_id,
-                    key.as_str(),
-                    operation_id,
-                    fingerprint,
-                    OperationState::Completed,
-                    &done.response,
-                    completion.now,
-                );
-                stored_response(&done.response, operation_id, false)
-            }
-            Err(error) if error.is_final() => {
+        // A transaction never outlives the lease: a hung effect would hold its
+        // locks (on SQLite, the one writer) for every other request.
+        let attempt_in_transaction = async {
+            let operation_id = new.operation_id.as_str();
+            let mut tx = match self.db.begin().await {
+                Ok(tx) => tx,
+                Err(e) => return ApiError::from(e).into_response(),
+            };
+            // A duplicate that waited for the write lock while the first attempt
+            // committed finds its answer here, and never starts the effect.
+            if let Some(answer) = self.replay_cache.get(&principal.account_id, key.as_str()) {
                 let _ = tx.rollback().await;
-                let response = problem_response(&error);
-                let completion = Completion {
-                    state: OperationState::Failed,
-                    response: &response,
-                    resource: None,
-                    external_ref: None,
-                    now: Timestamp::now(),
-                };
-                match store::claim_finished_without_effect(&self.db, &new, &completion).await {
-                    Ok(true) => {
-                        telemetry::record_operation(operation_id, fingerprint.as_str());
-                        telemetry::record_outcome("failed");
-                        self.remember(
-                            &principal.account_id,
-                            key.as_str(),
-                            operation_id,
-                            fingerprint,
-                            OperationState::Failed,
-                            &response,
-                            completion.now,
-                        );
-                        with_retry_after(stored_response(&response, operation_id, false), &error)
-                    }
-                    Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
-                    Err(e) => ApiError::from(e).into_response(),
-                }
+                return self.replay_cached(&answer, &principal.account_id, key, fingerprint);
             }
-            Err(error) => {
-                let _ = tx.rollback().await;
-                // A duplicate's effect may fail because the first attempt's
-                // committed effect is in its way: if the key is taken, answer as
-                // a duplicate. Otherwise nothing was claimed, and a retry starts afresh.
-                match self.find_and_count(&principal.account_id, key).await {
-                    Ok(Some(existing)) => match self.decide(existing, fingerprint, attempt.headers.wait, false).await {
-                        Ok(Decision::Answer(response)) => response,
+            // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
+            match effect.clone()(&mut tx).await {
+                Ok(done) => {
+                    let completion = Completion {
+                        state: OperationState::Completed,
+                        response: &done.response,
+                        resource: done.resource.as_ref(),
+                        external_ref: None,
+                        now: Timestamp::now(),
+                    };
+                    match store::claim_finished(&mut tx, &new, &completion).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // The key was taken (PostgreSQL waited for its holder to commit): ours is undone.
+                            let _ = tx.rollback().await;
+                            return self.answer_taken_key(attempt, fingerprint, effect).await;
+                        }
+                        Err(e) => {
+                            let _ = tx.rollback().await;
+                            return ApiError::from(e).into_response();
+                        }
+                    }
+                    fail_point("idempotency::after_claim").await;
+                    fail_point("idempotency::before_commit").await;
+                    if let Err(e) = tx.commit().await {
+                        return commit_failed(e);
+                    }
+                    telemetry::record_operation(operation_id, fingerprint.as_str());
+                    telemetry::record_outcome("created");
+                    self.remember(
+                        &principal.account_id,
+                        key.as_str(),
+                        operation_id,
+                        fingerprint,
+                        OperationState::Completed,
+                        &done.response,
+                        completion.now,
+                    );
+                    stored_response(&done.response, operation_id, false)
+                }
+                Err(error) if error.is_final() => {
+                    let _ = tx.rollback().await;
+                    let response = problem_response(&error);
+                    let completion = Completion {
+                        state: OperationState::Failed,
+                        response: &response,
+                        resource: None,
+                        external_ref: None,
+                        now: Timestamp::now(),
+                    };
+                    match store::claim_finished_without_effect(&self.db, &new, &completion).await {
+                        Ok(true) => {
+                            telemetry::record_operation(operation_id, fingerprint.as_str());
+                            telemetry::record_outcome("failed");
+                            self.remember(
+                                &principal.account_id,
+                                key.as_str(),
+                                operation_id,
+                                fingerprint,
+                                OperationState::Failed,
+                                &response,
+                                completion.now,
+                            );
+                            with_retry_after(stored_response(&response, operation_id, false), &error)
+                        }
+                        Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
+                        Err(e) => ApiError::from(e).into_response(),
+                    }
+                }
+                Err(error) => {
+                    let _ = tx.rollback().await;
+                    // A duplicate's effect may fail because the first attempt's
+                    // committed effect is in its way: if the key is taken, answer as
+                    // a duplicate. Otherwise nothing was claimed, and a retry starts afresh.
+                    match self.find_and_count(&principal.account_id, key).await {
+                        Ok(Some(existing)) => {
+                            match self.decide(existing, fingerprint, attempt.headers.wait, false).await {
+                                Ok(Decision::Answer(response)) => response,
+                                _ => error.into_response(),
+                            }
+                        }
                         _ => error.into_response(),
-                    },
-                    _ => error.into_response(),
+                    }
                 }
             }
+        };
+        match tokio::time::timeout(self.config.lease, attempt_in_transaction).await {
+            Ok(response) => response,
+            Err(_) => ApiError::internal("the effect's transaction outlived the lease")
+                .with_detail(
+                    "the operation took too long and was rolled back; nothing was committed. Retry with the same key",
+                )
+                .into_response(),
         }
     }
 

@@ -452,7 +452,33 @@ async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
     }
 }
 
+async fn an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key(backend: Backend) {
+    let mut f = fixture(backend).await;
+    let config = IdempotencyConfig {
+        lease: Duration::from_millis(300),
+        ..IdempotencyConfig::default()
+    };
+    f.idempotency = Idempotency::new(f.db.db.clone(), config);
+    let response = f
+        .idempotency
+        .execute(f.attempt("k"), &json!({"n": 1}), async |tx| {
+            insert_effect(tx).await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(Effect::json(StatusCode::CREATED, &json!({})))
+        })
+        .await;
+    let (status, _, _) = read(response).await;
+
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(f.effects().await, 0, "the hung transaction was rolled back");
+    let runs = AtomicUsize::new(0);
+    let (retry, _, _) = f.run("k", json!({"n": 1}), &runs).await;
+    assert_eq!(retry, StatusCode::CREATED, "the key was free for the retry");
+    assert_eq!(f.effects().await, 1);
+}
+
 platform::both_backends!(
+    an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key,
     claiming_a_free_key_stores_a_running_operation_with_a_lease,
     claiming_a_taken_key_writes_nothing,
     an_operation_runs_its_effect_once_and_replays_its_stored_answer,
