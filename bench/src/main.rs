@@ -351,7 +351,6 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         off: direct_off,
         throughput_ratio: direct_on.rps / direct_off.rps,
         http_on,
-        http_share_of_time: 1.0 - http_on.rps / direct_on.rps,
     };
     let _ = on.stop.send(());
     let _ = off.stop.send(());
@@ -602,10 +601,6 @@ fn print_table(report: &Report) {
         println!(
             "  storm: {} × {} copies, tickets per storm {:?}, answers {:?}, p50 {:.2} ms, p99 {:.2} ms",
             b.storm.storms, b.storm.copies, b.storm.effects_per_storm, b.storm.statuses, b.storm.p50_ms, b.storm.p99_ms
-        );
-        println!(
-            "  HTTP's share of an idempotent create's time: {:.0}%",
-            b.db_only.http_share_of_time * 100.0
         );
         println!("  targets:");
         for t in &b.targets {

@@ -103,8 +103,6 @@ pub struct DbOnly {
     pub throughput_ratio: f64,
     /// The HTTP create at the same concurrency, for comparison.
     pub http_on: Figure,
-    /// 1 - db_only.rps⁻¹ / http.rps⁻¹: the share of a create's time spent outside the database path.
-    pub http_share_of_time: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
