@@ -19,6 +19,7 @@
 //! ```
 
 pub mod attempts;
+pub mod audit;
 pub mod execute;
 pub mod fingerprint;
 pub mod key;
