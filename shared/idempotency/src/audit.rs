@@ -272,3 +272,33 @@ pub fn verify<'a>(entries: impl IntoIterator<Item = &'a AuditEntry>) -> Result<u
     }
     Ok(checked)
 }
+
+/// Verifies the whole journal in `db`, reading it in pages.
+pub async fn verify_database(db: &Db) -> Result<Result<u64, ChainBreak>, sqlx::Error> {
+    let (mut after, mut all) = (0_i64, Vec::new());
+    loop {
+        let page = entries(db, after, 10_000).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        all.extend(page);
+    }
+    Ok(verify(&all))
+}
+
+/// The journal as JSON lines: one entry a line, in chain order.
+pub fn to_json_lines(entries: &[AuditEntry]) -> String {
+    entries
+        .iter()
+        .filter_map(|e| serde_json::to_string(e).ok())
+        .map(|line| line + "\n")
+        .collect()
+}
+
+/// Reads an exported journal; an unreadable line is named by its number.
+pub fn from_json_lines(text: &str) -> Result<Vec<AuditEntry>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1)))
+        .collect()
+}

@@ -153,7 +153,29 @@ async fn a_second_successor_of_one_entry_is_refused_by_the_database(backend: Bac
     assert!(platform::db::is_unique_violation(&fork.unwrap_err()));
 }
 
+async fn an_exported_journal_verifies_offline_and_a_tampered_line_is_named(backend: Backend) {
+    let db = journal(backend).await;
+    for n in 0..3 {
+        audit::append_now(&db.db, &record(AuditEvent::Completed, &format!("op_{n}")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(audit::verify_database(&db.db).await.unwrap(), Ok(3));
+    let exported = audit::to_json_lines(&audit::entries(&db.db, 0, 100).await.unwrap());
+
+    let read_back = audit::from_json_lines(&exported).unwrap();
+    let tampered = exported.replacen(
+        "\"principal_id\":\"acme-agent\"",
+        "\"principal_id\":\"acme-approver\"",
+        1,
+    );
+
+    assert_eq!(verify(&read_back), Ok(3));
+    assert_eq!(verify(&audit::from_json_lines(&tampered).unwrap()).unwrap_err().seq, 1);
+}
+
 platform::both_backends!(
+    an_exported_journal_verifies_offline_and_a_tampered_line_is_named,
     appended_entries_form_a_chain_that_verifies,
     a_changed_or_missing_entry_is_named_by_verification,
     concurrent_writers_never_fork_the_chain,
