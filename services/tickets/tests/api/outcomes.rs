@@ -137,6 +137,29 @@ async fn claim_as_another_attempt(app: &TestApp, key: &str, body: &CreateTicket,
     claimed.operation_id
 }
 
+/// Completes the operation of `key-1` as the attempt holding its lease would, with this answer.
+async fn finish_as_the_other_attempt(db: &platform::Db, status: StatusCode, body: &[u8]) {
+    let response = StoredResponse {
+        status,
+        content_type: "application/json".into(),
+        location: None,
+        body: body.to_vec(),
+    };
+    let completion = Completion {
+        state: OperationState::Completed,
+        response: &response,
+        resource: None,
+        external_ref: None,
+        now: Timestamp::now(),
+    };
+    let key = IdempotencyKey::parse("key-1").unwrap();
+    assert!(
+        store::finish(db, "acme", &key, "other-attempt", &completion)
+            .await
+            .unwrap()
+    );
+}
+
 fn rotate_cert_command() -> CreateTicket {
     CreateTicket {
         project: "ops".into(),
@@ -171,25 +194,7 @@ async fn prefer_wait_answers_a_duplicate_with_the_replay_once_the_running_operat
     let db = app.db.db.clone();
     let finisher = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let response = StoredResponse {
-            status: StatusCode::CREATED,
-            content_type: "application/json".into(),
-            location: None,
-            body: br#"{"answer":"of the first attempt"}"#.to_vec(),
-        };
-        let completion = Completion {
-            state: OperationState::Completed,
-            response: &response,
-            resource: None,
-            external_ref: None,
-            now: Timestamp::now(),
-        };
-        let key = IdempotencyKey::parse("key-1").unwrap();
-        assert!(
-            store::finish(&db, "acme", &key, "other-attempt", &completion)
-                .await
-                .unwrap()
-        );
+        finish_as_the_other_attempt(&db, StatusCode::CREATED, br#"{"answer":"of the first attempt"}"#).await;
     });
 
     let mut request = json_request(
@@ -273,25 +278,7 @@ async fn an_operation_whose_outcome_is_unknown_is_never_executed_again(backend: 
 async fn an_unknown_outcome_whose_first_answer_was_stored_keeps_replaying_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let operation_id = claim_as_another_attempt(&app, "key-1", &rotate_cert_command(), Duration::from_secs(30)).await;
-    let accepted = StoredResponse {
-        status: StatusCode::ACCEPTED,
-        content_type: "application/json".into(),
-        location: None,
-        body: br#"{"state":"processing"}"#.to_vec(),
-    };
-    let completion = Completion {
-        state: OperationState::Completed,
-        response: &accepted,
-        resource: None,
-        external_ref: None,
-        now: Timestamp::now(),
-    };
-    let key = IdempotencyKey::parse("key-1").unwrap();
-    assert!(
-        store::finish(&app.db.db, "acme", &key, "other-attempt", &completion)
-            .await
-            .unwrap()
-    );
+    finish_as_the_other_attempt(&app.db.db, StatusCode::ACCEPTED, br#"{"state":"processing"}"#).await;
     // the delivery's answer was lost: the outcome is unknown, the 202 stays the stored answer
     on_pool!(app.db.db.write(), |pool| sqlx::query(
         "UPDATE idempotency_operations SET state = 'unknown'"
