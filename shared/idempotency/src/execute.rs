@@ -201,40 +201,18 @@ impl Idempotency {
                     }
                     telemetry::record_operation(operation_id, fingerprint.as_str());
                     telemetry::record_outcome("created");
-                    self.remember(
-                        &principal.account_id,
-                        key.as_str(),
-                        operation_id,
-                        fingerprint,
-                        OperationState::Completed,
-                        &done.response,
-                        completion.now,
-                    );
+                    self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
                     stored_response(&done.response, operation_id, false)
                 }
                 Err(error) if error.is_final() => {
                     let _ = tx.rollback().await;
                     let response = problem_response(&error);
-                    let completion = Completion {
-                        state: OperationState::Failed,
-                        response: &response,
-                        resource: None,
-                        external_ref: None,
-                        now: Timestamp::now(),
-                    };
+                    let completion = Completion::failed(&response);
                     match store::claim_finished_without_effect(&self.db, &new, &completion).await {
                         Ok(true) => {
                             telemetry::record_operation(operation_id, fingerprint.as_str());
                             telemetry::record_outcome("failed");
-                            self.remember(
-                                &principal.account_id,
-                                key.as_str(),
-                                operation_id,
-                                fingerprint,
-                                OperationState::Failed,
-                                &response,
-                                completion.now,
-                            );
+                            self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
                             with_retry_after(stored_response(&response, operation_id, false), &error)
                         }
                         Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
@@ -288,19 +266,23 @@ impl Idempotency {
     }
 
     /// Keeps a finished answer for replays from memory.
-    #[allow(clippy::too_many_arguments)]
     fn remember(
         &self,
         account_id: &str,
-        key: &str,
+        key: &IdempotencyKey,
         operation_id: &str,
         fingerprint: &Fingerprint,
-        state: OperationState,
-        response: &StoredResponse,
-        finished: Timestamp,
+        done: &Completion<'_>,
     ) {
-        self.replay_cache
-            .put(account_id, key, operation_id, fingerprint, state, response, finished);
+        self.replay_cache.put(
+            account_id,
+            key.as_str(),
+            operation_id,
+            fingerprint,
+            done.state,
+            done.response,
+            done.now,
+        );
     }
 
     /// Reads the operation a key names, counting this request as an attempt at it.
@@ -438,7 +420,7 @@ impl Idempotency {
                         .response
                         .as_ref()
                         .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
-                    self.remember(
+                    self.replay_cache.put(
                         &operation.account_id,
                         operation.key.as_str(),
                         &operation.operation_id,
@@ -498,39 +480,17 @@ impl Idempotency {
                     return free_the_key(e.into()).await;
                 }
                 telemetry::record_outcome("created");
-                self.remember(
-                    account_id,
-                    key.as_str(),
-                    operation_id,
-                    &operation.fingerprint,
-                    OperationState::Completed,
-                    &done.response,
-                    completion.now,
-                );
+                self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
                 stored_response(&done.response, operation_id, false)
             }
             Err(error) if error.is_final() => {
                 let _ = tx.rollback().await;
                 let response = problem_response(&error);
-                let completion = Completion {
-                    state: OperationState::Failed,
-                    response: &response,
-                    resource: None,
-                    external_ref: None,
-                    now: Timestamp::now(),
-                };
+                let completion = Completion::failed(&response);
                 match store::finish(&self.db, account_id, key, &token, &completion).await {
                     Ok(true) => {
                         telemetry::record_outcome("failed");
-                        self.remember(
-                            account_id,
-                            key.as_str(),
-                            operation_id,
-                            &operation.fingerprint,
-                            OperationState::Failed,
-                            &response,
-                            completion.now,
-                        );
+                        self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
                     Ok(false) => self.answer_current(&operation).await,

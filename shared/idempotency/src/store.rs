@@ -126,6 +126,19 @@ pub struct Completion<'a> {
     pub now: Timestamp,
 }
 
+impl<'a> Completion<'a> {
+    /// A final business failure: its problem answer, nothing made.
+    pub fn failed(response: &'a StoredResponse) -> Self {
+        Completion {
+            state: OperationState::Failed,
+            response,
+            resource: None,
+            external_ref: None,
+            now: Timestamp::now(),
+        }
+    }
+}
+
 const COMPLETE_SQL: &str = "UPDATE idempotency_operations SET state = $4, lease_token = NULL, locked_until = NULL, \
      response_status = $5, response_content_type = $6, response_location = $7, response_body = $8, \
      resource_type = $9, resource_id = $10, resource_url = $11, external_ref = $12, updated_at = $13 \
