@@ -14,6 +14,7 @@ async fn main() -> Result<(), Error> {
     platform::telemetry::init();
 
     let idempotency = IdempotencyConfig::from_env()?;
+    let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
     let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
 
     // One Ctrl-C stops every service; each lets its requests under way finish.
@@ -31,6 +32,7 @@ async fn main() -> Result<(), Error> {
     services.spawn(tickets::serve(
         tickets,
         idempotency,
+        tickets_policy,
         Some(tickets_listener),
         until_stopped(),
     ));

@@ -2,11 +2,13 @@
 //! validated commands they become (what the fingerprint hashes), and the
 //! resources the API answers with.
 
+use idempotency::approval::ApprovalSummary;
 use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 use validator::{Validate, ValidationError};
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+/// Ordered from least to most pressing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     Low,
@@ -129,6 +131,57 @@ impl From<CreateTicketBody> for CreateTicket {
             source_event_id: body.source_event_id,
             labels: body.labels.unwrap_or_default(),
         }
+    }
+}
+
+/// Which creates wait for a human (CONTRACT §6): none by default. With
+/// `TICKETS_APPROVAL_PRIORITY=urgent`, every urgent ticket does (with
+/// `high`, high and urgent ones) — an urgent ticket pages people.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TicketsPolicy {
+    /// Tickets at this priority or above need an approval.
+    pub approval_from: Option<Priority>,
+}
+
+impl TicketsPolicy {
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var("TICKETS_APPROVAL_PRIORITY")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            None => Ok(TicketsPolicy::default()),
+            Some(v) if v == "off" => Ok(TicketsPolicy::default()),
+            Some(v) => match Priority::parse(v.trim()) {
+                Some(priority) => Ok(TicketsPolicy {
+                    approval_from: Some(priority),
+                }),
+                None => Err(format!(
+                    "TICKETS_APPROVAL_PRIORITY `{v}` is not off, low, normal, high or urgent"
+                )),
+            },
+        }
+    }
+
+    /// `Some(what the approver judges)` when this create needs a human.
+    pub fn approval_for(&self, command: &CreateTicket) -> Option<ApprovalSummary> {
+        let from = self.approval_from?;
+        (command.priority >= from).then(|| ApprovalSummary {
+            action: format!("create a ticket with priority {}", command.priority.as_str()),
+            target: format!("project {}", command.project),
+            consequences: format!(
+                "a {} ticket is worked on (and, when urgent, pages the on-call engineer) as soon as it exists",
+                command.priority.as_str()
+            ),
+            identifiers: [
+                ("project", Some(command.project.clone())),
+                ("title", Some(command.title.clone())),
+                ("priority", Some(command.priority.as_str().to_owned())),
+                ("source_event_id", command.source_event_id.clone()),
+            ]
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|v| (name.to_owned(), v)))
+            .collect(),
+        })
     }
 }
 

@@ -10,6 +10,7 @@ pub mod routes;
 pub mod store;
 
 use axum::{Router, extract::FromRef};
+use domain::TicketsPolicy;
 use idempotency::{Idempotency, IdempotencyConfig};
 use platform::{Authenticator, Db, Migrations, config::ServiceConfig};
 use utoipa::OpenApi;
@@ -29,6 +30,8 @@ pub struct App {
     pub db: Db,
     pub idempotency: Idempotency,
     pub auth: Authenticator,
+    /// Which creates need a human's approval.
+    pub policy: TicketsPolicy,
 }
 
 impl FromRef<App> for Idempotency {
@@ -49,7 +52,13 @@ impl App {
             idempotency: Idempotency::new(db.clone(), idempotency),
             auth: Authenticator::new(db.clone(), sandbox),
             db,
+            policy: TicketsPolicy::default(),
         }
+    }
+
+    pub fn with_policy(mut self, policy: TicketsPolicy) -> Self {
+        self.policy = policy;
+        self
     }
 }
 
@@ -76,32 +85,37 @@ pub fn build_router(app: App) -> Router {
 }
 
 /// Connects, migrates, and serves on `config.listen` until `shutdown`
-/// resolves; the retention reaper runs beside it.
+/// resolves; the retention reaper, the attempt writer and the journal's
+/// chainer run beside it.
 pub async fn serve(
     config: ServiceConfig,
     idempotency: IdempotencyConfig,
+    policy: TicketsPolicy,
     listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     platform::prepare_sqlite_dir(&config.database_url)?;
     let db = Db::connect(&config.database_url, config.max_connections).await?;
     migrate(&db).await?;
-    let app = App::new(db.clone(), idempotency, config.sandbox);
+    let app = App::new(db.clone(), idempotency, config.sandbox).with_policy(policy);
     if !app.idempotency.config().enabled {
         tracing::warn!("RETRYSAFE_IDEMPOTENCY=off: no claims, no replays. For measuring the layer's cost only");
     }
     let reaper = app.idempotency.spawn_reaper();
     let attempt_writer = app.idempotency.spawn_attempt_writer();
+    let chainer = app.idempotency.spawn_journal_chainer();
     let listener = match listener {
         Some(listener) => listener,
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
-    tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, "tickets listening");
+    tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, approval_from = ?policy.approval_from, "tickets listening");
     let app_idempotency = app.idempotency.clone();
     let served = platform::serve(listener, build_router(app), shutdown).await;
     reaper.abort();
     attempt_writer.abort();
+    chainer.abort();
     app_idempotency.flush_attempts().await;
+    app_idempotency.flush_journal().await;
     db.close().await;
     Ok(served?)
 }

@@ -51,6 +51,7 @@ pub fn router() -> Router<App> {
     responses(
         (status = 201, description = "Created (`outcome: created`); `Idempotent-Replayed: true` on a replay", body = TicketCreated),
         (status = 200, description = "The ticket its source event already has (`outcome: matched_existing`)", body = TicketCreated),
+        (status = 202, description = "The tickets policy wants a human first: the approval request. Retry with the same key once approved", body = idempotency::approval::ApprovalRequested),
         (status = 400, description = "Invalid body or key; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`request_in_progress`: an attempt with this key is running", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: the key names a different request", body = platform::error::Problem, content_type = "application/problem+json"),
@@ -70,11 +71,18 @@ pub async fn create_ticket(
 /// parsed (and what the benchmark runs with no HTTP at all).
 pub async fn create(app: &App, principal: &Principal, key: IdempotencyHeaders, command: CreateTicket) -> Response {
     app.idempotency
-        .execute(Attempt::post(CREATE_TICKET, principal, key), &command, async |tx| {
-            let (ticket, outcome) = store::create_ticket(tx, &principal.account_id, &command).await?;
-            let (id, url) = (ticket.id.clone(), ticket.url());
-            Ok(Effect::json(outcome.status(), &TicketCreated { ticket, outcome }).with_resource("ticket", &id, url))
-        })
+        .execute(
+            Attempt::post(CREATE_TICKET, principal, key).approval(app.policy.approval_for(&command)),
+            &command,
+            async |tx| {
+                let (ticket, outcome) = store::create_ticket(tx, &principal.account_id, &command).await?;
+                let (id, url) = (ticket.id.clone(), ticket.url());
+                Ok(
+                    Effect::json(outcome.status(), &TicketCreated { ticket, outcome })
+                        .with_resource("ticket", &id, url),
+                )
+            },
+        )
         .await
 }
 

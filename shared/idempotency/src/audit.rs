@@ -9,8 +9,10 @@
 //! advisory lock held to the end of the transaction; SQLite: its one writer).
 //! [`verify`] checks a chain offline and names the first broken entry.
 //!
-//! Not yet wired into the request path: which events each outcome appends,
-//! and in which transaction, is decided with approvals (issue 3).
+//! How events reach the chain without serialising every write on it: see
+//! [`Journal`].
+
+use std::{sync::Mutex, time::Duration};
 
 use platform::{Db, Timestamp, Tx, on_pool, on_tx};
 use serde::{Deserialize, Serialize};
@@ -44,6 +46,8 @@ pub enum AuditEvent {
     Failed,
     Unknown,
     Reconciled,
+    /// A claim freed after a server error: nothing happened, the key may be claimed again.
+    Released,
 }
 
 impl AuditEvent {
@@ -64,6 +68,7 @@ impl AuditEvent {
             AuditEvent::Failed => "failed",
             AuditEvent::Unknown => "unknown",
             AuditEvent::Reconciled => "reconciled",
+            AuditEvent::Released => "released",
         }
     }
 
@@ -72,17 +77,18 @@ impl AuditEvent {
     }
 }
 
-/// What to record: who, which operation, what happened. Never an API key or a body.
-#[derive(Debug, Clone, Default)]
-pub struct Record<'a> {
-    pub account_id: &'a str,
-    pub principal_id: &'a str,
-    pub operation_id: Option<&'a str>,
-    pub idempotency_key: Option<&'a str>,
-    pub fingerprint: Option<&'a str>,
-    pub route: Option<&'a str>,
-    pub event: Option<AuditEvent>,
-    pub external_ref: Option<&'a str>,
+/// What to record: who, which operation, what happened, when. Never an API key or a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub account_id: String,
+    pub principal_id: String,
+    pub operation_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub fingerprint: Option<String>,
+    pub route: Option<String>,
+    pub event: AuditEvent,
+    pub external_ref: Option<String>,
+    pub at: Timestamp,
 }
 
 /// One entry of the journal, as stored and as exported (one JSON object a line).
@@ -141,106 +147,358 @@ impl AuditEntry {
     }
 }
 
-/// Appends `record` to the journal inside `tx`, so the entry commits (or not)
-/// with what it records.
-pub async fn append(tx: &mut Tx, record: &Record<'_>) -> Result<AuditEntry, sqlx::Error> {
-    let event = record
-        .event
-        .ok_or_else(|| sqlx::Error::Protocol("an audit record needs an event".into()))?;
+/// Records the events of a transition inside the transaction that makes it
+/// (the claim, the completion, a decision), so they commit — or not — with
+/// what they record. They wait in `audit_inbox` until the [`Journal`]'s
+/// chainer links them; no writer waits for another on the chain.
+pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "INSERT INTO audit_inbox (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
+         event, external_ref, at) VALUES {}",
+        placeholders(records.len(), 9)
+    );
+    on_tx!(tx, |conn| {
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+        for r in records {
+            query = query
+                .bind(&r.account_id)
+                .bind(&r.principal_id)
+                .bind(r.operation_id.as_deref())
+                .bind(r.idempotency_key.as_deref())
+                .bind(r.fingerprint.as_deref())
+                .bind(r.route.as_deref())
+                .bind(r.event.as_str())
+                .bind(r.external_ref.as_deref())
+                .bind(r.at);
+        }
+        query.execute(conn).await?;
+    });
+    Ok(())
+}
+
+/// Appends `records` to the chain inside `tx`, in the order given: each
+/// entry's `prev_hash` is the hash of the one before. Appenders are
+/// serialised (PostgreSQL: an advisory lock held to the end of `tx`;
+/// SQLite: its one writer), and `UNIQUE (prev_hash)` refuses a fork even if
+/// they were not.
+pub async fn append(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    lock_chain(tx).await?;
+    append_locked(tx, records).await
+}
+
+/// Appends `records` in a transaction of their own.
+pub async fn append_now(db: &Db, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let entries = append(&mut tx, records).await?;
+    tx.commit().await?;
+    Ok(entries)
+}
+
+async fn lock_chain(tx: &mut Tx) -> Result<(), sqlx::Error> {
     if let Tx::Postgres(pg) = tx {
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(CHAIN_LOCK)
             .execute(&mut **pg)
             .await?;
     }
+    Ok(())
+}
+
+/// Rows per INSERT: 12 parameters each stays far below both backends' limits.
+const APPEND_CHUNK: usize = 500;
+
+async fn append_locked(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
     let last: Option<(i64, String)> = on_tx!(tx, |conn| {
         sqlx::query_as("SELECT seq, hash FROM audit_journal ORDER BY seq DESC LIMIT 1")
             .fetch_optional(conn)
             .await?
     });
-    let (seq, prev_hash) = match last {
-        Some((seq, hash)) => (seq + 1, hash),
-        None => (1, GENESIS.to_owned()),
-    };
-    let mut entry = AuditEntry {
-        seq,
-        account_id: record.account_id.to_owned(),
-        principal_id: record.principal_id.to_owned(),
-        operation_id: record.operation_id.map(str::to_owned),
-        idempotency_key: record.idempotency_key.map(str::to_owned),
-        fingerprint: record.fingerprint.map(str::to_owned),
-        route: record.route.map(str::to_owned),
-        event,
-        external_ref: record.external_ref.map(str::to_owned),
-        at: Timestamp::now(),
-        prev_hash,
-        hash: String::new(),
-    };
-    entry.hash = entry.computed_hash();
-    on_tx!(tx, |conn| {
-        sqlx::query(
+    let (mut seq, mut prev_hash) = last.unwrap_or((0, GENESIS.to_owned()));
+    let mut entries = Vec::with_capacity(records.len());
+    for record in records {
+        seq += 1;
+        let mut entry = AuditEntry {
+            seq,
+            account_id: record.account_id.clone(),
+            principal_id: record.principal_id.clone(),
+            operation_id: record.operation_id.clone(),
+            idempotency_key: record.idempotency_key.clone(),
+            fingerprint: record.fingerprint.clone(),
+            route: record.route.clone(),
+            event: record.event,
+            external_ref: record.external_ref.clone(),
+            at: record.at,
+            prev_hash: std::mem::take(&mut prev_hash),
+            hash: String::new(),
+        };
+        entry.hash = entry.computed_hash();
+        prev_hash = entry.hash.clone();
+        entries.push(entry);
+    }
+    for chunk in entries.chunks(APPEND_CHUNK) {
+        let sql = format!(
             "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, \
-             route, event, external_ref, at, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        )
-        .bind(entry.seq)
-        .bind(&entry.account_id)
-        .bind(&entry.principal_id)
-        .bind(entry.operation_id.as_deref())
-        .bind(entry.idempotency_key.as_deref())
-        .bind(entry.fingerprint.as_deref())
-        .bind(entry.route.as_deref())
-        .bind(entry.event.as_str())
-        .bind(entry.external_ref.as_deref())
-        .bind(entry.at)
-        .bind(&entry.prev_hash)
-        .bind(&entry.hash)
-        .execute(conn)
-        .await?;
-    });
-    Ok(entry)
+             route, event, external_ref, at, prev_hash, hash) VALUES {}",
+            placeholders(chunk.len(), 12)
+        );
+        on_tx!(tx, |conn| {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+            for e in chunk {
+                query = query
+                    .bind(e.seq)
+                    .bind(&e.account_id)
+                    .bind(&e.principal_id)
+                    .bind(e.operation_id.as_deref())
+                    .bind(e.idempotency_key.as_deref())
+                    .bind(e.fingerprint.as_deref())
+                    .bind(e.route.as_deref())
+                    .bind(e.event.as_str())
+                    .bind(e.external_ref.as_deref())
+                    .bind(e.at)
+                    .bind(&e.prev_hash)
+                    .bind(&e.hash);
+            }
+            query.execute(conn).await?;
+        });
+    }
+    Ok(entries)
 }
 
-/// Appends `record` in a transaction of its own.
-pub async fn append_now(db: &Db, record: &Record<'_>) -> Result<AuditEntry, sqlx::Error> {
+/// `($1, …, $cols), ($cols+1, …)`: `rows` groups of `cols` numbered placeholders.
+fn placeholders(rows: usize, cols: usize) -> String {
+    (0..rows)
+        .map(|row| {
+            let group: Vec<String> = (1..=cols).map(|col| format!("${}", row * cols + col)).collect();
+            format!("({})", group.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How often the chainer links what is waiting, at the latest.
+const CHAIN_EVERY: Duration = Duration::from_millis(50);
+
+/// The journal of one service database: links recorded transitions
+/// (`audit_inbox`) and observed attempts into the chain, in batches.
+///
+/// Two kinds of events, two kinds of durability:
+/// - a **transition** (claimed, completed, failed, approval_requested,
+///   approved, rejected, expired, …) is recorded by [`record`] in the
+///   transaction that makes it: never lost, never recorded for a change that
+///   rolled back;
+/// - an **observation** (an attempt answered from what is stored: replayed,
+///   key_reused, in_progress) changes nothing, so it is queued in memory
+///   ([`Journal::observe`]) and never makes a replay wait for a write. A crash
+///   loses at most the observations of the last round (~50 ms).
+///
+/// A round takes the queued observations *first*, then reads the inbox: an
+///  observation saw a state that had committed before it, so its cause is in
+/// this round or an earlier one, and sorting a round by time puts it after.
+#[derive(Debug, Default)]
+pub struct Journal {
+    observed: Mutex<Vec<Record>>,
+    wake: tokio::sync::Notify,
+    /// One round at a time in this process (the chain lock orders processes).
+    round: tokio::sync::Mutex<()>,
+}
+
+impl Journal {
+    /// Queues observations; never waits.
+    pub fn observe(&self, records: impl IntoIterator<Item = Record>) {
+        self.observed.lock().unwrap_or_else(|p| p.into_inner()).extend(records);
+        self.wake.notify_one();
+    }
+
+    /// Asks for a round soon: a transition was just recorded.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// One round: links everything waiting into the chain. Returns how many
+    /// entries it appended. On failure the observations are queued again.
+    pub async fn chain_pending(&self, db: &Db) -> Result<usize, sqlx::Error> {
+        let _one_round = self.round.lock().await;
+        let observed = std::mem::take(&mut *self.observed.lock().unwrap_or_else(|p| p.into_inner()));
+        let linked = link(db, &observed).await;
+        if linked.is_err() {
+            let mut queue = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+            let newer = std::mem::replace(&mut *queue, observed);
+            queue.extend(newer);
+        }
+        linked
+    }
+
+    /// Chains shortly after events arrive, and every [`CHAIN_EVERY`] for
+    /// transitions other processes (or this one) recorded.
+    pub async fn chain_continuously(&self, db: &Db) {
+        loop {
+            let _ = tokio::time::timeout(CHAIN_EVERY, self.wake.notified()).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if let Err(e) = self.chain_pending(db).await {
+                tracing::warn!(error = %e, "could not link audit events; they wait for the next round");
+            }
+        }
+    }
+}
+
+async fn link(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
     let mut tx = db.begin().await?;
-    let entry = append(&mut tx, record).await?;
+    // before reading the inbox, so that two processes' rounds never interleave
+    lock_chain(&mut tx).await?;
+    let inbox = read_inbox(&mut tx).await?;
+    if inbox.is_empty() && observed.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    let ids: Vec<i64> = inbox.iter().map(|(id, _)| *id).collect();
+    let mut batch: Vec<Record> = inbox
+        .into_iter()
+        .map(|(_, r)| r)
+        .chain(observed.iter().cloned())
+        .collect();
+    // stable: events of one transaction share a time and keep their order
+    batch.sort_by_key(|r| r.at);
+    append_locked(&mut tx, &batch).await?;
+    match &mut tx {
+        Tx::Postgres(pg) => {
+            sqlx::query("DELETE FROM audit_inbox WHERE id = ANY($1)")
+                .bind(&ids)
+                .execute(&mut **pg)
+                .await?;
+        }
+        // SQLite's one writer is this transaction: no row can have arrived since the read
+        Tx::Sqlite(lite) => {
+            sqlx::query("DELETE FROM audit_inbox WHERE id <= $1")
+                .bind(ids.iter().max().copied().unwrap_or(0))
+                .execute(&mut **lite)
+                .await?;
+        }
+    }
     tx.commit().await?;
-    Ok(entry)
+    Ok(batch.len())
 }
 
-/// Every entry after `after_seq`, in chain order, at most `limit`.
-pub async fn entries(db: &Db, after_seq: i64, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    let rows = on_pool!(db.read(), |pool| {
+async fn read_inbox(tx: &mut Tx) -> Result<Vec<(i64, Record)>, sqlx::Error> {
+    Ok(on_tx!(tx, |conn| {
         sqlx::query(
-            "SELECT seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
-             external_ref, at, prev_hash, hash FROM audit_journal WHERE seq > $1 ORDER BY seq LIMIT $2",
+            "SELECT id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
+             external_ref, at FROM audit_inbox ORDER BY id",
         )
-        .bind(after_seq)
-        .bind(limit)
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await?
         .iter()
         .map(|row| {
             let event: String = row.try_get("event")?;
-            Ok::<_, sqlx::Error>(AuditEntry {
-                seq: row.try_get("seq")?,
-                account_id: row.try_get("account_id")?,
-                principal_id: row.try_get("principal_id")?,
-                operation_id: row.try_get("operation_id")?,
-                idempotency_key: row.try_get("idempotency_key")?,
-                fingerprint: row.try_get("fingerprint")?,
-                route: row.try_get("route")?,
-                event: AuditEvent::parse(&event)
-                    .ok_or_else(|| sqlx::Error::Decode(format!("audit_journal: unknown event `{event}`").into()))?,
-                external_ref: row.try_get("external_ref")?,
-                at: row.try_get("at")?,
-                prev_hash: row.try_get("prev_hash")?,
-                hash: row.try_get("hash")?,
-            })
+            Ok::<_, sqlx::Error>((
+                row.try_get("id")?,
+                Record {
+                    account_id: row.try_get("account_id")?,
+                    principal_id: row.try_get("principal_id")?,
+                    operation_id: row.try_get("operation_id")?,
+                    idempotency_key: row.try_get("idempotency_key")?,
+                    fingerprint: row.try_get("fingerprint")?,
+                    route: row.try_get("route")?,
+                    event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
+                    external_ref: row.try_get("external_ref")?,
+                    at: row.try_get("at")?,
+                },
+            ))
         })
         .collect::<Result<Vec<_>, _>>()?
-    });
-    Ok(rows)
+    }))
+}
+
+fn unknown_event(event: &str) -> sqlx::Error {
+    sqlx::Error::Decode(format!("audit: unknown event `{event}`").into())
+}
+
+/// Which entries of one account to read (`GET /v1/audit`).
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    pub operation_id: Option<String>,
+    pub event: Option<AuditEvent>,
+    /// At or after.
+    pub since: Option<Timestamp>,
+    /// Before.
+    pub until: Option<Timestamp>,
+}
+
+const ENTRY_COLUMNS: &str = "seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
+     external_ref, at, prev_hash, hash";
+
+/// Every entry after `after_seq`, in chain order, at most `limit`: the whole
+/// journal, every account, for export and verification.
+pub async fn entries(db: &Db, after_seq: i64, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let sql = format!("SELECT {ENTRY_COLUMNS} FROM audit_journal WHERE seq > $1 ORDER BY seq LIMIT $2");
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(after_seq)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(decode_entry)
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+/// One account's entries after `after_seq` that pass `filter`, in chain order.
+pub async fn find(
+    db: &Db,
+    account_id: &str,
+    filter: &AuditFilter,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {ENTRY_COLUMNS} FROM audit_journal WHERE account_id = $1 AND seq > $2 \
+         AND ($3 IS NULL OR operation_id = $3) AND ($4 IS NULL OR event = $4) \
+         AND ($5 IS NULL OR at >= $5) AND ($6 IS NULL OR at < $6) ORDER BY seq LIMIT $7"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(after_seq)
+            .bind(filter.operation_id.as_deref())
+            .bind(filter.event.map(AuditEvent::as_str))
+            .bind(filter.since)
+            .bind(filter.until)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(decode_entry)
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+fn decode_entry<R>(row: &R) -> Result<AuditEntry, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let event: String = row.try_get("event")?;
+    Ok(AuditEntry {
+        seq: row.try_get("seq")?,
+        account_id: row.try_get("account_id")?,
+        principal_id: row.try_get("principal_id")?,
+        operation_id: row.try_get("operation_id")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        fingerprint: row.try_get("fingerprint")?,
+        route: row.try_get("route")?,
+        event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
+        external_ref: row.try_get("external_ref")?,
+        at: row.try_get("at")?,
+        prev_hash: row.try_get("prev_hash")?,
+        hash: row.try_get("hash")?,
+    })
 }
 
 /// Where a chain breaks, and why.
@@ -251,10 +509,55 @@ pub struct ChainBreak {
     pub reason: &'static str,
 }
 
+/// The last entry of a chain: what an operator pins (writes down elsewhere)
+/// so that a later verification can tell a journal that lost its tail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub seq: i64,
+    pub hash: String,
+}
+
+impl std::fmt::Display for Head {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.seq, self.hash)
+    }
+}
+
+impl std::str::FromStr for Head {
+    type Err = String;
+    /// `SEQ:HASH`, as [`Display`](std::fmt::Display) prints it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (seq, hash) = s.split_once(':').ok_or("a head is `SEQ:HASH`")?;
+        let seq = seq.parse().map_err(|_| format!("`{seq}` is not an entry number"))?;
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("`{hash}` is not a SHA-256 in hex"));
+        }
+        Ok(Head {
+            seq,
+            hash: hash.to_ascii_lowercase(),
+        })
+    }
+}
+
+/// What a verification found: how many entries hold, and the head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub entries: u64,
+    /// `None` for an empty journal.
+    pub head: Option<Head>,
+}
+
 /// Checks a whole chain, in order from its first entry: each entry follows
-/// the one before it, links to its hash, and hashes to what it says.
-pub fn verify<'a>(entries: impl IntoIterator<Item = &'a AuditEntry>) -> Result<u64, ChainBreak> {
+/// the one before it, links to its hash, and hashes to what it says. With
+/// `pinned` (a head written down earlier), the chain must still contain that
+/// entry unchanged: a chain cut below it, or rewritten up to it, is broken —
+/// the one tampering a chain alone cannot show.
+pub fn verify<'a>(
+    entries: impl IntoIterator<Item = &'a AuditEntry>,
+    pinned: Option<&Head>,
+) -> Result<Verified, ChainBreak> {
     let (mut expected_seq, mut prev_hash, mut checked) = (1_i64, GENESIS.to_owned(), 0_u64);
+    let mut pinned_seen = false;
     for entry in entries {
         let broken = |reason| ChainBreak { seq: entry.seq, reason };
         if entry.seq != expected_seq {
@@ -266,15 +569,35 @@ pub fn verify<'a>(entries: impl IntoIterator<Item = &'a AuditEntry>) -> Result<u
         if entry.computed_hash() != entry.hash {
             return Err(broken("its fields do not hash to its hash"));
         }
+        if let Some(pin) = pinned.filter(|pin| pin.seq == entry.seq) {
+            if pin.hash != entry.hash {
+                return Err(broken(
+                    "it is not the entry that was pinned: the chain was rewritten up to here",
+                ));
+            }
+            pinned_seen = true;
+        }
         prev_hash = entry.hash.clone();
         expected_seq += 1;
         checked += 1;
     }
-    Ok(checked)
+    if let Some(pin) = pinned.filter(|_| !pinned_seen) {
+        return Err(ChainBreak {
+            seq: pin.seq,
+            reason: "the journal ends before the pinned head: its tail was cut",
+        });
+    }
+    Ok(Verified {
+        entries: checked,
+        head: (checked > 0).then(|| Head {
+            seq: expected_seq - 1,
+            hash: prev_hash,
+        }),
+    })
 }
 
-/// Verifies the whole journal in `db`, reading it in pages.
-pub async fn verify_database(db: &Db) -> Result<Result<u64, ChainBreak>, sqlx::Error> {
+/// Reads the whole journal in `db`, in pages.
+pub async fn all_entries(db: &Db) -> Result<Vec<AuditEntry>, sqlx::Error> {
     let (mut after, mut all) = (0_i64, Vec::new());
     loop {
         let page = entries(db, after, 10_000).await?;
@@ -282,7 +605,7 @@ pub async fn verify_database(db: &Db) -> Result<Result<u64, ChainBreak>, sqlx::E
         after = last.seq;
         all.extend(page);
     }
-    Ok(verify(&all))
+    Ok(all)
 }
 
 /// The journal as JSON lines: one entry a line, in chain order.

@@ -13,9 +13,14 @@ use serde::Serialize;
 
 use crate::{
     ClaimMode, Idempotency,
+    approval::{
+        self, ApprovalRecord, ApprovalRequested, ApprovalState, ApprovalSummary, ExecutionCheck, new_approval_id,
+        refusal,
+    },
+    audit::{self, AuditEvent, Record},
     fingerprint::Fingerprint,
     key::{IdempotencyHeaders, IdempotencyKey},
-    operation::{OperationRecord, OperationState, ResourceRef, StoredResponse, new_operation_id},
+    operation::{OperationRecord, OperationState, ResourceRef, StoredResponse, new_operation_id, status_url},
     replay_cache::CachedAnswer,
     store::{self, Completion, NewOperation},
 };
@@ -26,7 +31,8 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// How often a duplicate that was asked to wait (`Prefer: wait`) looks again.
 const WAIT_POLL: Duration = Duration::from_millis(25);
 
-/// One request that carries an idempotency key: who sent it, to which route.
+/// One request that carries an idempotency key: who sent it, to which route,
+/// and whether the route's policy wants a human to approve it first.
 #[derive(Debug)]
 pub struct Attempt<'a> {
     pub principal: &'a Principal,
@@ -34,6 +40,10 @@ pub struct Attempt<'a> {
     pub method: &'static str,
     /// The route *template*, e.g. `/v1/tickets/{ticket_id}/comments`.
     pub route: &'static str,
+    /// `Some`: the operation waits for an approver before it runs (CONTRACT §6).
+    pub approval: Option<ApprovalSummary>,
+    /// When this attempt arrived: the time of its `attempted` journal entry.
+    pub started: Timestamp,
 }
 
 impl<'a> Attempt<'a> {
@@ -43,6 +53,46 @@ impl<'a> Attempt<'a> {
             headers,
             method: "POST",
             route,
+            approval: None,
+            started: Timestamp::now(),
+        }
+    }
+
+    /// What the route's policy decided for this command: `Some(summary)` when
+    /// a human must approve it, with what the human is to judge.
+    pub fn approval(mut self, policy: Option<ApprovalSummary>) -> Self {
+        self.approval = policy;
+        self
+    }
+
+    /// A journal record of this attempt about `operation_id`.
+    fn audit(&self, event: AuditEvent, operation_id: Option<&str>, fingerprint: &Fingerprint, at: Timestamp) -> Record {
+        Record {
+            account_id: self.principal.account_id.clone(),
+            principal_id: self.principal.principal_id.clone(),
+            operation_id: operation_id.map(str::to_owned),
+            idempotency_key: Some(self.headers.key.as_str().to_owned()),
+            fingerprint: Some(fingerprint.as_str().to_owned()),
+            route: Some(self.route.to_owned()),
+            event,
+            external_ref: None,
+            at,
+        }
+    }
+
+    fn new_operation<'b>(&'b self, fingerprint: &'b Fingerprint, lease: Duration) -> NewOperation<'b> {
+        let now = Timestamp::now();
+        NewOperation {
+            account_id: &self.principal.account_id,
+            key: &self.headers.key,
+            operation_id: new_operation_id(),
+            principal_id: &self.principal.principal_id,
+            method: self.method,
+            route: self.route,
+            fingerprint,
+            lease_token: new_lease_token(),
+            locked_until: now.plus(lease),
+            now,
         }
     }
 }
@@ -58,12 +108,7 @@ impl Effect {
     /// A JSON answer with `status`.
     pub fn json(status: StatusCode, body: &impl Serialize) -> Self {
         Effect {
-            response: StoredResponse {
-                status,
-                content_type: "application/json".into(),
-                location: None,
-                body: serde_json::to_vec(body).unwrap_or_default(),
-            },
+            response: json_response(status, body),
             resource: None,
         }
     }
@@ -81,12 +126,26 @@ impl Effect {
     }
 }
 
+fn json_response(status: StatusCode, body: &impl Serialize) -> StoredResponse {
+    StoredResponse {
+        status,
+        content_type: "application/json".into(),
+        location: None,
+        body: serde_json::to_vec(body).unwrap_or_default(),
+    }
+}
+
 /// Where an attempt stands after looking at an existing operation.
 enum Decision {
     /// Answer the client with this; nothing runs.
     Answer(Response),
-    /// This attempt took the lease over and runs the operation.
-    Run(Box<OperationRecord>),
+    /// This attempt holds the operation now (a dead holder's lease, or an
+    /// approved operation) and runs it. `opening`: journal records to commit
+    /// with its outcome.
+    Run {
+        operation: Box<OperationRecord>,
+        opening: Vec<Record>,
+    },
     /// The operation disappeared under us (reaped, or freed): claim again.
     Vanished,
 }
@@ -106,6 +165,10 @@ impl Idempotency {
     /// rolled back), but only one run ever commits. It is `Clone` (closures
     /// that borrow their inputs are) so that an attempt that finds a dead
     /// holder's lease can run it again.
+    ///
+    /// Every attempt is journaled: the transitions it makes in the
+    /// transaction that makes them, what it merely observed in memory (see
+    /// [`audit::Journal`]).
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,
@@ -117,22 +180,30 @@ impl Idempotency {
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
         if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
-            return self.replay_cached(&answer, account_id, &attempt.headers.key, &fingerprint);
+            return self.replay_cached(&attempt, &answer, &fingerprint);
+        }
+        if let Some(summary) = &attempt.approval {
+            return self.request_approval(&attempt, &fingerprint, summary, effect).await;
         }
         if self.config.claim == ClaimMode::InTransaction {
             return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
         }
-        let owned = match self.claim_or_decide(&attempt, &fingerprint).await {
-            Ok(Decision::Run(operation)) => *operation,
-            Ok(Decision::Answer(response)) => return response,
-            Ok(Decision::Vanished) => {
-                return ApiError::internal("the operation kept disappearing while it was claimed").into_response();
+        match self.claim_or_decide(&attempt, &fingerprint).await {
+            Ok(Decision::Run { operation, opening }) => {
+                telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
+                fail_point("idempotency::after_claim").await;
+                self.run(&attempt, *operation, effect, opening).await
             }
-            Err(error) => return error.into_response(),
-        };
-        telemetry::record_operation(&owned.operation_id, fingerprint.as_str());
-        fail_point("idempotency::after_claim").await;
-        self.run(owned, effect).await
+            Ok(Decision::Answer(response)) => response,
+            Ok(Decision::Vanished) => {
+                ApiError::internal("the operation kept disappearing while it was claimed").into_response()
+            }
+            Err(error) => {
+                self.journal
+                    .observe([attempt.audit(AuditEvent::Attempted, None, &fingerprint, attempt.started)]);
+                error.into_response()
+            }
+        }
     }
 
     /// [`ClaimMode::InTransaction`]: the attempt runs its effect and then
@@ -145,32 +216,22 @@ impl Idempotency {
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         let (principal, key) = (attempt.principal, &attempt.headers.key);
-        let now = Timestamp::now();
-        let new = NewOperation {
-            account_id: &principal.account_id,
-            key,
-            operation_id: new_operation_id(),
-            principal_id: &principal.principal_id,
-            method: attempt.method,
-            route: attempt.route,
-            fingerprint,
-            lease_token: String::new(),
-            locked_until: now,
-            now,
-        };
+        // The lease fields are not used: a claim that finishes in its own
+        // transaction is never seen running.
+        let new = attempt.new_operation(fingerprint, self.config.lease);
+        let operation_id = new.operation_id.as_str();
         // A transaction never outlives the lease: a hung effect would hold its
         // locks (on SQLite, the one writer) for every other request.
         let attempt_in_transaction = async {
-            let operation_id = new.operation_id.as_str();
             let mut tx = match self.db.begin().await {
                 Ok(tx) => tx,
-                Err(e) => return ApiError::from(e).into_response(),
+                Err(e) => return self.server_error_unclaimed(attempt, fingerprint, e.into()),
             };
             // A duplicate that waited for the write lock while the first attempt
             // committed finds its answer here, and never starts the effect.
             if let Some(answer) = self.replay_cache.get(&principal.account_id, key.as_str()) {
                 let _ = tx.rollback().await;
-                return self.replay_cached(&answer, &principal.account_id, key, fingerprint);
+                return self.replay_cached(attempt, &answer, fingerprint);
             }
             // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
             match effect.clone()(&mut tx).await {
@@ -182,6 +243,11 @@ impl Idempotency {
                         external_ref: None,
                         now: Timestamp::now(),
                     };
+                    let journaled = [
+                        new.audit(AuditEvent::Attempted, attempt.started),
+                        new.audit(AuditEvent::Claimed, completion.now),
+                        new.audit(AuditEvent::Completed, completion.now),
+                    ];
                     match store::claim_finished(&mut tx, &new, &completion).await {
                         Ok(true) => {}
                         Ok(false) => {
@@ -191,14 +257,19 @@ impl Idempotency {
                         }
                         Err(e) => {
                             let _ = tx.rollback().await;
-                            return ApiError::from(e).into_response();
+                            return self.server_error_unclaimed(attempt, fingerprint, e.into());
                         }
+                    }
+                    if let Err(e) = audit::record(&mut tx, &journaled).await {
+                        let _ = tx.rollback().await;
+                        return self.server_error_unclaimed(attempt, fingerprint, e.into());
                     }
                     fail_point("idempotency::after_claim").await;
                     fail_point("idempotency::before_commit").await;
                     if let Err(e) = tx.commit().await {
                         return commit_failed(e);
                     }
+                    self.journal.wake();
                     telemetry::record_operation(operation_id, fingerprint.as_str());
                     telemetry::record_outcome("created");
                     self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
@@ -208,7 +279,12 @@ impl Idempotency {
                     let _ = tx.rollback().await;
                     let response = problem_response(&error);
                     let completion = Completion::failed(&response);
-                    match store::claim_finished_without_effect(&self.db, &new, &completion).await {
+                    let journaled = [
+                        new.audit(AuditEvent::Attempted, attempt.started),
+                        new.audit(AuditEvent::Claimed, completion.now),
+                        new.audit(AuditEvent::Failed, completion.now),
+                    ];
+                    match self.claim_finished_alone(&new, &completion, &journaled).await {
                         Ok(true) => {
                             telemetry::record_operation(operation_id, fingerprint.as_str());
                             telemetry::record_outcome("failed");
@@ -216,7 +292,7 @@ impl Idempotency {
                             with_retry_after(stored_response(&response, operation_id, false), &error)
                         }
                         Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
-                        Err(e) => ApiError::from(e).into_response(),
+                        Err(e) => self.server_error_unclaimed(attempt, fingerprint, e.into()),
                     }
                 }
                 Err(error) => {
@@ -224,45 +300,184 @@ impl Idempotency {
                     // A duplicate's effect may fail because the first attempt's
                     // committed effect is in its way: if the key is taken, answer as
                     // a duplicate. Otherwise nothing was claimed, and a retry starts afresh.
-                    match self.find_and_count(&principal.account_id, key).await {
-                        Ok(Some(existing)) => {
-                            match self.decide(existing, fingerprint, attempt.headers.wait, false).await {
-                                Ok(Decision::Answer(response)) => response,
-                                _ => error.into_response(),
-                            }
-                        }
-                        _ => error.into_response(),
+                    if let Ok(Some(existing)) = self.find_and_count(&principal.account_id, key).await
+                        && let Ok(Decision::Answer(response)) = self.decide(attempt, existing, fingerprint, false).await
+                    {
+                        return response;
                     }
+                    self.server_error_unclaimed(attempt, fingerprint, error)
                 }
             }
         };
         match tokio::time::timeout(self.config.lease, attempt_in_transaction).await {
             Ok(response) => response,
-            Err(_) => ApiError::internal("the effect's transaction outlived the lease")
-                .with_detail(
+            Err(_) => self.server_error_unclaimed(
+                attempt,
+                fingerprint,
+                ApiError::internal("the effect's transaction outlived the lease").with_detail(
                     "the operation took too long and was rolled back; nothing was committed. Retry with the same key",
-                )
-                .into_response(),
+                ),
+            ),
+        }
+    }
+
+    /// A server error before anything was claimed: the attempt is journaled
+    /// (nothing else happened), and the client may retry with the same key.
+    fn server_error_unclaimed(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, error: ApiError) -> Response {
+        self.journal
+            .observe([attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started)]);
+        telemetry::record_outcome("server_error");
+        error.into_response()
+    }
+
+    /// Claims a key with a finished answer and journals it, in a transaction
+    /// of its own: a first attempt whose effect failed (and was rolled back)
+    /// with a final business failure.
+    async fn claim_finished_alone(
+        &self,
+        new: &NewOperation<'_>,
+        completion: &Completion<'_>,
+        journaled: &[Record],
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.db.begin().await?;
+        if !store::claim_finished(&mut tx, new, completion).await? {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        audit::record(&mut tx, journaled).await?;
+        tx.commit().await?;
+        self.journal.wake();
+        Ok(true)
+    }
+
+    /// Completes an operation this attempt holds, with no effect to commit
+    /// beside it (a final failure, a refused approval), and journals it.
+    /// `false`: the lease was lost.
+    async fn complete_alone(
+        &self,
+        operation: &OperationRecord,
+        token: &str,
+        completion: &Completion<'_>,
+        journaled: &[Record],
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.db.begin().await?;
+        if !store::complete(&mut tx, &operation.account_id, &operation.key, token, completion).await? {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        audit::record(&mut tx, journaled).await?;
+        tx.commit().await?;
+        self.journal.wake();
+        Ok(true)
+    }
+
+    /// A route whose policy wants a human: the attempt claims the key as
+    /// `awaiting_approval`, with the approval record and its 202 answer, in
+    /// one transaction. A retry finds the operation and is answered by
+    /// [`Self::decide`]: the same 202 while it waits, the run once approved.
+    async fn request_approval<F>(
+        &self,
+        attempt: &Attempt<'_>,
+        fingerprint: &Fingerprint,
+        summary: &ApprovalSummary,
+        effect: F,
+    ) -> Response
+    where
+        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+    {
+        let new = attempt.new_operation(fingerprint, self.config.lease);
+        let approval = ApprovalRecord {
+            seq: 0,
+            approval_id: new_approval_id(),
+            account_id: attempt.principal.account_id.clone(),
+            operation_id: new.operation_id.clone(),
+            idempotency_key: attempt.headers.key.as_str().to_owned(),
+            route: attempt.route.to_owned(),
+            fingerprint: fingerprint.clone(),
+            summary: summary.clone(),
+            requested_by: attempt.principal.principal_id.clone(),
+            created_at: new.now,
+            expires_at: new.now.plus(self.config.approval_ttl),
+            decision: None,
+            decided_by: None,
+            decided_at: None,
+        };
+        let mut answer = json_response(
+            StatusCode::ACCEPTED,
+            &ApprovalRequested {
+                approval_id: approval.approval_id.clone(),
+                operation_id: new.operation_id.clone(),
+                idempotency_key: approval.idempotency_key.clone(),
+                fingerprint: fingerprint.as_str().to_owned(),
+                state: OperationState::AwaitingApproval,
+                summary: summary.clone(),
+                expires_at: approval.expires_at,
+                status_url: status_url(&new.operation_id),
+                approval_url: approval.url(),
+            },
+        );
+        answer.location = Some(status_url(&new.operation_id));
+        let journaled = [
+            new.audit(AuditEvent::Attempted, attempt.started),
+            new.audit(AuditEvent::Claimed, new.now),
+            new.audit(AuditEvent::ApprovalRequested, new.now),
+        ];
+        let claimed = async {
+            let mut tx = self.db.begin().await?;
+            if !store::claim_awaiting_approval(&mut tx, &new, &answer, &approval.approval_id).await? {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            approval::insert(&mut tx, &approval).await?;
+            audit::record(&mut tx, &journaled).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(true)
+        };
+        match claimed.await {
+            Ok(true) => {
+                self.journal.wake();
+                telemetry::record_operation(&new.operation_id, fingerprint.as_str());
+                telemetry::record_outcome("awaiting_approval");
+                stored_response(&answer, &new.operation_id, false)
+            }
+            Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
+            Err(e) => self.server_error_unclaimed(attempt, fingerprint, e.into()),
         }
     }
 
     /// The answer to a retry whose operation is in the replay cache.
-    fn replay_cached(
-        &self,
-        answer: &CachedAnswer,
-        account_id: &str,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-    ) -> Response {
+    fn replay_cached(&self, attempt: &Attempt<'_>, answer: &CachedAnswer, fingerprint: &Fingerprint) -> Response {
+        let (account_id, key) = (&attempt.principal.account_id, &attempt.headers.key);
         self.attempts.count(account_id, key.as_str());
         telemetry::record_operation(&answer.operation_id, fingerprint.as_str());
-        if &answer.fingerprint == fingerprint {
+        let replayed = &answer.fingerprint == fingerprint;
+        let outcome = if replayed {
+            AuditEvent::Replayed
+        } else {
+            AuditEvent::KeyReused
+        };
+        self.observe(attempt, &answer.operation_id, fingerprint, Some(outcome));
+        if replayed {
             telemetry::record_outcome("replayed");
             stored_response(&answer.response, &answer.operation_id, true)
         } else {
             telemetry::record_outcome("key_reused");
             key_reused(&answer.operation_id, answer.state)
         }
+    }
+
+    /// Journals an attempt answered from what is stored: `attempted`, then what it was told.
+    fn observe(
+        &self,
+        attempt: &Attempt<'_>,
+        operation_id: &str,
+        fingerprint: &Fingerprint,
+        outcome: Option<AuditEvent>,
+    ) {
+        let now = Timestamp::now();
+        let attempted = attempt.audit(AuditEvent::Attempted, Some(operation_id), fingerprint, attempt.started);
+        let told = outcome.map(|event| attempt.audit(event, Some(operation_id), fingerprint, now));
+        self.journal.observe(std::iter::once(attempted).chain(told));
     }
 
     /// Keeps a finished answer for replays from memory.
@@ -300,48 +515,59 @@ impl Idempotency {
 
     /// The answer for an attempt that found its key taken: whatever the
     /// operation stored, 409 while it runs — or, when its holder died and the
-    /// lease ran out, this attempt takes it over and runs the effect again.
+    /// lease ran out (or a human approved it), this attempt runs the effect.
     async fn answer_taken_key<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         let account_id = &attempt.principal.account_id;
-        match self.find_and_count(account_id, &attempt.headers.key).await {
-            Ok(Some(existing)) => match self.decide(existing, fingerprint, attempt.headers.wait, true).await {
-                Ok(Decision::Answer(response)) => response,
-                Ok(Decision::Run(operation)) => self.run(*operation, effect).await,
-                Ok(Decision::Vanished) => ApiError::internal("the operation that held the key is gone").into_response(),
-                Err(error) => error.into_response(),
-            },
-            Ok(None) => ApiError::internal("the operation that held the key is gone").into_response(),
-            Err(e) => ApiError::from(e).into_response(),
+        let decided = match self.find_and_count(account_id, &attempt.headers.key).await {
+            Ok(Some(existing)) => self.decide(attempt, existing, fingerprint, true).await,
+            Ok(None) => Ok(Decision::Vanished),
+            Err(e) => Err(e.into()),
+        };
+        match decided {
+            Ok(Decision::Answer(response)) => response,
+            Ok(Decision::Run { operation, opening }) => self.run(attempt, *operation, effect, opening).await,
+            // freed by a failed first attempt, or reaped: nothing holds the key now
+            Ok(Decision::Vanished) => self.server_error_unclaimed(
+                attempt,
+                fingerprint,
+                ApiError::internal("the operation holding the key vanished").with_detail(
+                    "the operation holding this key was freed while this attempt waited; retry with the same key",
+                ),
+            ),
+            Err(error) => self.server_error_unclaimed(attempt, fingerprint, error),
         }
     }
 
+    /// [`ClaimMode::Leased`]: claim under a lease in a transaction of its own.
     async fn claim_or_decide(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Result<Decision, ApiError> {
-        let principal = attempt.principal;
         // Bounded: each round either claims, decides, or saw the row vanish.
         for _ in 0..3 {
-            let now = Timestamp::now();
-            let new = NewOperation {
-                account_id: &principal.account_id,
-                key: &attempt.headers.key,
-                operation_id: new_operation_id(),
-                principal_id: &principal.principal_id,
-                method: attempt.method,
-                route: attempt.route,
-                fingerprint,
-                lease_token: new_lease_token(),
-                locked_until: now.plus(self.config.lease),
-                now,
-            };
-            if let Some(claimed) = store::claim(&self.db, &new).await? {
-                return Ok(Decision::Run(Box::new(claimed)));
+            let new = attempt.new_operation(fingerprint, self.config.lease);
+            let mut tx = self.db.begin().await?;
+            if let Some(claimed) = store::claim(&mut tx, &new).await? {
+                let journaled = [
+                    new.audit(AuditEvent::Attempted, attempt.started),
+                    new.audit(AuditEvent::Claimed, new.now),
+                ];
+                audit::record(&mut tx, &journaled).await?;
+                tx.commit().await?;
+                self.journal.wake();
+                return Ok(Decision::Run {
+                    operation: Box::new(claimed),
+                    opening: Vec::new(),
+                });
             }
-            let Some(existing) = self.find_and_count(&principal.account_id, &attempt.headers.key).await? else {
+            tx.rollback().await?;
+            let Some(existing) = self
+                .find_and_count(&attempt.principal.account_id, &attempt.headers.key)
+                .await?
+            else {
                 continue;
             };
-            match self.decide(existing, fingerprint, attempt.headers.wait, true).await? {
+            match self.decide(attempt, existing, fingerprint, true).await? {
                 Decision::Vanished => continue,
                 decision => return Ok(decision),
             }
@@ -351,19 +577,27 @@ impl Idempotency {
 
     /// The answer for an attempt whose key already names an operation.
     /// `may_take_over`: whether this attempt can still run the operation if
-    /// it finds a lease that ran out (it cannot once its effect was spent).
+    /// it finds a lease that ran out or an approval given (it cannot once its
+    /// effect was spent).
     async fn decide(
         &self,
+        attempt: &Attempt<'_>,
         mut operation: OperationRecord,
         fingerprint: &Fingerprint,
-        wait: Option<Duration>,
         may_take_over: bool,
     ) -> Result<Decision, ApiError> {
-        let deadline = wait.map(|w| Instant::now() + w);
+        let deadline = attempt.headers.wait.map(|w| Instant::now() + w);
+        let by = attempt.principal.principal_id.as_str();
         loop {
+            telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
             if &operation.fingerprint != fingerprint {
-                telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
                 telemetry::record_outcome("key_reused");
+                self.observe(
+                    attempt,
+                    &operation.operation_id,
+                    fingerprint,
+                    Some(AuditEvent::KeyReused),
+                );
                 return Ok(Decision::Answer(key_reused(&operation.operation_id, operation.state)));
             }
             match operation.state {
@@ -371,28 +605,73 @@ impl Idempotency {
                     let now = Timestamp::now();
                     if may_take_over && operation.lease_expired(now) {
                         let locked_until = now.plus(self.config.lease);
+                        let mut tx = self.db.begin().await?;
                         if let Some(taken) =
-                            store::take_over(&self.db, &operation, &new_lease_token(), locked_until, now).await?
+                            store::take_over(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
                         {
+                            let journaled = [
+                                taken.audit(AuditEvent::Attempted, by, attempt.started),
+                                taken.audit(AuditEvent::Claimed, by, now),
+                            ];
+                            audit::record(&mut tx, &journaled).await?;
+                            tx.commit().await?;
+                            self.journal.wake();
                             tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
-                            return Ok(Decision::Run(Box::new(taken)));
+                            return Ok(Decision::Run {
+                                operation: Box::new(taken),
+                                opening: Vec::new(),
+                            });
                         }
+                        tx.rollback().await?;
                     } else if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
                         tokio::time::sleep(WAIT_POLL.min(deadline - Instant::now())).await;
                     } else {
-                        telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
                         telemetry::record_outcome("in_progress");
+                        self.observe(
+                            attempt,
+                            &operation.operation_id,
+                            fingerprint,
+                            Some(AuditEvent::InProgress),
+                        );
                         return Ok(Decision::Answer(in_progress(&operation)));
                     }
-                    // lost the takeover, or waited a little: look again
-                    match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await? {
-                        Some(fresh) => operation = fresh,
-                        None => return Ok(Decision::Vanished),
+                }
+                OperationState::AwaitingApproval => {
+                    let approval = match &operation.approval_id {
+                        Some(id) => approval::find(&self.db, &operation.account_id, id).await?,
+                        None => None,
+                    }
+                    .ok_or_else(|| ApiError::internal("an operation awaiting approval has no approval"))?;
+                    match approval.state(Timestamp::now()) {
+                        ApprovalState::Expired => self.expire(&approval).await?,
+                        ApprovalState::Approved if may_take_over => {
+                            let now = Timestamp::now();
+                            let token = new_lease_token();
+                            let started =
+                                store::start_approved(&self.db, &operation, &token, now.plus(self.config.lease), now)
+                                    .await?;
+                            if let Some(started) = started {
+                                let opening = vec![started.audit(AuditEvent::Attempted, by, attempt.started)];
+                                return Ok(Decision::Run {
+                                    operation: Box::new(started),
+                                    opening,
+                                });
+                            }
+                            // another retry started it first: look again
+                        }
+                        // pending (or approved, for an attempt that cannot run it): the approval request again
+                        _ => {
+                            return Ok(Decision::Answer(self.replay_stored(
+                                attempt,
+                                &operation,
+                                fingerprint,
+                            )?));
+                        }
                     }
                 }
                 OperationState::Unknown if operation.response.is_none() => {
-                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
                     telemetry::record_outcome("outcome_unknown");
+                    self.observe(attempt, &operation.operation_id, fingerprint, None);
                     let error = ApiError::new(
                         StatusCode::CONFLICT,
                         "operation_outcome_unknown",
@@ -412,38 +691,81 @@ impl Idempotency {
                 OperationState::Unknown
                 | OperationState::Completed
                 | OperationState::Failed
-                | OperationState::Rejected
-                | OperationState::AwaitingApproval => {
-                    telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
-                    telemetry::record_outcome("replayed");
-                    let stored = operation
-                        .response
-                        .as_ref()
-                        .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
-                    self.replay_cache.put(
-                        &operation.account_id,
-                        operation.key.as_str(),
-                        &operation.operation_id,
-                        fingerprint,
-                        operation.state,
-                        stored,
-                        operation.updated_at,
-                    );
-                    return Ok(Decision::Answer(stored_response(stored, &operation.operation_id, true)));
+                | OperationState::Rejected => {
+                    let response = self.replay_stored(attempt, &operation, fingerprint)?;
+                    if let Some(stored) = &operation.response {
+                        self.replay_cache.put(
+                            &operation.account_id,
+                            operation.key.as_str(),
+                            &operation.operation_id,
+                            fingerprint,
+                            operation.state,
+                            stored,
+                            operation.updated_at,
+                        );
+                    }
+                    return Ok(Decision::Answer(response));
                 }
+            }
+            // lost a race, waited a little, or settled an expired approval: look again
+            match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await? {
+                Some(fresh) => operation = fresh,
+                None => return Ok(Decision::Vanished),
             }
         }
     }
 
-    /// Runs the effect of an operation this attempt holds the lease of.
-    async fn run<F>(&self, operation: OperationRecord, effect: F) -> Response
+    /// The operation's stored answer, replayed (and journaled as `replayed`).
+    fn replay_stored(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: &OperationRecord,
+        fingerprint: &Fingerprint,
+    ) -> Result<Response, ApiError> {
+        let stored = operation
+            .response
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
+        telemetry::record_outcome("replayed");
+        self.observe(
+            attempt,
+            &operation.operation_id,
+            fingerprint,
+            Some(AuditEvent::Replayed),
+        );
+        Ok(stored_response(stored, &operation.operation_id, true))
+    }
+
+    /// Runs the effect of an operation this attempt holds the lease of. An
+    /// operation bound to an approval runs only if the approval still allows
+    /// it, checked in the effect's own transaction.
+    async fn run<F>(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: OperationRecord,
+        effect: F,
+        opening: Vec<Record>,
+    ) -> Response
     where
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         let token = operation.lease_token.clone().unwrap_or_default();
+        let by = attempt.principal.principal_id.as_str();
         let (account_id, key, operation_id) = (&operation.account_id, &operation.key, &operation.operation_id);
-        let free_the_key = async |error: ApiError| {
-            if let Err(e) = store::release(&self.db, account_id, key, &token).await {
+        let journaled = |event: AuditEvent, at: Timestamp| {
+            let mut records = opening.clone();
+            records.push(operation.audit(event, by, at));
+            records
+        };
+        let give_back = async |error: ApiError| {
+            let freed = async {
+                let mut tx = self.db.begin().await?;
+                if store::release(&mut tx, &operation, &token).await? {
+                    audit::record(&mut tx, &journaled(AuditEvent::Released, Timestamp::now())).await?;
+                }
+                tx.commit().await
+            };
+            if let Err(e) = freed.await {
                 tracing::error!(%operation_id, error = %e, "could not free the key after a server error; it frees when the lease ends");
             }
             telemetry::record_outcome("server_error");
@@ -452,8 +774,49 @@ impl Idempotency {
 
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
-            Err(e) => return free_the_key(e.into()).await,
+            Err(e) => return give_back(e.into()).await,
         };
+        if let Some(approval_id) = &operation.approval_id {
+            let check = approval::check_for_execution(
+                &mut tx,
+                approval_id,
+                operation_id,
+                &operation.fingerprint,
+                Timestamp::now(),
+            )
+            .await;
+            match check {
+                Ok(ExecutionCheck::Allowed) => {}
+                Ok(refused) => {
+                    let _ = tx.rollback().await;
+                    let (state, event) = match refused {
+                        ExecutionCheck::Expired => (ApprovalState::Expired, AuditEvent::Expired),
+                        _ => (ApprovalState::Rejected, AuditEvent::Rejected),
+                    };
+                    let response = problem_response(&refusal(state, operation_id, approval_id));
+                    let completion = Completion {
+                        state: OperationState::Rejected,
+                        ..Completion::failed(&response)
+                    };
+                    return match self
+                        .complete_alone(&operation, &token, &completion, &journaled(event, completion.now))
+                        .await
+                    {
+                        Ok(true) => {
+                            telemetry::record_outcome("rejected");
+                            self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
+                            stored_response(&response, operation_id, false)
+                        }
+                        Ok(false) => self.answer_current(attempt, &operation).await,
+                        Err(e) => give_back(e.into()).await,
+                    };
+                }
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    return give_back(e.into()).await;
+                }
+            }
+        }
         match effect(&mut tx).await {
             Ok(done) => {
                 let completion = Completion {
@@ -468,17 +831,22 @@ impl Idempotency {
                     Ok(false) => {
                         // Our lease ran out and another attempt took over: its run is the one that counts.
                         let _ = tx.rollback().await;
-                        return self.answer_current(&operation).await;
+                        return self.answer_current(attempt, &operation).await;
                     }
                     Err(e) => {
                         let _ = tx.rollback().await;
-                        return free_the_key(e.into()).await;
+                        return give_back(e.into()).await;
                     }
+                }
+                if let Err(e) = audit::record(&mut tx, &journaled(AuditEvent::Completed, completion.now)).await {
+                    let _ = tx.rollback().await;
+                    return give_back(e.into()).await;
                 }
                 fail_point("idempotency::before_commit").await;
                 if let Err(e) = tx.commit().await {
-                    return free_the_key(e.into()).await;
+                    return give_back(e.into()).await;
                 }
+                self.journal.wake();
                 telemetry::record_outcome("created");
                 self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
                 stored_response(&done.response, operation_id, false)
@@ -487,19 +855,27 @@ impl Idempotency {
                 let _ = tx.rollback().await;
                 let response = problem_response(&error);
                 let completion = Completion::failed(&response);
-                match store::finish(&self.db, account_id, key, &token, &completion).await {
+                match self
+                    .complete_alone(
+                        &operation,
+                        &token,
+                        &completion,
+                        &journaled(AuditEvent::Failed, completion.now),
+                    )
+                    .await
+                {
                     Ok(true) => {
                         telemetry::record_outcome("failed");
                         self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
                         with_retry_after(stored_response(&response, operation_id, false), &error)
                     }
-                    Ok(false) => self.answer_current(&operation).await,
-                    Err(e) => free_the_key(e.into()).await,
+                    Ok(false) => self.answer_current(attempt, &operation).await,
+                    Err(e) => give_back(e.into()).await,
                 }
             }
             Err(error) => {
                 let _ = tx.rollback().await;
-                free_the_key(error).await
+                give_back(error).await
             }
         }
     }
@@ -527,9 +903,9 @@ impl Idempotency {
     }
 
     /// After losing the lease: answer as a duplicate would.
-    async fn answer_current(&self, operation: &OperationRecord) -> Response {
+    async fn answer_current(&self, attempt: &Attempt<'_>, operation: &OperationRecord) -> Response {
         match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await {
-            Ok(Some(current)) => match self.decide(current, &operation.fingerprint, None, false).await {
+            Ok(Some(current)) => match self.decide(attempt, current, &operation.fingerprint, false).await {
                 Ok(Decision::Answer(response)) => response,
                 Ok(_) => in_progress(operation),
                 Err(error) => error.into_response(),
@@ -563,7 +939,7 @@ fn key_reused(operation_id: &str, state: OperationState) -> Response {
 }
 
 /// A final business failure, as it is stored and replayed.
-fn problem_response(error: &ApiError) -> StoredResponse {
+pub(crate) fn problem_response(error: &ApiError) -> StoredResponse {
     StoredResponse {
         status: error.status(),
         content_type: PROBLEM_JSON.into(),

@@ -18,6 +18,7 @@
 //! }
 //! ```
 
+pub mod approval;
 pub mod attempts;
 pub mod audit;
 pub mod execute;
@@ -38,7 +39,7 @@ pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyHeaders, IdempotencyKey, OptionalIdempotencyHeaders};
 pub use operation::{OperationRecord, OperationState, ResourceRef, StoredResponse};
 
-/// The operations table, for both backends.
+/// The operations, approvals and audit journal tables, for both backends.
 pub static MIGRATIONS: Migrations = Migrations {
     postgres: sqlx::migrate!("../../migrations/idempotency/postgres"),
     sqlite: sqlx::migrate!("../../migrations/idempotency/sqlite"),
@@ -75,6 +76,9 @@ pub struct IdempotencyConfig {
     /// How many finished answers each process keeps in memory to answer
     /// replays with no query (0: none). See [`replay_cache`].
     pub replay_cache_entries: usize,
+    /// How long an approval request waits for a decision, and an approved
+    /// operation for the retry that runs it (CONTRACT §6; 15 minutes).
+    pub approval_ttl: Duration,
     /// `false` only to measure what idempotency costs (`RETRYSAFE_IDEMPOTENCY=off`):
     /// the same handler, validation, transaction and effect run with no claim,
     /// no stored answer and no replay. It breaks the contract; never turn it
@@ -90,6 +94,7 @@ impl Default for IdempotencyConfig {
             retention: Duration::from_secs(24 * 60 * 60),
             reap_every: Duration::from_secs(60),
             replay_cache_entries: 10_000,
+            approval_ttl: Duration::from_secs(15 * 60),
             enabled: true,
         }
     }
@@ -99,7 +104,7 @@ impl IdempotencyConfig {
     /// `RETRYSAFE_CLAIM` (`transaction` or `leased`), `RETRYSAFE_REPLAY_CACHE` (10000 answers),
     /// `RETRYSAFE_LEASE_SECONDS` (30),
     /// `RETRYSAFE_RETENTION_HOURS` (24), `RETRYSAFE_REAP_EVERY_SECONDS` (60),
-    /// `RETRYSAFE_IDEMPOTENCY` (`on`).
+    /// `RETRYSAFE_APPROVAL_TTL_SECONDS` (900), `RETRYSAFE_IDEMPOTENCY` (`on`).
     pub fn from_env() -> Result<Self, String> {
         let mut config = IdempotencyConfig::default();
         if let Some(seconds) = number("RETRYSAFE_LEASE_SECONDS")? {
@@ -110,6 +115,9 @@ impl IdempotencyConfig {
         }
         if let Some(seconds) = number("RETRYSAFE_REAP_EVERY_SECONDS")? {
             config.reap_every = Duration::from_secs_f64(seconds);
+        }
+        if let Some(seconds) = number("RETRYSAFE_APPROVAL_TTL_SECONDS")? {
+            config.approval_ttl = Duration::from_secs_f64(seconds);
         }
         if let Some(entries) = number("RETRYSAFE_REPLAY_CACHE")? {
             config.replay_cache_entries = entries as usize;
@@ -149,6 +157,7 @@ pub struct Idempotency {
     config: IdempotencyConfig,
     attempts: std::sync::Arc<attempts::AttemptCounter>,
     replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
+    journal: std::sync::Arc<audit::Journal>,
 }
 
 impl Idempotency {
@@ -160,6 +169,7 @@ impl Idempotency {
             config,
             attempts: Default::default(),
             replay_cache: std::sync::Arc::new(replay_cache),
+            journal: Default::default(),
         }
     }
 
@@ -176,6 +186,22 @@ impl Idempotency {
     pub async fn flush_attempts(&self) {
         if let Err(e) = self.attempts.flush(&self.db).await {
             tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
+        }
+    }
+
+    /// Links journal events into the hash chain in the background, shortly
+    /// after they are recorded (see [`audit::Journal`]).
+    pub fn spawn_journal_chainer(&self) -> tokio::task::JoinHandle<()> {
+        let (journal, db) = (self.journal.clone(), self.db.clone());
+        tokio::spawn(async move { journal.chain_continuously(&db).await })
+    }
+
+    /// Links every journal event recorded or observed so far into the chain,
+    /// so a read of the journal shows them. A failure is logged: the events
+    /// wait for the next round.
+    pub async fn flush_journal(&self) {
+        if let Err(e) = self.journal.chain_pending(&self.db).await {
+            tracing::warn!(error = %e, "could not link audit events; they wait for the next round");
         }
     }
 

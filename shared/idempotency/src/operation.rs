@@ -4,7 +4,11 @@ use axum::http::StatusCode;
 use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::{fingerprint::Fingerprint, key::IdempotencyKey};
+use crate::{
+    audit::{AuditEvent, Record},
+    fingerprint::Fingerprint,
+    key::IdempotencyKey,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -91,11 +95,28 @@ pub struct OperationRecord {
     pub response: Option<StoredResponse>,
     pub resource: Option<ResourceRef>,
     pub external_ref: Option<String>,
+    /// The approval this operation waits for (or ran with), if its route's policy asked for one.
+    pub approval_id: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
 
 impl OperationRecord {
+    /// An audit record of this operation, by `principal_id`.
+    pub fn audit(&self, event: AuditEvent, principal_id: &str, at: Timestamp) -> Record {
+        Record {
+            account_id: self.account_id.clone(),
+            principal_id: principal_id.to_owned(),
+            operation_id: Some(self.operation_id.clone()),
+            idempotency_key: Some(self.key.as_str().to_owned()),
+            fingerprint: Some(self.fingerprint.as_str().to_owned()),
+            route: Some(self.route.clone()),
+            event,
+            external_ref: self.external_ref.clone(),
+            at,
+        }
+    }
+
     pub fn status_url(&self) -> String {
         status_url(&self.operation_id)
     }

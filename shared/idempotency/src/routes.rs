@@ -1,15 +1,25 @@
-//! The operation status resource (CONTRACT §4), mountable by every service:
-//! the answer for an agent that timed out and does not know what happened.
+//! The routes every service mounts from this crate: the operation status
+//! resource (CONTRACT §4) — the answer for an agent that timed out and does
+//! not know what happened —, approvals and their decisions (§6), and the
+//! audit journal (§8).
 
 use axum::{
     Json, Router,
     extract::{FromRef, State},
-    routing::get,
+    routing::{get, post},
 };
-use platform::{ApiError, ApiPath, ApiQuery, Authenticator, Principal, Timestamp, page::PageRequest};
+use platform::{
+    ApiError, ApiJson, ApiPath, ApiQuery, Authenticator, Principal, Role, Timestamp,
+    page::{Page, PageRequest},
+};
 use serde::{Deserialize, Serialize};
 
-use crate::{Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef, store};
+use crate::{
+    Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef,
+    approval::{self, ApprovalRequested, ApprovalState, ApprovalSummary, ApprovalView, Decision},
+    audit::{self, AuditEntry, AuditEvent, AuditFilter},
+    store,
+};
 
 /// An operation as its caller may see it: never the stored request or answer body.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -32,8 +42,8 @@ pub struct OperationView {
     pub resource: Option<ResourceRef>,
     /// The status of the stored answer, once finished.
     pub response_status: Option<u16>,
-    /// The approval that applies, if any.
-    pub approval: Option<serde_json::Value>,
+    /// The approval that applies, if any: its id, state, expiry and decision.
+    pub approval: Option<OperationApproval>,
     /// The external system's reference, when one was involved.
     pub external_ref: Option<String>,
 }
@@ -55,6 +65,35 @@ impl From<OperationRecord> for OperationView {
             approval: None,
             external_ref: op.external_ref,
         }
+    }
+}
+
+/// What an operation's caller may know of its approval (never who else is waiting).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OperationApproval {
+    pub approval_id: String,
+    pub state: ApprovalState,
+    pub expires_at: Timestamp,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<Timestamp>,
+}
+
+impl OperationView {
+    /// The view of `operation`, with its approval read if it has one.
+    async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
+        let approval = match &operation.approval_id {
+            Some(id) => approval::find(&idempotency.db, &operation.account_id, id).await?,
+            None => None,
+        };
+        let mut view = OperationView::from(operation);
+        view.approval = approval.map(|a| OperationApproval {
+            state: a.state(Timestamp::now()),
+            approval_id: a.approval_id,
+            expires_at: a.expires_at,
+            decided_by: a.decided_by,
+            decided_at: a.decided_at,
+        });
+        Ok(view)
     }
 }
 
@@ -87,6 +126,203 @@ where
     Router::new()
         .route("/v1/operations", get(find_operation_by_key))
         .route("/v1/operations/{operation_id}", get(get_operation))
+        .route("/v1/approvals", get(list_approvals))
+        .route("/v1/approvals/{approval_id}", get(get_approval))
+        .route("/v1/approvals/{approval_id}/decision", post(decide))
+        .route("/v1/audit", get(read_audit))
+}
+
+/// Approvals are for the humans who decide (`approver`) and for `admin`;
+/// an agent learns its own operation's approval from the operation status.
+fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
+    match principal.role {
+        Role::Approver | Role::Admin => Ok(()),
+        Role::Agent => Err(ApiError::forbidden(
+            "approvals and the audit journal are for approvers and admins; an agent reads its operation's approval from its status_url",
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalQuery {
+    /// `pending`, `approved`, `rejected` or `expired`; all when absent.
+    pub state: Option<ApprovalState>,
+    /// 1–200, default 50.
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+/// The account's approvals in creation order: `?state=pending` is what waits for a human.
+#[utoipa::path(
+    get,
+    path = "/v1/approvals",
+    tag = "approvals",
+    params(ApprovalQuery),
+    responses(
+        (status = 200, description = "`{data, next_cursor}` of approvals", body = ApprovalList),
+        (status = 403, description = "Not an approver or admin", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_approvals(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+    ApiQuery(query): ApiQuery<ApprovalQuery>,
+) -> Result<Json<ApprovalList>, ApiError> {
+    may_read_approvals(&principal)?;
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
+    let now = Timestamp::now();
+    let rows = approval::list(
+        &idempotency.db,
+        &principal.account_id,
+        query.state,
+        now,
+        page.after_seq,
+        page.fetch_limit(),
+    )
+    .await?;
+    let page = Page::from_rows(
+        rows.into_iter().map(|a| (a.seq, ApprovalView::of(a, now))).collect(),
+        page,
+    );
+    Ok(Json(ApprovalList {
+        data: page.data,
+        next_cursor: page.next_cursor,
+    }))
+}
+
+/// `{data, next_cursor}` of approvals.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ApprovalList {
+    pub data: Vec<ApprovalView>,
+    pub next_cursor: Option<String>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/approvals/{approval_id}",
+    tag = "approvals",
+    params(("approval_id" = String, Path)),
+    responses(
+        (status = 200, body = ApprovalView),
+        (status = 403, body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_approval(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+    ApiPath(approval_id): ApiPath<String>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    may_read_approvals(&principal)?;
+    approval::find(&idempotency.db, &principal.account_id, &approval_id)
+        .await?
+        .map(|a| Json(ApprovalView::of(a, Timestamp::now())))
+        .ok_or_else(|| ApiError::not_found(format!("approval `{approval_id}`")))
+}
+
+/// An approver's decision, bound to the fingerprint they were shown.
+#[derive(Debug, Deserialize, validator::Validate, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    pub decision: Decision,
+    /// The operation's fingerprint, as the approver saw it.
+    pub fingerprint: String,
+}
+
+/// Approve or reject one waiting operation. Role `approver`, same account,
+/// never the principal that requested it; `fingerprint` must be the operation's.
+#[utoipa::path(
+    post,
+    path = "/v1/approvals/{approval_id}/decision",
+    tag = "approvals",
+    params(("approval_id" = String, Path)),
+    request_body = DecisionBody,
+    responses(
+        (status = 200, description = "Decided. An approved operation runs on the agent's next retry with the same key", body = ApprovalView),
+        (status = 403, description = "Not an approver, or the requester", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such approval in this account", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`approval_fingerprint_mismatch`, `approval_expired`, or `invalid_state` (already decided)", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn decide(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+    ApiPath(approval_id): ApiPath<String>,
+    ApiJson(body): ApiJson<DecisionBody>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let view = idempotency
+        .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)
+        .await?;
+    Ok(Json(view))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    pub operation_id: Option<String>,
+    pub event: Option<AuditEvent>,
+    /// RFC 3339: entries at or after.
+    pub since: Option<Timestamp>,
+    /// RFC 3339: entries before.
+    pub until: Option<Timestamp>,
+    /// 1–200, default 50.
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+/// `{data, next_cursor}` of journal entries, in chain order.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AuditList {
+    pub data: Vec<AuditEntry>,
+    pub next_cursor: Option<String>,
+}
+
+/// The account's audit journal entries, in chain order (CONTRACT §8).
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "audit",
+    params(AuditQuery),
+    responses(
+        (status = 200, body = AuditList),
+        (status = 403, description = "Agents may not read the journal", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn read_audit(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+    ApiQuery(query): ApiQuery<AuditQuery>,
+) -> Result<Json<AuditList>, ApiError> {
+    may_read_approvals(&principal)?;
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
+    // what was recorded or observed until now is in the chain before it is read
+    idempotency.flush_journal().await;
+    let filter = AuditFilter {
+        operation_id: query.operation_id,
+        event: query.event,
+        since: query.since,
+        until: query.until,
+    };
+    let rows = audit::find(
+        &idempotency.db,
+        &principal.account_id,
+        &filter,
+        page.after_seq,
+        page.fetch_limit(),
+    )
+    .await?;
+    let page = Page::from_rows(rows.into_iter().map(|e| (e.seq, e)).collect(), page);
+    Ok(Json(AuditList {
+        data: page.data,
+        next_cursor: page.next_cursor,
+    }))
 }
 
 /// Read one of the caller's operations.
@@ -107,10 +343,10 @@ pub async fn get_operation(
     ApiPath(operation_id): ApiPath<String>,
 ) -> Result<Json<OperationView>, ApiError> {
     idempotency.flush_attempts().await;
-    store::find_by_id(&idempotency.db, &principal.account_id, &operation_id)
+    let operation = store::find_by_id(&idempotency.db, &principal.account_id, &operation_id)
         .await?
-        .map(|op| Json(op.into()))
-        .ok_or_else(|| ApiError::not_found(format!("operation `{operation_id}`")))
+        .ok_or_else(|| ApiError::not_found(format!("operation `{operation_id}`")))?;
+    Ok(Json(OperationView::read(&idempotency, operation).await?))
 }
 
 /// Find the caller's operation by the key it was sent with: after a timeout,
@@ -137,11 +373,10 @@ pub async fn find_operation_by_key(
         .ok_or_else(|| ApiError::invalid_field("idempotency_key", "is required"))?;
     idempotency.flush_attempts().await;
     let key = IdempotencyKey::parse_unquoted(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
-    let data = store::find_by_key(&idempotency.db, &principal.account_id, key.as_str())
-        .await?
-        .map(OperationView::from)
-        .into_iter()
-        .collect();
+    let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
+        Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
+        None => Vec::new(),
+    };
     Ok(Json(OperationList {
         data,
         next_cursor: None,
@@ -150,7 +385,30 @@ pub async fn find_operation_by_key(
 
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    paths(get_operation, find_operation_by_key),
-    components(schemas(OperationView, OperationList, OperationState, ResourceRef))
+    paths(
+        get_operation,
+        find_operation_by_key,
+        list_approvals,
+        get_approval,
+        decide,
+        read_audit
+    ),
+    components(schemas(
+        OperationView,
+        OperationList,
+        OperationState,
+        OperationApproval,
+        ResourceRef,
+        ApprovalView,
+        ApprovalList,
+        ApprovalState,
+        ApprovalSummary,
+        ApprovalRequested,
+        DecisionBody,
+        Decision,
+        AuditEntry,
+        AuditEvent,
+        AuditList
+    ))
 )]
 pub struct OperationsApi;

@@ -7,6 +7,7 @@ use platform::{Db, Timestamp, Tx, on_pool, on_tx};
 use sqlx::Row;
 
 use crate::{
+    audit::{AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse},
@@ -32,13 +33,13 @@ macro_rules! columns {
     () => {
         "account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
      lease_token, locked_until, attempts, response_status, response_content_type, response_location, response_body, \
-     resource_type, resource_id, resource_url, external_ref, created_at, updated_at"
+     resource_type, resource_id, resource_url, external_ref, approval_id, created_at, updated_at"
     };
 }
 
 /// Claims the key: one insert under the primary key. `None` means the key
 /// already names an operation; nothing was written.
-pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
+pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "INSERT INTO idempotency_operations \
          (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
@@ -48,7 +49,7 @@ pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRe
          RETURNING ",
         columns!()
     );
-    let row = on_pool!(db.write(), |pool| {
+    let row = on_tx!(tx, |conn| {
         sqlx::query(SQL)
             .bind(new.account_id)
             .bind(new.key.as_str())
@@ -60,7 +61,7 @@ pub async fn claim(db: &Db, new: &NewOperation<'_>) -> Result<Option<OperationRe
             .bind(&new.lease_token)
             .bind(new.locked_until)
             .bind(new.now)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?
             .map(|row| decode(&row))
             .transpose()?
@@ -87,7 +88,7 @@ pub async fn add_attempts(db: &Db, account_id: &str, key: &str, n: i32) -> Resul
 /// Takes over an operation whose lease has run out: compare-and-set on the
 /// old lease token and its expiry, so of two racing takers exactly one wins.
 pub async fn take_over(
-    db: &Db,
+    tx: &mut Tx,
     operation: &OperationRecord,
     new_token: &str,
     locked_until: Timestamp,
@@ -98,10 +99,9 @@ pub async fn take_over(
          WHERE account_id = $1 AND idempotency_key = $2 AND state = 'in_progress' \
            AND lease_token = $6 AND locked_until <= $5 \
          RETURNING ",
-        columns!(),
-        ""
+        columns!()
     );
-    Ok(on_pool!(db.write(), |pool| {
+    Ok(on_tx!(tx, |conn| {
         sqlx::query(SQL)
             .bind(&operation.account_id)
             .bind(operation.key.as_str())
@@ -109,6 +109,36 @@ pub async fn take_over(
             .bind(locked_until)
             .bind(now)
             .bind(operation.lease_token.as_deref().unwrap_or(""))
+            .fetch_optional(conn)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+/// Starts an approved operation: `awaiting_approval` → `in_progress` under a
+/// new lease, compare-and-set on the state, so of two racing retries exactly
+/// one runs it.
+pub async fn start_approved(
+    db: &Db,
+    operation: &OperationRecord,
+    token: &str,
+    locked_until: Timestamp,
+    now: Timestamp,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "UPDATE idempotency_operations SET state = 'in_progress', lease_token = $3, locked_until = $4, updated_at = $5 \
+         WHERE account_id = $1 AND idempotency_key = $2 AND state = 'awaiting_approval' \
+         RETURNING ",
+        columns!()
+    );
+    Ok(on_pool!(db.write(), |pool| {
+        sqlx::query(SQL)
+            .bind(&operation.account_id)
+            .bind(operation.key.as_str())
+            .bind(token)
+            .bind(locked_until)
+            .bind(now)
             .fetch_optional(pool)
             .await?
             .map(|row| decode(&row))
@@ -182,20 +212,31 @@ pub async fn complete(
     Ok(done == 1)
 }
 
-/// Finishes the operation outside any effect: a final business failure,
-/// whose effect was rolled back.
-pub async fn finish(
-    db: &Db,
+/// Ends an operation that waits for its approval (a rejection, an expiry).
+/// `false`: it was not waiting any more.
+pub async fn settle_awaiting(
+    tx: &mut Tx,
     account_id: &str,
-    key: &IdempotencyKey,
-    lease_token: &str,
+    operation_id: &str,
     completion: &Completion<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = on_pool!(db.write(), |pool| {
-        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
-            .execute(pool)
-            .await?
-            .rows_affected()
+    let done = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET state = $3, response_status = $4, response_content_type = $5, \
+             response_location = $6, response_body = $7, updated_at = $8 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'awaiting_approval'",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(completion.state.as_str())
+        .bind(i32::from(completion.response.status.as_u16()))
+        .bind(&completion.response.content_type)
+        .bind(completion.response.location.as_deref())
+        .bind(&completion.response.body)
+        .bind(completion.now)
+        .execute(conn)
+        .await?
+        .rows_affected()
     });
     Ok(done == 1)
 }
@@ -250,37 +291,66 @@ pub async fn claim_finished(
     Ok(inserted == 1)
 }
 
-/// Like [`claim_finished`], outside any transaction: a first attempt whose
-/// effect failed with a final business failure, rolled back, stores that answer.
-pub async fn claim_finished_without_effect(
-    db: &Db,
+/// Claims the key for an operation that waits for a human: stored as
+/// `awaiting_approval` with its 202 answer (the approval request) and the
+/// approval's id. `false`: the key is taken, nothing was written.
+pub async fn claim_awaiting_approval(
+    tx: &mut Tx,
     new: &NewOperation<'_>,
-    completion: &Completion<'_>,
+    answer: &StoredResponse,
+    approval_id: &str,
 ) -> Result<bool, sqlx::Error> {
-    let inserted = on_pool!(db.write(), |pool| {
-        bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQL), new, completion)
-            .execute(pool)
-            .await?
-            .rows_affected()
+    let inserted = on_tx!(tx, |conn| {
+        sqlx::query(
+            "INSERT INTO idempotency_operations \
+             (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
+              response_status, response_content_type, response_location, response_body, approval_id, \
+              created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'awaiting_approval', 1, $8, $9, $10, $11, $12, $13, $13) \
+             ON CONFLICT (account_id, idempotency_key) DO NOTHING",
+        )
+        .bind(new.account_id)
+        .bind(new.key.as_str())
+        .bind(&new.operation_id)
+        .bind(new.principal_id)
+        .bind(new.method)
+        .bind(new.route)
+        .bind(new.fingerprint.as_str())
+        .bind(i32::from(answer.status.as_u16()))
+        .bind(&answer.content_type)
+        .bind(answer.location.as_deref())
+        .bind(&answer.body)
+        .bind(approval_id)
+        .bind(new.now)
+        .execute(conn)
+        .await?
+        .rows_affected()
     });
     Ok(inserted == 1)
 }
 
-/// Frees the key after a server error: nothing happened, so the operation
-/// is forgotten and the next attempt claims afresh.
-pub async fn release(db: &Db, account_id: &str, key: &IdempotencyKey, lease_token: &str) -> Result<(), sqlx::Error> {
-    on_pool!(db.write(), |pool| {
-        sqlx::query(
-            "DELETE FROM idempotency_operations \
-             WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'",
-        )
-        .bind(account_id)
-        .bind(key.as_str())
-        .bind(lease_token)
-        .execute(pool)
-        .await?;
+/// Gives an operation back after a server error: nothing happened. A plain
+/// operation is forgotten, so the next attempt claims afresh; one bound to an
+/// approval goes back to `awaiting_approval`, keeping its approval for the
+/// next retry. `false`: the lease was lost.
+pub async fn release(tx: &mut Tx, operation: &OperationRecord, lease_token: &str) -> Result<bool, sqlx::Error> {
+    let sql = if operation.approval_id.is_some() {
+        "UPDATE idempotency_operations SET state = 'awaiting_approval', lease_token = NULL, locked_until = NULL \
+         WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'"
+    } else {
+        "DELETE FROM idempotency_operations \
+         WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'"
+    };
+    let freed = on_tx!(tx, |conn| {
+        sqlx::query(sql)
+            .bind(&operation.account_id)
+            .bind(operation.key.as_str())
+            .bind(lease_token)
+            .execute(conn)
+            .await?
+            .rows_affected()
     });
-    Ok(())
+    Ok(freed == 1)
 }
 
 pub async fn find_by_key(db: &Db, account_id: &str, key: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
@@ -390,7 +460,25 @@ where
         response,
         resource,
         external_ref: row.try_get("external_ref")?,
+        approval_id: row.try_get("approval_id")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
+}
+
+impl NewOperation<'_> {
+    /// An audit record of this operation, by the principal claiming it.
+    pub fn audit(&self, event: AuditEvent, at: Timestamp) -> Record {
+        Record {
+            account_id: self.account_id.to_owned(),
+            principal_id: self.principal_id.to_owned(),
+            operation_id: Some(self.operation_id.clone()),
+            idempotency_key: Some(self.key.as_str().to_owned()),
+            fingerprint: Some(self.fingerprint.as_str().to_owned()),
+            route: Some(self.route.to_owned()),
+            event,
+            external_ref: None,
+            at,
+        }
+    }
 }

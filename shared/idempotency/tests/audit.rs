@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
-use idempotency::audit::{self, AuditEvent, Record, verify};
-use platform::{Backend, on_pool, testing::TestDb};
+use idempotency::audit::{self, AuditEvent, ChainBreak, Head, Record, verify};
+use platform::{Backend, Timestamp, on_pool, testing::TestDb};
 
 async fn journal(backend: Backend) -> TestDb {
     let db = TestDb::new(backend).await;
@@ -16,17 +16,23 @@ async fn journal(backend: Backend) -> TestDb {
     db
 }
 
-fn record(event: AuditEvent, operation_id: &str) -> Record<'_> {
-    Record {
-        account_id: "acme",
-        principal_id: "acme-agent",
-        operation_id: Some(operation_id),
-        idempotency_key: Some("key-1"),
-        fingerprint: Some("47e978280e3d7237bb05e4813696c25d3052e82abe735d4f35ac1c37b3365e77"),
-        route: Some("/v1/tickets"),
-        event: Some(event),
+fn record(event: AuditEvent, operation_id: &str) -> [Record; 1] {
+    [Record {
+        account_id: "acme".into(),
+        principal_id: "acme-agent".into(),
+        operation_id: Some(operation_id.into()),
+        idempotency_key: Some("key-1".into()),
+        fingerprint: Some("47e978280e3d7237bb05e4813696c25d3052e82abe735d4f35ac1c37b3365e77".into()),
+        route: Some("/v1/tickets".into()),
+        event,
         external_ref: None,
-    }
+        at: Timestamp::now(),
+    }]
+}
+
+/// How many entries a chain holds, if it verifies with no pinned head.
+fn holds(entries: &[audit::AuditEntry]) -> Result<u64, ChainBreak> {
+    verify(entries, None).map(|v| v.entries)
 }
 
 async fn appended_entries_form_a_chain_that_verifies(backend: Backend) {
@@ -45,7 +51,7 @@ async fn appended_entries_form_a_chain_that_verifies(backend: Backend) {
     assert_eq!(entries.len(), 4);
     assert_eq!(entries[0].prev_hash, audit::GENESIS);
     assert_eq!(entries[1].prev_hash, entries[0].hash);
-    assert_eq!(verify(&entries), Ok(4));
+    assert_eq!(holds(&entries), Ok(4));
 }
 
 async fn a_changed_or_missing_entry_is_named_by_verification(backend: Backend) {
@@ -60,14 +66,14 @@ async fn a_changed_or_missing_entry_is_named_by_verification(backend: Backend) {
     let mut edited = entries.clone();
     edited[2].event = AuditEvent::Failed;
     assert_eq!(
-        verify(&edited).unwrap_err().seq,
+        holds(&edited).unwrap_err().seq,
         3,
         "the edited entry no longer hashes to its hash"
     );
 
     let mut missing = entries.clone();
     missing.remove(1);
-    assert_eq!(verify(&missing).unwrap_err().seq, 3, "the entry after the gap is named");
+    assert_eq!(holds(&missing).unwrap_err().seq, 3, "the entry after the gap is named");
 }
 
 async fn concurrent_writers_never_fork_the_chain(backend: Backend) {
@@ -90,7 +96,7 @@ async fn concurrent_writers_never_fork_the_chain(backend: Backend) {
 
     assert_eq!(entries.len(), 96);
     assert_eq!(
-        verify(&entries),
+        holds(&entries),
         Ok(96),
         "one chain, every entry linked to the one before"
     );
@@ -123,7 +129,7 @@ async fn the_database_refuses_to_update_delete_or_truncate_the_journal(backend: 
         assert!(truncate.unwrap_err().to_string().contains("append-only"));
     }
     assert_eq!(
-        verify(&audit::entries(&db.db, 0, 10).await.unwrap()),
+        holds(&audit::entries(&db.db, 0, 10).await.unwrap()),
         Ok(1),
         "the entry is untouched"
     );
@@ -133,7 +139,8 @@ async fn a_second_successor_of_one_entry_is_refused_by_the_database(backend: Bac
     let db = journal(backend).await;
     let first = audit::append_now(&db.db, &record(AuditEvent::Attempted, "op_1"))
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
     audit::append_now(&db.db, &record(AuditEvent::Claimed, "op_1"))
         .await
         .unwrap();
@@ -160,7 +167,7 @@ async fn an_exported_journal_verifies_offline_and_a_tampered_line_is_named(backe
             .await
             .unwrap();
     }
-    assert_eq!(audit::verify_database(&db.db).await.unwrap(), Ok(3));
+    assert_eq!(holds(&audit::all_entries(&db.db).await.unwrap()), Ok(3));
     let exported = audit::to_json_lines(&audit::entries(&db.db, 0, 100).await.unwrap());
 
     let read_back = audit::from_json_lines(&exported).unwrap();
@@ -170,11 +177,59 @@ async fn an_exported_journal_verifies_offline_and_a_tampered_line_is_named(backe
         1,
     );
 
-    assert_eq!(verify(&read_back), Ok(3));
-    assert_eq!(verify(&audit::from_json_lines(&tampered).unwrap()).unwrap_err().seq, 1);
+    assert_eq!(holds(&read_back), Ok(3));
+    assert_eq!(holds(&audit::from_json_lines(&tampered).unwrap()).unwrap_err().seq, 1);
+}
+
+async fn every_tampered_copy_of_an_exported_journal_is_caught(backend: Backend) {
+    let db = journal(backend).await;
+    for n in 0..6 {
+        audit::append_now(&db.db, &record(AuditEvent::Completed, &format!("op_{n}")))
+            .await
+            .unwrap();
+    }
+    let exported = audit::to_json_lines(&audit::all_entries(&db.db).await.unwrap());
+    let original = audit::from_json_lines(&exported).unwrap();
+    let head = verify(&original, None).unwrap().head.expect("a head");
+    assert_eq!(head.seq, 6);
+    let pinned: Head = head.to_string().parse().unwrap();
+    assert_eq!(verify(&original, Some(&pinned)).map(|v| v.entries), Ok(6));
+
+    let mut changed_field = original.clone();
+    changed_field[3].operation_id = Some("op_forged".into());
+    let mut removed_middle = original.clone();
+    removed_middle.remove(2);
+    let mut cut_tail = original.clone();
+    cut_tail.truncate(4);
+    // a tail cut and the chain re-hashed from the cut: consistent in itself
+    let mut rewritten = original[..4].to_vec();
+    let mut forged = rewritten[3].clone();
+    forged.seq = 5;
+    forged.prev_hash = rewritten[3].hash.clone();
+    forged.hash = forged.computed_hash();
+    let mut forged_next = forged.clone();
+    forged_next.seq = 6;
+    forged_next.prev_hash = forged.hash.clone();
+    forged_next.hash = forged_next.computed_hash();
+    rewritten.extend([forged, forged_next]);
+
+    let caught = |entries: &[audit::AuditEntry]| verify(entries, Some(&pinned)).unwrap_err().seq;
+    assert_eq!(caught(&changed_field), 4, "the changed entry is named");
+    assert_eq!(caught(&removed_middle), 4, "the entry after the hole is named");
+    assert_eq!(caught(&cut_tail), 6, "a cut tail is caught below the pinned head");
+    assert!(
+        verify(&cut_tail, None).is_ok(),
+        "without a pin a cut tail looks whole: pin the head"
+    );
+    assert_eq!(
+        caught(&rewritten),
+        6,
+        "a rewritten tail does not end in the pinned head"
+    );
 }
 
 platform::both_backends!(
+    every_tampered_copy_of_an_exported_journal_is_caught,
     an_exported_journal_verifies_offline_and_a_tampered_line_is_named,
     appended_entries_form_a_chain_that_verifies,
     a_changed_or_missing_entry_is_named_by_verification,

@@ -101,8 +101,9 @@ impl Fixture {
     ) -> Option<idempotency::OperationRecord> {
         let key = IdempotencyKey::parse(key).unwrap();
         let fingerprint = Fingerprint::of("POST", ROUTE, "acme", command);
-        store::claim(
-            &self.db.db,
+        let mut tx = self.db.db.begin().await.unwrap();
+        let claimed = store::claim(
+            &mut tx,
             &NewOperation {
                 account_id: "acme",
                 key: &key,
@@ -117,7 +118,9 @@ impl Fixture {
             },
         )
         .await
-        .unwrap()
+        .unwrap();
+        tx.commit().await.unwrap();
+        claimed
     }
 }
 
@@ -237,7 +240,7 @@ async fn of_many_racing_takers_of_an_expired_lease_exactly_one_wins(backend: Bac
         let (db, stale) = (db.clone(), stale.clone());
         tokio::spawn(async move {
             let now = Timestamp::now();
-            store::take_over(
+            take_over(
                 &db,
                 &stale,
                 &format!("taker-{n}"),
@@ -265,7 +268,7 @@ async fn a_lease_that_has_not_run_out_cannot_be_taken_over(backend: Backend) {
         .unwrap();
     let now = Timestamp::now();
 
-    let taken = store::take_over(&f.db.db, &held, "thief", now.plus(Duration::from_secs(30)), now)
+    let taken = take_over(&f.db.db, &held, "thief", now.plus(Duration::from_secs(30)), now)
         .await
         .unwrap();
 
@@ -280,7 +283,7 @@ async fn an_attempt_that_lost_its_lease_cannot_complete_the_operation(backend: B
         .await
         .unwrap();
     let now = Timestamp::now();
-    store::take_over(&f.db.db, &slow, "successor", now.plus(Duration::from_secs(30)), now)
+    take_over(&f.db.db, &slow, "successor", now.plus(Duration::from_secs(30)), now)
         .await
         .unwrap()
         .unwrap();
@@ -492,3 +495,17 @@ platform::both_backends!(
     the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones,
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
 );
+
+/// A takeover in a transaction of its own, as an attempt makes it.
+async fn take_over(
+    db: &platform::Db,
+    operation: &idempotency::OperationRecord,
+    token: &str,
+    locked_until: Timestamp,
+    now: Timestamp,
+) -> Result<Option<idempotency::OperationRecord>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let taken = store::take_over(&mut tx, operation, token, locked_until, now).await?;
+    tx.commit().await?;
+    Ok(taken)
+}

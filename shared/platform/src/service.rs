@@ -62,6 +62,21 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "An external effect may or may not have happened. The operation is not executed again; poll `status_url`.",
     ),
     (
+        "approval_fingerprint_mismatch",
+        409,
+        "The `fingerprint` sent with the decision is not the operation's: the approver saw another request. Nothing was decided.",
+    ),
+    (
+        "approval_rejected",
+        409,
+        "A human rejected this operation; it never runs. Every retry with the key gets this answer; a new intention needs a new key.",
+    ),
+    (
+        "approval_expired",
+        409,
+        "Nobody approved this operation in time (or it was not run before its approval expired); it never runs. A new attempt needs a new key.",
+    ),
+    (
         "invalid_state",
         409,
         "The resource's current state does not allow this action.",

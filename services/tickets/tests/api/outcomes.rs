@@ -116,8 +116,9 @@ async fn claim_as_another_attempt(app: &TestApp, key: &str, body: &CreateTicket,
     let key = IdempotencyKey::parse(key).unwrap();
     let fingerprint = Fingerprint::of("POST", "/v1/tickets", "acme", body);
     let now = Timestamp::now();
+    let mut tx = app.db.db.begin().await.unwrap();
     let claimed = store::claim(
-        &app.db.db,
+        &mut tx,
         &NewOperation {
             account_id: "acme",
             key: &key,
@@ -134,6 +135,7 @@ async fn claim_as_another_attempt(app: &TestApp, key: &str, body: &CreateTicket,
     .await
     .unwrap()
     .expect("the key was free");
+    tx.commit().await.unwrap();
     claimed.operation_id
 }
 
@@ -153,11 +155,13 @@ async fn finish_as_the_other_attempt(db: &platform::Db, status: StatusCode, body
         now: Timestamp::now(),
     };
     let key = IdempotencyKey::parse("key-1").unwrap();
+    let mut tx = db.begin().await.unwrap();
     assert!(
-        store::finish(db, "acme", &key, "other-attempt", &completion)
+        store::complete(&mut tx, "acme", &key, "other-attempt", &completion)
             .await
             .unwrap()
     );
+    tx.commit().await.unwrap();
 }
 
 fn rotate_cert_command() -> CreateTicket {
