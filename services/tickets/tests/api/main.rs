@@ -1,8 +1,10 @@
-//! The tickets API against CONTRACT §1–§4 and §7 Tickets, every test on
-//! SQLite and on PostgreSQL.
+//! The tickets API against CONTRACT §1–§4, §6 (approvals), §7 Tickets and §8
+//! (the audit journal), every test on SQLite and on PostgreSQL.
 
 mod support;
 
+mod approvals;
+mod audit;
 mod auth_and_scoping;
 mod outcomes;
 mod races;

@@ -9,15 +9,22 @@ use axum::{
 use http_body_util::BodyExt;
 use idempotency::IdempotencyConfig;
 use platform::{Backend, on_pool, testing::TestDb};
+use platform::{Principal, Role};
 use serde_json::Value;
-use tickets::App;
+use tickets::{
+    App,
+    domain::{Priority, TicketsPolicy},
+};
 use tower::ServiceExt;
 
 pub const ACME_AGENT: &str = "demo-acme-agent";
 pub const GLOBEX_AGENT: &str = "demo-globex-agent";
+pub const ACME_APPROVER: &str = "demo-acme-approver";
+pub const GLOBEX_APPROVER: &str = "demo-globex-approver";
 
 pub struct TestApp {
     pub router: Router,
+    pub app: App,
     pub db: TestDb,
 }
 
@@ -27,13 +34,36 @@ impl TestApp {
     }
 
     pub async fn spawn_with(backend: Backend, config: IdempotencyConfig) -> TestApp {
+        TestApp::spawn_with_policy(backend, config, TicketsPolicy::default()).await
+    }
+
+    /// An app whose urgent tickets wait for a human (`TICKETS_APPROVAL_PRIORITY=urgent`).
+    pub async fn spawn_with_approvals(backend: Backend, config: IdempotencyConfig) -> TestApp {
+        let policy = TicketsPolicy {
+            approval_from: Some(Priority::Urgent),
+        };
+        TestApp::spawn_with_policy(backend, config, policy).await
+    }
+
+    pub async fn spawn_with_policy(backend: Backend, config: IdempotencyConfig, policy: TicketsPolicy) -> TestApp {
         let db = TestDb::new(backend).await;
         tickets::migrate(&db.db).await.expect("migrations apply");
-        let app = App::new(db.db.clone(), config, true);
+        let app = App::new(db.db.clone(), config, true).with_policy(policy);
         TestApp {
-            router: tickets::build_router(app),
+            router: tickets::build_router(app.clone()),
+            app,
             db,
         }
+    }
+
+    /// A new API key in the database, for a principal the demo keys do not have.
+    pub async fn create_key(&self, account_id: &str, principal_id: &str, role: Role) -> String {
+        let principal = Principal {
+            account_id: account_id.into(),
+            principal_id: principal_id.into(),
+            role,
+        };
+        self.app.auth.create_key(&principal).await.unwrap().expose().to_owned()
     }
 
     pub async fn send(&self, request: Request<Body>) -> TestResponse {

@@ -1,0 +1,231 @@
+//! CONTRACT §8 through the API: what each attempt leaves in the journal, who
+//! may read it, and a chain that holds under concurrent load.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use idempotency::{IdempotencyConfig, audit};
+use platform::Backend;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const URGENT: &str = r#"{"project":"payments-api","title":"Checkout is down","priority":"urgent"}"#;
+
+impl TestApp {
+    /// The events of one operation, in chain order, as an approver reads them.
+    async fn journal_of(&self, operation_id: &str) -> Vec<(String, String)> {
+        let page = self
+            .get(
+                &format!("/v1/audit?operation_id={operation_id}&limit=200"),
+                ACME_APPROVER,
+            )
+            .await;
+        assert_eq!(page.status.as_u16(), 200, "{:?}", page.body);
+        page.json()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["event"].as_str().unwrap().to_owned(),
+                    e["principal_id"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn events(journal: &[(String, String)]) -> Vec<&str> {
+    journal.iter().map(|(event, _)| event.as_str()).collect()
+}
+
+async fn the_journal_records_every_step_of_an_approved_operation_in_order(backend: Backend) {
+    let app = TestApp::spawn_with_approvals(backend, IdempotencyConfig::default()).await;
+    let first = app.create_ticket("key-1", URGENT).await;
+    let request = first.json();
+    app.create_ticket("key-1", URGENT).await;
+    let body = json!({"decision": "approve", "fingerprint": request["fingerprint"]}).to_string();
+    let approval = format!("/v1/approvals/{}/decision", request["approval_id"].as_str().unwrap());
+    assert_eq!(
+        app.post(&approval, ACME_APPROVER, None, &body).await.status.as_u16(),
+        200
+    );
+    assert_eq!(app.create_ticket("key-1", URGENT).await.status.as_u16(), 201);
+    assert_eq!(app.create_ticket("key-1", URGENT).await.replayed(), Some("true"));
+
+    let journal = app.journal_of(first.operation_id()).await;
+
+    assert_eq!(
+        events(&journal),
+        [
+            "attempted",
+            "claimed",
+            "approval_requested",
+            "attempted",
+            "replayed",
+            "approved",
+            "attempted",
+            "completed",
+            "attempted",
+            "replayed",
+        ]
+    );
+    assert_eq!(journal[5].1, "acme-approver", "the decision is the approver's");
+    assert!(
+        journal
+            .iter()
+            .filter(|(e, _)| e != "approved")
+            .all(|(_, who)| who == "acme-agent")
+    );
+}
+
+async fn a_replay_is_journaled_as_replayed_and_a_changed_body_as_key_reused(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let first = app.create_ticket("key-1", ROTATE_CERT).await;
+    app.create_ticket("key-1", ROTATE_CERT).await;
+    app.create_ticket("key-1", &ROTATE_CERT.replace("high", "low")).await;
+
+    let journal = app.journal_of(first.operation_id()).await;
+
+    assert_eq!(
+        events(&journal),
+        [
+            "attempted",
+            "claimed",
+            "completed",
+            "attempted",
+            "replayed",
+            "attempted",
+            "key_reused"
+        ]
+    );
+    let entries = app.get("/v1/audit?event=replayed", ACME_APPROVER).await.json();
+    let entry = &entries["data"][0];
+    assert_eq!(entry["operation_id"], first.operation_id());
+    assert_eq!(entry["idempotency_key"], "key-1");
+    assert_eq!(entry["route"], "/v1/tickets");
+    assert_eq!(entry["fingerprint"].as_str().unwrap().len(), 64);
+    assert_eq!(entries["data"].as_array().unwrap().len(), 1);
+    let text = String::from_utf8_lossy(&app.get("/v1/audit", ACME_APPROVER).await.body).to_string();
+    assert!(
+        !text.contains("Rotate staging certificate") && !text.contains("demo-acme-agent"),
+        "no bodies and no API keys in the journal"
+    );
+}
+
+async fn the_journal_is_read_by_approvers_and_admins_of_its_own_account_only(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let first = app.create_ticket("key-1", ROTATE_CERT).await;
+
+    app.get("/v1/audit", ACME_AGENT).await.assert_problem(403, "forbidden");
+    let theirs = app
+        .get(
+            &format!("/v1/audit?operation_id={}", first.operation_id()),
+            GLOBEX_APPROVER,
+        )
+        .await
+        .json();
+
+    assert_eq!(theirs["data"], json!([]));
+}
+
+async fn the_journal_filters_by_time_range_and_pages_in_chain_order(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.create_ticket("key-1", ROTATE_CERT).await;
+    let all = app.get("/v1/audit", ACME_APPROVER).await.json();
+    let middle = all["data"][1]["at"].as_str().unwrap().to_owned();
+    app.create_ticket("key-2", ROTATE_CERT).await;
+
+    let until = app
+        .get(&format!("/v1/audit?until={middle}"), ACME_APPROVER)
+        .await
+        .json();
+    let since = app
+        .get(&format!("/v1/audit?since={middle}&limit=2"), ACME_APPROVER)
+        .await
+        .json();
+    let rest = app
+        .get(
+            &format!(
+                "/v1/audit?since={middle}&limit=2&cursor={}",
+                since["next_cursor"].as_str().unwrap()
+            ),
+            ACME_APPROVER,
+        )
+        .await
+        .json();
+
+    assert!(
+        until["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["at"].as_str().unwrap() < middle.as_str())
+    );
+    let seqs = |page: &Value| -> Vec<i64> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["seq"].as_i64().unwrap())
+            .collect()
+    };
+    let (first_page, second_page) = (seqs(&since), seqs(&rest));
+    assert_eq!(first_page.len(), 2);
+    assert!(first_page[1] < second_page[0], "pages follow the chain");
+    app.get("/v1/audit?since=yesterday", ACME_APPROVER)
+        .await
+        .assert_problem(400, "invalid_request");
+}
+
+async fn the_chain_verifies_after_a_thousand_mixed_concurrent_operations(backend: Backend) {
+    let app = Arc::new(TestApp::spawn_with_approvals(backend, IdempotencyConfig::default()).await);
+    let workers = join_all((0..20).map(|worker| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            for n in 0..50 {
+                let key = format!("key-{worker}-{}", n / 2);
+                let (bearer, body) = match n % 5 {
+                    // a create and, on the odd n, its retry: a replay
+                    0..=2 => (ACME_AGENT, ROTATE_CERT.to_owned()),
+                    // the same key with another body: key_reused
+                    3 => (ACME_AGENT, ROTATE_CERT.replace("high", "low")),
+                    // an urgent ticket: an approval request
+                    _ => (GLOBEX_AGENT, URGENT.to_owned()),
+                };
+                app.post("/v1/tickets", bearer, Some(&key), &body).await;
+            }
+        })
+    }))
+    .await;
+    for worker in workers {
+        worker.unwrap();
+    }
+
+    app.app.idempotency.flush_journal().await;
+    let entries = audit::all_entries(&app.db.db).await.unwrap();
+    let verified = audit::verify(&entries, None).expect("one unbroken chain");
+
+    assert!(
+        verified.entries >= 2000,
+        "every one of the 1,000 attempts left entries: {}",
+        verified.entries
+    );
+    assert_eq!(
+        entries
+            .iter()
+            .filter(|e| e.event == audit::AuditEvent::Attempted)
+            .count(),
+        1000,
+        "one `attempted` per request"
+    );
+}
+
+platform::both_backends!(
+    the_journal_records_every_step_of_an_approved_operation_in_order,
+    a_replay_is_journaled_as_replayed_and_a_changed_body_as_key_reused,
+    the_journal_is_read_by_approvers_and_admins_of_its_own_account_only,
+    the_journal_filters_by_time_range_and_pages_in_chain_order,
+    the_chain_verifies_after_a_thousand_mixed_concurrent_operations,
+);
