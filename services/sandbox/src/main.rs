@@ -5,6 +5,7 @@
 
 use idempotency::IdempotencyConfig;
 use platform::{auth::DEMO_KEYS, config::ServiceConfig};
+use sandbox::console::{self, ConsoleConfig, ServiceLink};
 use tokio::sync::watch;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -27,8 +28,18 @@ async fn main() -> Result<(), Error> {
     };
 
     let tickets_listener = tokio::net::TcpListener::bind(tickets.listen).await?;
-    print_banner(&tickets);
+    let console_addr = platform::config::listen_addr("console", console::DEFAULT_PORT)?;
+    let console_listener = tokio::net::TcpListener::bind(console_addr).await?;
+    let console_config = ConsoleConfig {
+        services: vec![ServiceLink {
+            name: "tickets".into(),
+            url: format!("http://{}", tickets.listen),
+        }],
+        suggested_key: tickets.sandbox.then(|| "demo-acme-approver".to_owned()),
+    };
+    print_banner(&tickets, console_addr);
     let mut services = tokio::task::JoinSet::new();
+    services.spawn(console::serve(console_listener, console_config, until_stopped()));
     services.spawn(tickets::serve(
         tickets,
         idempotency,
@@ -55,7 +66,7 @@ async fn main() -> Result<(), Error> {
     Ok(())
 }
 
-fn print_banner(tickets: &ServiceConfig) {
+fn print_banner(tickets: &ServiceConfig, console: std::net::SocketAddr) {
     let backend = if tickets.database_url.starts_with("postgres") {
         "PostgreSQL"
     } else {
@@ -67,6 +78,7 @@ fn print_banner(tickets: &ServiceConfig) {
         "  tickets   http://{}   docs http://{}/docs",
         tickets.listen, tickets.listen
     );
+    println!("  approvals http://{console}   (the approval console)");
     println!();
     println!("Demo API keys (sandbox only):");
     for key in DEMO_KEYS {

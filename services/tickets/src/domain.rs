@@ -168,10 +168,12 @@ impl TicketsPolicy {
         (command.priority >= from).then(|| ApprovalSummary {
             action: format!("create a ticket with priority {}", command.priority.as_str()),
             target: format!("project {}", command.project),
-            consequences: format!(
-                "a {} ticket is worked on (and, when urgent, pages the on-call engineer) as soon as it exists",
-                command.priority.as_str()
-            ),
+            consequences: match command.priority {
+                Priority::Urgent => "an urgent ticket pages the project's on-call engineer as soon as it exists",
+                Priority::High => "a high-priority ticket goes to the top of the project's queue",
+                Priority::Normal | Priority::Low => "a new ticket joins the project's queue",
+            }
+            .to_owned(),
             identifiers: [
                 ("project", Some(command.project.clone())),
                 ("title", Some(command.title.clone())),

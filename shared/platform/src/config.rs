@@ -29,14 +29,7 @@ pub struct ConfigError(String);
 impl ServiceConfig {
     pub fn from_env(service: &'static str, default_port: u16, sandbox_default: bool) -> Result<Self, ConfigError> {
         let upper = service.to_ascii_uppercase();
-        let listen = match env(&format!("{upper}_ADDR")) {
-            Some(addr) => addr.parse().map_err(|_| {
-                ConfigError(format!(
-                    "{upper}_ADDR `{addr}` is not an address like 127.0.0.1:{default_port}"
-                ))
-            })?,
-            None => SocketAddr::from(([127, 0, 0, 1], default_port)),
-        };
+        let listen = listen_addr(service, default_port)?;
         let database_url = database_url_for(
             service,
             env(&format!("{upper}_DATABASE_URL")),
@@ -60,6 +53,19 @@ impl ServiceConfig {
             sandbox,
             max_connections,
         })
+    }
+}
+
+/// `<SERVICE>_ADDR`, or `127.0.0.1:<default_port>`.
+pub fn listen_addr(service: &str, default_port: u16) -> Result<SocketAddr, ConfigError> {
+    let upper = service.to_ascii_uppercase();
+    match env(&format!("{upper}_ADDR")) {
+        Some(addr) => addr.parse().map_err(|_| {
+            ConfigError(format!(
+                "{upper}_ADDR `{addr}` is not an address like 127.0.0.1:{default_port}"
+            ))
+        }),
+        None => Ok(SocketAddr::from(([127, 0, 0, 1], default_port))),
     }
 }
 

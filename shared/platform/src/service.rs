@@ -167,6 +167,11 @@ td,th{{text-align:left;vertical-align:top;padding:.3rem .6rem;border-bottom:1px 
     )
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+/// Text made safe for HTML, in element content and in quoted attributes.
+pub fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
 }
