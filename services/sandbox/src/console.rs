@@ -83,16 +83,22 @@ async fn page(State(console): State<Console>, headers: HeaderMap, Query(notice):
     let Some(key) = key_from(&headers) else {
         return Html(layout(&key_form(console.config.suggested_key.as_deref()), None));
     };
+    // only notices this console could have sent: a known service, an approval id
+    let known = |service: &String| console.config.services.iter().any(|s| &s.name == service);
     let notice = match (notice.done.as_deref(), &notice.approval, &notice.service) {
-        (Some(done @ ("approved" | "rejected")), Some(approval), Some(service)) => Some(format!(
-            "{} {approval} of {service}.{}",
-            if done == "approved" { "Approved" } else { "Rejected" },
-            if done == "approved" {
-                " The operation runs when the agent retries it with the same key."
-            } else {
-                " The operation will never run."
-            }
-        )),
+        (Some(done @ ("approved" | "rejected")), Some(approval), Some(service))
+            if known(service) && is_approval_id(approval) =>
+        {
+            Some(format!(
+                "{} {approval} of {service}.{}",
+                if done == "approved" { "Approved" } else { "Rejected" },
+                if done == "approved" {
+                    " The operation runs when the agent retries it with the same key."
+                } else {
+                    " The operation will never run."
+                }
+            ))
+        }
         _ => None,
     };
     Html(console.render(&key, notice.as_deref(), None).await)
@@ -103,13 +109,17 @@ struct KeyForm {
     key: String,
 }
 
-async fn use_key(Form(form): Form<KeyForm>) -> Response {
+async fn use_key(headers: HeaderMap, Form(form): Form<KeyForm>) -> Response {
+    if let Some(refused) = refuse_cross_origin(&headers) {
+        return refused;
+    }
     let key = form.key.trim();
-    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+    // the alphabet of API keys: nothing that could end a cookie or add an attribute
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
         return Html(layout(
             &format!(
                 "{}{}",
-                error_box("An API key is one word of visible characters, like demo-acme-approver."),
+                error_box("An API key is one word of letters, digits, - and _, like demo-acme-approver."),
                 key_form(None)
             ),
             None,
@@ -120,7 +130,10 @@ async fn use_key(Form(form): Form<KeyForm>) -> Response {
     with_cookie(Redirect::to("/").into_response(), &cookie)
 }
 
-async fn forget_key() -> Response {
+async fn forget_key(headers: HeaderMap) -> Response {
+    if let Some(refused) = refuse_cross_origin(&headers) {
+        return refused;
+    }
     let cookie = format!("{KEY_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
     with_cookie(Redirect::to("/").into_response(), &cookie)
 }
@@ -134,9 +147,16 @@ struct DecideForm {
 }
 
 async fn decide(State(console): State<Console>, headers: HeaderMap, Form(form): Form<DecideForm>) -> Response {
+    if let Some(refused) = refuse_cross_origin(&headers) {
+        return refused;
+    }
     let Some(key) = key_from(&headers) else {
         return Redirect::to("/").into_response();
     };
+    if !is_approval_id(&form.approval_id) {
+        let problem = "That is not an approval id (apr_ and 32 hex digits); reload the page.";
+        return Html(console.render(&key, None, Some(problem)).await).into_response();
+    }
     let Some(service) = console.config.services.iter().find(|s| s.name == form.service) else {
         let problem = format!("There is no service called “{}” in this sandbox.", form.service);
         return Html(console.render(&key, None, Some(&problem)).await).into_response();
@@ -222,22 +242,33 @@ impl Console {
         layout(&body, Some(key))
     }
 
-    /// The service's approvals, newest first. The first 200 are enough for a sandbox.
+    /// Every approval the service keeps for this account (they live as long
+    /// as their operation), page after page, newest first.
     async fn approvals(&self, service: &ServiceLink, key: &str) -> Result<Vec<Value>, String> {
-        let url = format!("{}/v1/approvals?limit=200", service.url);
-        let answer = self
-            .http
-            .get(&url)
-            .bearer_auth(key)
-            .send()
-            .await
-            .map_err(|e| unreachable_service(service, &e))?;
-        let status = answer.status().as_u16();
-        let body: Value = answer.json().await.unwrap_or_default();
-        if status != 200 {
-            return Err(in_words(&service.name, status, &body));
+        let (mut approvals, mut cursor) = (Vec::new(), None::<String>);
+        loop {
+            let mut url = format!("{}/v1/approvals?limit=200", service.url);
+            if let Some(cursor) = &cursor {
+                url.push_str(&format!("&cursor={cursor}"));
+            }
+            let answer = self
+                .http
+                .get(&url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .map_err(|e| unreachable_service(service, &e))?;
+            let status = answer.status().as_u16();
+            let body: Value = answer.json().await.unwrap_or_default();
+            if status != 200 {
+                return Err(in_words(&service.name, status, &body));
+            }
+            approvals.extend(body["data"].as_array().cloned().unwrap_or_default());
+            match body["next_cursor"].as_str() {
+                Some(next) => cursor = Some(form_urlencoded::byte_serialize(next.as_bytes()).collect()),
+                None => break,
+            }
         }
-        let mut approvals = body["data"].as_array().cloned().unwrap_or_default();
         approvals.reverse();
         Ok(approvals)
     }
@@ -387,6 +418,36 @@ button {{ font: inherit; padding: .35rem 1rem; border-radius: 6px; border: 1px s
 {body}
 </body></html>"#
     )
+}
+
+/// `apr_` and 32 lowercase hex digits: what the services make, and nothing
+/// that could change the decision's URL.
+fn is_approval_id(id: &str) -> bool {
+    id.strip_prefix("apr_")
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
+/// A form posted from another origin — another site, or another port of this
+/// host, which `SameSite` counts as the same site — is refused: it could
+/// decide with the approver's cookie, or plant its own key.
+fn refuse_cross_origin(headers: &HeaderMap) -> Option<Response> {
+    let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let same_origin = match (value("sec-fetch-site"), value("origin"), value("host")) {
+        (Some(site), _, _) => site == "same-origin" || site == "none",
+        (None, Some(origin), Some(host)) => origin == format!("http://{host}"),
+        // no browser sent this (a script): it holds no one's cookie
+        (None, _, _) => true,
+    };
+    (!same_origin).then(|| {
+        (
+            axum::http::StatusCode::FORBIDDEN,
+            Html(layout(
+                &error_box("This form was sent from another page; the console accepts its own forms only."),
+                None,
+            )),
+        )
+            .into_response()
+    })
 }
 
 fn key_from(headers: &HeaderMap) -> Option<String> {

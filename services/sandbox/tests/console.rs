@@ -214,6 +214,41 @@ async fn the_console_explains_a_refused_decision_in_words(backend: Backend) {
     browser.clone().close().await.unwrap();
 }
 
+/// The console's forms, posted from another page (another site, or another
+/// port of localhost, which `SameSite` cookies do not tell apart), are refused.
+#[tokio::test]
+async fn a_decision_posted_from_another_origin_is_refused() {
+    let console_url = serve(console::router(ConsoleConfig {
+        services: vec![],
+        suggested_key: None,
+    }))
+    .await;
+    let http = reqwest::Client::new();
+    let form = "service=tickets&approval_id=apr_0123456789abcdef0123456789abcdef&fingerprint=x&decision=approve";
+
+    let cross = http
+        .post(format!("{console_url}/decide"))
+        .header("cookie", "retrysafe_console_key=demo-acme-approver")
+        .header("sec-fetch-site", "same-site")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form)
+        .send()
+        .await
+        .unwrap();
+    let planted = http
+        .post(format!("{console_url}/key"))
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("key=attacker-key")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(cross.status().as_u16(), 403);
+    assert_eq!(planted.status().as_u16(), 403);
+    assert!(planted.headers().get("set-cookie").is_none(), "no key was planted");
+}
+
 platform::both_backends!(
     an_approver_approves_in_the_console_and_the_agent_s_retry_creates_the_ticket,
     the_console_explains_a_refused_decision_in_words,

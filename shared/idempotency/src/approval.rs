@@ -305,10 +305,17 @@ pub async fn list(
     }))
 }
 
-/// Pending approvals past their expiry, of every account: the reaper's work.
+/// Approvals past their expiry whose operation still waits, of every
+/// account: pending ones nobody decided, and approved ones no retry ran in
+/// time. The reaper's work.
 async fn due(db: &Db, now: Timestamp, limit: i64) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
+    let columns = COLUMNS.replace(", ", ", a.");
     let sql = format!(
-        "SELECT {COLUMNS} FROM idempotency_approvals WHERE decision IS NULL AND expires_at <= $1 ORDER BY seq LIMIT $2"
+        "SELECT a.{columns} FROM idempotency_approvals a \
+         JOIN idempotency_operations o ON o.operation_id = a.operation_id \
+         WHERE o.state = 'awaiting_approval' AND a.expires_at <= $1 \
+           AND (a.decision IS NULL OR a.decision = 'approved') \
+         ORDER BY a.seq LIMIT $2"
     );
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
@@ -470,8 +477,7 @@ impl Idempotency {
                 "the principal that requested an operation may not approve it; another approver must decide",
             ));
         }
-        let now = Timestamp::now();
-        match approval.state(now) {
+        match approval.state(Timestamp::now()) {
             ApprovalState::Pending => {}
             ApprovalState::Expired => {
                 self.expire(&approval).await?;
@@ -484,7 +490,7 @@ impl Idempotency {
             decided
                 if decided == decision.state() && approval.decided_by.as_deref() == Some(&principal.principal_id) =>
             {
-                return Ok(ApprovalView::of(approval, now));
+                return Ok(ApprovalView::of(approval, Timestamp::now()));
             }
             decided => {
                 return Err(ApiError::invalid_state(format!(
@@ -507,6 +513,8 @@ impl Idempotency {
         }
 
         let mut tx = self.db.begin().await?;
+        // the time of the decision is taken once the write lock is held
+        let now = Timestamp::now();
         if !record_decision(
             &mut tx,
             &approval,
@@ -546,16 +554,26 @@ impl Idempotency {
         Ok(ApprovalView::of(decided, Timestamp::now()))
     }
 
-    /// Marks a pending approval past its expiry as expired, and its operation
-    /// `rejected` with the `approval_expired` answer. Nothing if it was
-    /// decided meanwhile.
+    /// Ends an operation whose approval ran out: a pending approval is
+    /// marked expired; the operation, if it still waits (an approved one no
+    /// retry ran in time, too), becomes `rejected` with the `approval_expired`
+    /// answer. Nothing if it was decided, or started, meanwhile.
     pub(crate) async fn expire(&self, approval: &ApprovalRecord) -> Result<(), sqlx::Error> {
-        let now = Timestamp::now();
         let mut tx = self.db.begin().await?;
-        if !record_expiry(&mut tx, approval, now).await? {
+        let now = Timestamp::now();
+        if approval.expires_at > now {
             return tx.rollback().await;
         }
-        self.settle(&mut tx, approval, ApprovalState::Expired, now).await?;
+        let pending = approval.decision.is_none();
+        if pending && !record_expiry(&mut tx, approval, now).await? {
+            // decided between the read and now: the decision stands
+            return tx.rollback().await;
+        }
+        // compare-and-set on `awaiting_approval`: an approved operation a retry just started is left to run
+        let settled = self.settle(&mut tx, approval, ApprovalState::Expired, now).await?;
+        if !pending && !settled {
+            return tx.rollback().await;
+        }
         audit::record(&mut tx, &[approval.audit(AuditEvent::Expired, EXPIRY_PRINCIPAL, now)]).await?;
         tx.commit().await?;
         self.journal.wake();
@@ -571,14 +589,15 @@ impl Idempotency {
         Ok(due.len())
     }
 
-    /// Ends an operation waiting for its approval with the refusal as its answer.
+    /// Ends an operation waiting for its approval with the refusal as its
+    /// answer. `false`: it was not waiting any more.
     async fn settle(
         &self,
         tx: &mut Tx,
         approval: &ApprovalRecord,
         state: ApprovalState,
         now: Timestamp,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<bool, sqlx::Error> {
         let response = problem_response(&refusal(state, &approval.operation_id, &approval.approval_id));
         let completion = Completion {
             state: OperationState::Rejected,
@@ -587,8 +606,7 @@ impl Idempotency {
             external_ref: None,
             now,
         };
-        store::settle_awaiting(tx, &approval.account_id, &approval.operation_id, &completion).await?;
-        Ok(())
+        store::settle_awaiting(tx, &approval.account_id, &approval.operation_id, &completion).await
     }
 }
 

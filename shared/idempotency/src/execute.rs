@@ -139,13 +139,9 @@ fn json_response(status: StatusCode, body: &impl Serialize) -> StoredResponse {
 enum Decision {
     /// Answer the client with this; nothing runs.
     Answer(Response),
-    /// This attempt holds the operation now (a dead holder's lease, or an
-    /// approved operation) and runs it. `opening`: journal records to commit
-    /// with its outcome.
-    Run {
-        operation: Box<OperationRecord>,
-        opening: Vec<Record>,
-    },
+    /// This attempt holds the operation now (its claim, a dead holder's
+    /// lease, or an approved operation) and runs it.
+    Run(Box<OperationRecord>),
     /// The operation disappeared under us (reaped, or freed): claim again.
     Vanished,
 }
@@ -189,10 +185,10 @@ impl Idempotency {
             return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
         }
         match self.claim_or_decide(&attempt, &fingerprint).await {
-            Ok(Decision::Run { operation, opening }) => {
+            Ok(Decision::Run(operation)) => {
                 telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
                 fail_point("idempotency::after_claim").await;
-                self.run(&attempt, *operation, effect, opening).await
+                self.run(&attempt, *operation, effect).await
             }
             Ok(Decision::Answer(response)) => response,
             Ok(Decision::Vanished) => {
@@ -528,7 +524,7 @@ impl Idempotency {
         };
         match decided {
             Ok(Decision::Answer(response)) => response,
-            Ok(Decision::Run { operation, opening }) => self.run(attempt, *operation, effect, opening).await,
+            Ok(Decision::Run(operation)) => self.run(attempt, *operation, effect).await,
             // freed by a failed first attempt, or reaped: nothing holds the key now
             Ok(Decision::Vanished) => self.server_error_unclaimed(
                 attempt,
@@ -555,10 +551,7 @@ impl Idempotency {
                 audit::record(&mut tx, &journaled).await?;
                 tx.commit().await?;
                 self.journal.wake();
-                return Ok(Decision::Run {
-                    operation: Box::new(claimed),
-                    opening: Vec::new(),
-                });
+                return Ok(Decision::Run(Box::new(claimed)));
             }
             tx.rollback().await?;
             let Some(existing) = self
@@ -617,10 +610,7 @@ impl Idempotency {
                             tx.commit().await?;
                             self.journal.wake();
                             tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
-                            return Ok(Decision::Run {
-                                operation: Box::new(taken),
-                                opening: Vec::new(),
-                            });
+                            return Ok(Decision::Run(Box::new(taken)));
                         }
                         tx.rollback().await?;
                     } else if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
@@ -646,18 +636,23 @@ impl Idempotency {
                         ApprovalState::Expired => self.expire(&approval).await?,
                         ApprovalState::Approved if may_take_over => {
                             let now = Timestamp::now();
-                            let token = new_lease_token();
-                            let started =
-                                store::start_approved(&self.db, &operation, &token, now.plus(self.config.lease), now)
-                                    .await?;
-                            if let Some(started) = started {
-                                let opening = vec![started.audit(AuditEvent::Attempted, by, attempt.started)];
-                                return Ok(Decision::Run {
-                                    operation: Box::new(started),
-                                    opening,
-                                });
+                            let locked_until = now.plus(self.config.lease);
+                            let mut tx = self.db.begin().await?;
+                            if let Some(started) =
+                                store::start_approved(&mut tx, &operation, &new_lease_token(), locked_until, now)
+                                    .await?
+                            {
+                                let journaled = [
+                                    started.audit(AuditEvent::Attempted, by, attempt.started),
+                                    started.audit(AuditEvent::Claimed, by, now),
+                                ];
+                                audit::record(&mut tx, &journaled).await?;
+                                tx.commit().await?;
+                                self.journal.wake();
+                                return Ok(Decision::Run(Box::new(started)));
                             }
                             // another retry started it first: look again
+                            tx.rollback().await?;
                         }
                         // pending (or approved, for an attempt that cannot run it): the approval request again
                         _ => {
@@ -739,24 +734,14 @@ impl Idempotency {
     /// Runs the effect of an operation this attempt holds the lease of. An
     /// operation bound to an approval runs only if the approval still allows
     /// it, checked in the effect's own transaction.
-    async fn run<F>(
-        &self,
-        attempt: &Attempt<'_>,
-        operation: OperationRecord,
-        effect: F,
-        opening: Vec<Record>,
-    ) -> Response
+    async fn run<F>(&self, attempt: &Attempt<'_>, operation: OperationRecord, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
     {
         let token = operation.lease_token.clone().unwrap_or_default();
         let by = attempt.principal.principal_id.as_str();
         let (account_id, key, operation_id) = (&operation.account_id, &operation.key, &operation.operation_id);
-        let journaled = |event: AuditEvent, at: Timestamp| {
-            let mut records = opening.clone();
-            records.push(operation.audit(event, by, at));
-            records
-        };
+        let journaled = |event: AuditEvent, at: Timestamp| [operation.audit(event, by, at)];
         let give_back = async |error: ApiError| {
             let freed = async {
                 let mut tx = self.db.begin().await?;

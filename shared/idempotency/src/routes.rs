@@ -61,7 +61,11 @@ impl From<OperationRecord> for OperationView {
             updated_at: op.updated_at,
             attempts: op.attempts,
             resource: op.resource,
-            response_status: op.response.map(|r| r.status.as_u16()),
+            // an answer is final once the operation is (or its first 202, for an unknown outcome)
+            response_status: op
+                .response
+                .filter(|_| op.state.is_finished() || op.state == OperationState::Unknown)
+                .map(|r| r.status.as_u16()),
             approval: None,
             external_ref: op.external_ref,
         }

@@ -120,7 +120,7 @@ pub async fn take_over(
 /// new lease, compare-and-set on the state, so of two racing retries exactly
 /// one runs it.
 pub async fn start_approved(
-    db: &Db,
+    tx: &mut Tx,
     operation: &OperationRecord,
     token: &str,
     locked_until: Timestamp,
@@ -132,14 +132,14 @@ pub async fn start_approved(
          RETURNING ",
         columns!()
     );
-    Ok(on_pool!(db.write(), |pool| {
+    Ok(on_tx!(tx, |conn| {
         sqlx::query(SQL)
             .bind(&operation.account_id)
             .bind(operation.key.as_str())
             .bind(token)
             .bind(locked_until)
             .bind(now)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?
             .map(|row| decode(&row))
             .transpose()?

@@ -254,6 +254,42 @@ async fn an_approved_operation_not_run_before_its_approval_expires_never_runs(ba
     assert_eq!(app.create_ticket("key-1", URGENT).await.body, retry.body);
 }
 
+async fn the_reaper_rejects_operations_whose_approval_ran_out_with_no_retry(backend: Backend) {
+    let app = TestApp::spawn_with_approvals(backend, with_ttl(Duration::from_millis(300))).await;
+    let undecided = app.create_ticket("key-1", URGENT).await;
+    let approved = app.create_ticket("key-2", &URGENT.replace("down", "slow")).await;
+    let request = approved.json();
+    app.decide(
+        ACME_APPROVER,
+        request["approval_id"].as_str().unwrap(),
+        "approve",
+        request["fingerprint"].as_str().unwrap(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let expired = app.app.idempotency.expire_due_approvals().await.unwrap();
+
+    assert_eq!(expired, 2, "the undecided one and the approved one nobody ran");
+    for first in [&undecided, &approved] {
+        let operation = app.operation(first.operation_id()).await;
+        assert_eq!(operation["state"], "rejected", "{operation}");
+    }
+    assert_eq!(
+        app.operation(undecided.operation_id()).await["approval"]["state"],
+        "expired"
+    );
+    app.create_ticket("key-2", &URGENT.replace("down", "slow"))
+        .await
+        .assert_problem(409, "approval_expired");
+    assert_eq!(app.ticket_count().await, 0);
+    assert_eq!(
+        app.app.idempotency.expire_due_approvals().await.unwrap(),
+        0,
+        "settled once"
+    );
+}
+
 async fn many_retries_racing_after_an_approval_create_one_ticket(backend: Backend) {
     let app = Arc::new(approvals_app(backend).await);
     let requested = app.create_ticket("key-1", URGENT).await.json();
@@ -327,5 +363,6 @@ platform::both_backends!(
     an_approval_nobody_decides_in_time_rejects_its_operation_with_approval_expired,
     an_approved_operation_not_run_before_its_approval_expires_never_runs,
     many_retries_racing_after_an_approval_create_one_ticket,
+    the_reaper_rejects_operations_whose_approval_ran_out_with_no_retry,
     only_approvers_and_admins_of_the_account_see_its_approvals,
 );

@@ -66,6 +66,7 @@ async fn the_journal_records_every_step_of_an_approved_operation_in_order(backen
             "replayed",
             "approved",
             "attempted",
+            "claimed",
             "completed",
             "attempted",
             "replayed",
