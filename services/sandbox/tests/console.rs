@@ -83,6 +83,27 @@ async fn serve(router: axum::Router) -> String {
     url
 }
 
+/// Tickets with urgent tickets waiting for a human, and a console for it:
+/// the database and both base URLs.
+async fn sandbox(backend: Backend, suggested_key: Option<&str>) -> (TestDb, String, String) {
+    let db = TestDb::new(backend).await;
+    tickets::migrate(&db.db).await.unwrap();
+    let policy = TicketsPolicy {
+        approval_from: Some(Priority::Urgent),
+    };
+    let app = tickets::App::new(db.db.clone(), IdempotencyConfig::default(), true).with_policy(policy);
+    let tickets_url = serve(tickets::build_router(app)).await;
+    let console_url = serve(console::router(ConsoleConfig {
+        services: vec![ServiceLink {
+            name: "tickets".into(),
+            url: tickets_url.clone(),
+        }],
+        suggested_key: suggested_key.map(str::to_owned),
+    }))
+    .await;
+    (db, tickets_url, console_url)
+}
+
 async fn create_urgent_ticket(http: &reqwest::Client, tickets: &str) -> (u16, Value) {
     let answer = http
         .post(format!("{tickets}/v1/tickets"))
@@ -98,21 +119,7 @@ async fn create_urgent_ticket(http: &reqwest::Client, tickets: &str) -> (u16, Va
 
 async fn an_approver_approves_in_the_console_and_the_agent_s_retry_creates_the_ticket(backend: Backend) {
     let Some(browser) = Browser::start().await else { return };
-    let db = TestDb::new(backend).await;
-    tickets::migrate(&db.db).await.unwrap();
-    let policy = TicketsPolicy {
-        approval_from: Some(Priority::Urgent),
-    };
-    let app = tickets::App::new(db.db.clone(), IdempotencyConfig::default(), true).with_policy(policy);
-    let tickets_url = serve(tickets::build_router(app)).await;
-    let console_url = serve(console::router(ConsoleConfig {
-        services: vec![ServiceLink {
-            name: "tickets".into(),
-            url: tickets_url.clone(),
-        }],
-        suggested_key: Some("demo-acme-approver".into()),
-    }))
-    .await;
+    let (_db, tickets_url, console_url) = sandbox(backend, Some("demo-acme-approver")).await;
     let http = reqwest::Client::new();
     let (status, request) = create_urgent_ticket(&http, &tickets_url).await;
     assert_eq!(status, 202, "{request}");
@@ -175,21 +182,7 @@ async fn an_approver_approves_in_the_console_and_the_agent_s_retry_creates_the_t
 
 async fn the_console_explains_a_refused_decision_in_words(backend: Backend) {
     let Some(browser) = Browser::start().await else { return };
-    let db = TestDb::new(backend).await;
-    tickets::migrate(&db.db).await.unwrap();
-    let policy = TicketsPolicy {
-        approval_from: Some(Priority::Urgent),
-    };
-    let app = tickets::App::new(db.db.clone(), IdempotencyConfig::default(), true).with_policy(policy);
-    let tickets_url = serve(tickets::build_router(app)).await;
-    let console_url = serve(console::router(ConsoleConfig {
-        services: vec![ServiceLink {
-            name: "tickets".into(),
-            url: tickets_url.clone(),
-        }],
-        suggested_key: None,
-    }))
-    .await;
+    let (_db, _tickets_url, console_url) = sandbox(backend, None).await;
     let browser = &browser.client;
 
     // an agent's key cannot read approvals: the page says so in words, not as a status code

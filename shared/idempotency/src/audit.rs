@@ -125,6 +125,24 @@ struct Hashed<'a> {
 }
 
 impl AuditEntry {
+    /// The entry that records `record` at `seq`, after `prev_hash`.
+    fn of(record: Record, seq: i64, prev_hash: String, hash: String) -> Self {
+        AuditEntry {
+            seq,
+            account_id: record.account_id,
+            principal_id: record.principal_id,
+            operation_id: record.operation_id,
+            idempotency_key: record.idempotency_key,
+            fingerprint: record.fingerprint,
+            route: record.route,
+            event: record.event,
+            external_ref: record.external_ref,
+            at: record.at,
+            prev_hash,
+            hash,
+        }
+    }
+
     /// `sha256(prev_hash ‖ canonical_json(entry without hash))`, lowercase hex.
     pub fn computed_hash(&self) -> String {
         let hashed = Hashed {
@@ -220,20 +238,7 @@ async fn append_locked(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry
     let mut entries = Vec::with_capacity(records.len());
     for record in records {
         seq += 1;
-        let mut entry = AuditEntry {
-            seq,
-            account_id: record.account_id.clone(),
-            principal_id: record.principal_id.clone(),
-            operation_id: record.operation_id.clone(),
-            idempotency_key: record.idempotency_key.clone(),
-            fingerprint: record.fingerprint.clone(),
-            route: record.route.clone(),
-            event: record.event,
-            external_ref: record.external_ref.clone(),
-            at: record.at,
-            prev_hash: std::mem::take(&mut prev_hash),
-            hash: String::new(),
-        };
+        let mut entry = AuditEntry::of(record.clone(), seq, std::mem::take(&mut prev_hash), String::new());
         entry.hash = entry.computed_hash();
         prev_hash = entry.hash.clone();
         entries.push(entry);
@@ -390,23 +395,7 @@ async fn read_inbox(tx: &mut Tx) -> Result<Vec<(i64, Record)>, sqlx::Error> {
         .fetch_all(conn)
         .await?
         .iter()
-        .map(|row| {
-            let event: String = row.try_get("event")?;
-            Ok::<_, sqlx::Error>((
-                row.try_get("id")?,
-                Record {
-                    account_id: row.try_get("account_id")?,
-                    principal_id: row.try_get("principal_id")?,
-                    operation_id: row.try_get("operation_id")?,
-                    idempotency_key: row.try_get("idempotency_key")?,
-                    fingerprint: row.try_get("fingerprint")?,
-                    route: row.try_get("route")?,
-                    event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
-                    external_ref: row.try_get("external_ref")?,
-                    at: row.try_get("at")?,
-                },
-            ))
-        })
+        .map(|row| Ok::<_, sqlx::Error>((row.try_get("id")?, decode_record(row)?)))
         .collect::<Result<Vec<_>, _>>()?
     }))
 }
@@ -475,18 +464,17 @@ pub async fn find(
     }))
 }
 
-fn decode_entry<R>(row: &R) -> Result<AuditEntry, sqlx::Error>
+/// The columns an inbox row and a journal entry share.
+fn decode_record<R>(row: &R) -> Result<Record, sqlx::Error>
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     let event: String = row.try_get("event")?;
-    Ok(AuditEntry {
-        seq: row.try_get("seq")?,
+    Ok(Record {
         account_id: row.try_get("account_id")?,
         principal_id: row.try_get("principal_id")?,
         operation_id: row.try_get("operation_id")?,
@@ -496,9 +484,24 @@ where
         event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
         external_ref: row.try_get("external_ref")?,
         at: row.try_get("at")?,
-        prev_hash: row.try_get("prev_hash")?,
-        hash: row.try_get("hash")?,
     })
+}
+
+fn decode_entry<R>(row: &R) -> Result<AuditEntry, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(AuditEntry::of(
+        decode_record(row)?,
+        row.try_get("seq")?,
+        row.try_get("prev_hash")?,
+        row.try_get("hash")?,
+    ))
 }
 
 /// Where a chain breaks, and why.

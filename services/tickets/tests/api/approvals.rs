@@ -31,6 +31,15 @@ impl TestApp {
             .await
     }
 
+    /// The approver's decision on the approval request `request` (a 202 body), with its fingerprint.
+    async fn decide_on(&self, request: &Value, decision: &str) -> TestResponse {
+        let (approval_id, fingerprint) = (
+            request["approval_id"].as_str().unwrap(),
+            request["fingerprint"].as_str().unwrap(),
+        );
+        self.decide(ACME_APPROVER, approval_id, decision, fingerprint).await
+    }
+
     async fn operation(&self, operation_id: &str) -> Value {
         self.get(&format!("/v1/operations/{operation_id}"), ACME_AGENT)
             .await
@@ -166,14 +175,7 @@ async fn a_rejected_operation_answers_approval_rejected_to_every_retry_and_never
     let app = approvals_app(backend).await;
     let first = app.create_ticket("key-1", URGENT).await;
     let requested = first.json();
-    let rejected = app
-        .decide(
-            ACME_APPROVER,
-            requested["approval_id"].as_str().unwrap(),
-            "reject",
-            requested["fingerprint"].as_str().unwrap(),
-        )
-        .await;
+    let rejected = app.decide_on(&requested, "reject").await;
     assert_eq!(rejected.json()["state"], "rejected");
 
     let retry = app.create_ticket("key-1", URGENT).await;
@@ -215,14 +217,7 @@ async fn an_approval_nobody_decides_in_time_rejects_its_operation_with_approval_
 
     let pending = app.get("/v1/approvals?state=pending", ACME_APPROVER).await.json();
     assert_eq!(pending["data"], json!([]), "an expired approval is no longer pending");
-    let late = app
-        .decide(
-            ACME_APPROVER,
-            requested["approval_id"].as_str().unwrap(),
-            "approve",
-            requested["fingerprint"].as_str().unwrap(),
-        )
-        .await;
+    let late = app.decide_on(&requested, "approve").await;
     let retry = app.create_ticket("key-1", URGENT).await;
 
     late.assert_problem(409, "approval_expired");
@@ -236,14 +231,7 @@ async fn an_approval_nobody_decides_in_time_rejects_its_operation_with_approval_
 async fn an_approved_operation_not_run_before_its_approval_expires_never_runs(backend: Backend) {
     let app = TestApp::spawn_with_approvals(backend, with_ttl(Duration::from_millis(400))).await;
     let requested = app.create_ticket("key-1", URGENT).await.json();
-    let approved = app
-        .decide(
-            ACME_APPROVER,
-            requested["approval_id"].as_str().unwrap(),
-            "approve",
-            requested["fingerprint"].as_str().unwrap(),
-        )
-        .await;
+    let approved = app.decide_on(&requested, "approve").await;
     assert_eq!(approved.status.as_u16(), 200);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
@@ -259,13 +247,7 @@ async fn the_reaper_rejects_operations_whose_approval_ran_out_with_no_retry(back
     let undecided = app.create_ticket("key-1", URGENT).await;
     let approved = app.create_ticket("key-2", &URGENT.replace("down", "slow")).await;
     let request = approved.json();
-    app.decide(
-        ACME_APPROVER,
-        request["approval_id"].as_str().unwrap(),
-        "approve",
-        request["fingerprint"].as_str().unwrap(),
-    )
-    .await;
+    app.decide_on(&request, "approve").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let expired = app.app.idempotency.expire_due_approvals().await.unwrap();
@@ -293,13 +275,7 @@ async fn the_reaper_rejects_operations_whose_approval_ran_out_with_no_retry(back
 async fn many_retries_racing_after_an_approval_create_one_ticket(backend: Backend) {
     let app = Arc::new(approvals_app(backend).await);
     let requested = app.create_ticket("key-1", URGENT).await.json();
-    app.decide(
-        ACME_APPROVER,
-        requested["approval_id"].as_str().unwrap(),
-        "approve",
-        requested["fingerprint"].as_str().unwrap(),
-    )
-    .await;
+    app.decide_on(&requested, "approve").await;
 
     let retries = join_all((0..16).map(|_| {
         let app = app.clone();
