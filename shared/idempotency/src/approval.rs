@@ -547,7 +547,6 @@ impl Idempotency {
         }
         audit::record(&mut tx, &[approval.audit(event, &principal.principal_id, now)]).await?;
         tx.commit().await?;
-        self.journal.wake();
         let decided = find(&self.db, &principal.account_id, approval_id)
             .await?
             .ok_or_else(not_found)?;
@@ -576,7 +575,6 @@ impl Idempotency {
         }
         audit::record(&mut tx, &[approval.audit(AuditEvent::Expired, EXPIRY_PRINCIPAL, now)]).await?;
         tx.commit().await?;
-        self.journal.wake();
         Ok(())
     }
 

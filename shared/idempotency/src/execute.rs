@@ -244,7 +244,7 @@ impl Idempotency {
                         new.audit(AuditEvent::Claimed, completion.now),
                         new.audit(AuditEvent::Completed, completion.now),
                     ];
-                    match store::claim_finished(&mut tx, &new, &completion).await {
+                    match store::claim_finished(&mut tx, &new, &completion, &journaled).await {
                         Ok(true) => {}
                         Ok(false) => {
                             // The key was taken (PostgreSQL waited for its holder to commit): ours is undone.
@@ -256,16 +256,11 @@ impl Idempotency {
                             return self.server_error_unclaimed(attempt, fingerprint, e.into());
                         }
                     }
-                    if let Err(e) = audit::record(&mut tx, &journaled).await {
-                        let _ = tx.rollback().await;
-                        return self.server_error_unclaimed(attempt, fingerprint, e.into());
-                    }
                     fail_point("idempotency::after_claim").await;
                     fail_point("idempotency::before_commit").await;
                     if let Err(e) = tx.commit().await {
                         return commit_failed(e);
                     }
-                    self.journal.wake();
                     telemetry::record_operation(operation_id, fingerprint.as_str());
                     telemetry::record_outcome("created");
                     self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
@@ -336,13 +331,11 @@ impl Idempotency {
         journaled: &[Record],
     ) -> Result<bool, sqlx::Error> {
         let mut tx = self.db.begin().await?;
-        if !store::claim_finished(&mut tx, new, completion).await? {
+        if !store::claim_finished(&mut tx, new, completion, journaled).await? {
             tx.rollback().await?;
             return Ok(false);
         }
-        audit::record(&mut tx, journaled).await?;
         tx.commit().await?;
-        self.journal.wake();
         Ok(true)
     }
 
@@ -363,7 +356,6 @@ impl Idempotency {
         }
         audit::record(&mut tx, journaled).await?;
         tx.commit().await?;
-        self.journal.wake();
         Ok(true)
     }
 
@@ -431,7 +423,6 @@ impl Idempotency {
         };
         match claimed.await {
             Ok(true) => {
-                self.journal.wake();
                 telemetry::record_operation(&new.operation_id, fingerprint.as_str());
                 telemetry::record_outcome("awaiting_approval");
                 stored_response(&answer, &new.operation_id, false)
@@ -550,7 +541,6 @@ impl Idempotency {
                 ];
                 audit::record(&mut tx, &journaled).await?;
                 tx.commit().await?;
-                self.journal.wake();
                 return Ok(Decision::Run(Box::new(claimed)));
             }
             tx.rollback().await?;
@@ -608,7 +598,6 @@ impl Idempotency {
                             ];
                             audit::record(&mut tx, &journaled).await?;
                             tx.commit().await?;
-                            self.journal.wake();
                             tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
                             return Ok(Decision::Run(Box::new(taken)));
                         }
@@ -648,7 +637,6 @@ impl Idempotency {
                                 ];
                                 audit::record(&mut tx, &journaled).await?;
                                 tx.commit().await?;
-                                self.journal.wake();
                                 return Ok(Decision::Run(Box::new(started)));
                             }
                             // another retry started it first: look again
@@ -831,7 +819,6 @@ impl Idempotency {
                 if let Err(e) = tx.commit().await {
                     return give_back(e.into()).await;
                 }
-                self.journal.wake();
                 telemetry::record_outcome("created");
                 self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
                 stored_response(&done.response, operation_id, false)
