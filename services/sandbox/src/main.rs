@@ -37,8 +37,15 @@ async fn main() -> Result<(), Error> {
         }],
         suggested_key: tickets.sandbox.then(|| "demo-acme-approver".to_owned()),
     };
-    print_banner(&tickets, console_addr);
+    let provider_addr = platform::config::listen_addr("payment_provider", payment_provider::DEFAULT_PORT)?;
+    let provider_listener = tokio::net::TcpListener::bind(provider_addr).await?;
+    print_banner(&tickets, console_addr, provider_addr);
     let mut services = tokio::task::JoinSet::new();
+    services.spawn(payment_provider::serve(
+        provider_listener,
+        payment_provider::Provider::default(),
+        until_stopped(),
+    ));
     services.spawn(console::serve(console_listener, console_config, until_stopped()));
     services.spawn(tickets::serve(
         tickets,
@@ -66,7 +73,7 @@ async fn main() -> Result<(), Error> {
     Ok(())
 }
 
-fn print_banner(tickets: &ServiceConfig, console: std::net::SocketAddr) {
+fn print_banner(tickets: &ServiceConfig, console: std::net::SocketAddr, provider: std::net::SocketAddr) {
     let backend = if tickets.database_url.starts_with("postgres") {
         "PostgreSQL"
     } else {
@@ -79,6 +86,7 @@ fn print_banner(tickets: &ServiceConfig, console: std::net::SocketAddr) {
         tickets.listen, tickets.listen
     );
     println!("  approvals http://{console}   (the approval console)");
+    println!("  provider  http://{provider}   (the simulated payment provider; faults: PUT /admin/faults)");
     println!();
     println!("Demo API keys (sandbox only):");
     for key in DEMO_KEYS {

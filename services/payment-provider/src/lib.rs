@@ -1,0 +1,478 @@
+//! A simulated payment provider (CONTRACT §7 Payments): the external system
+//! the payments service charges through. It is a real HTTP server with real
+//! state, so the failures the payments service must survive are real too:
+//!
+//! - **its own idempotency keys**: a charge or refund sent again with the same
+//!   `Idempotency-Key` and the same body is the same charge (answered again,
+//!   `Idempotent-Replayed: true`); the same key with another body is refused
+//!   with 422 and charges nothing;
+//! - **lookups** by idempotency key and by merchant reference, which is how a
+//!   reconciler learns what happened to a request whose answer was lost;
+//! - **faults switchable at run time** (`PUT /admin/faults`): latency before
+//!   every charge or refund, 5xx before accepting (nothing is charged), accept and then
+//!   never answer (charged; the caller times out), and slow acceptance;
+//! - **a count of the charges it really made** (`GET /admin/stats`), so a
+//!   test or a scenario can assert "charged exactly once".
+//!
+//! Merchants are told apart by their bearer key; each has its own key space.
+//! State lives in memory for as long as the process runs: the simulator
+//! stands in for a system that never forgets, so it is not restarted by the
+//! tests that kill the payments service.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    Json, Router,
+    extract::{FromRequestParts, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use platform::{ApiError, ApiJson, ApiPath, ApiQuery, Timestamp};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use validator::Validate;
+
+/// The sandbox port (CONTRACT §12).
+pub const DEFAULT_PORT: u16 = 7101;
+
+/// How long a request that the `drop_next` fault accepted is held before the
+/// server lets it go: far past any caller's timeout.
+const DROPPED_ANSWER_HOLD: Duration = Duration::from_secs(60);
+
+/// The faults in force. Counters (`fail_next`, `drop_next`) count down with
+/// each charge or refund request they hit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, Validate)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    /// Added before every charge or refund request.
+    pub latency_ms: u64,
+    /// The next N charge/refund requests answer 503 before accepting: nothing is stored.
+    pub fail_next: u32,
+    /// The next N charge/refund requests are accepted (stored), and then never answered.
+    pub drop_next: u32,
+    /// Each charge/refund request waits this long before it is accepted (a lookup meanwhile finds nothing).
+    pub accept_delay_ms: u64,
+}
+
+/// What the provider really did, for "exactly once" assertions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Charges made (a replay of a charge makes none).
+    pub charges_made: u64,
+    pub refunds_made: u64,
+    /// Charge or refund requests received, replays and refusals included.
+    pub requests: u64,
+}
+
+/// `POST /v1/charges`, as a merchant sends it.
+#[derive(Debug, Clone, Deserialize, Serialize, Validate)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeRequest {
+    #[validate(range(min = 1, message = "must be a positive number of minor units"))]
+    pub amount_minor: i64,
+    #[validate(length(equal = 3, message = "must be an ISO 4217 code"))]
+    pub currency: String,
+    /// The merchant's own reference (the payments service sends its capture id).
+    #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
+    pub merchant_reference: String,
+    #[validate(length(max = 255, message = "must be at most 255 characters"))]
+    pub payee_account: Option<String>,
+}
+
+/// `POST /v1/refunds`.
+#[derive(Debug, Clone, Deserialize, Serialize, Validate)]
+#[serde(deny_unknown_fields)]
+pub struct RefundRequest {
+    pub charge_id: String,
+    #[validate(range(min = 1, message = "must be a positive number of minor units"))]
+    pub amount_minor: i64,
+    #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
+    pub merchant_reference: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    pub id: String,
+    pub status: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub merchant_reference: String,
+    pub payee_account: Option<String>,
+    pub idempotency_key: String,
+    pub refunded_minor: i64,
+    pub created_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refund {
+    pub id: String,
+    pub status: String,
+    pub charge_id: String,
+    pub amount_minor: i64,
+    pub merchant_reference: String,
+    pub idempotency_key: String,
+    pub created_at: Timestamp,
+}
+
+/// One merchant's request under one idempotency key: which request it was
+/// (its body's hash) and what it made.
+#[derive(Debug, Clone)]
+struct Keyed {
+    request_hash: String,
+    made: Made,
+}
+
+#[derive(Debug, Clone)]
+enum Made {
+    Charge(usize),
+    Refund(usize),
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    charges: Vec<(String, Charge)>,
+    refunds: Vec<(String, Refund)>,
+    /// `(merchant, idempotency key)` → what that request made.
+    keys: HashMap<(String, String), Keyed>,
+    faults: Faults,
+    stats: Stats,
+}
+
+/// The provider's state: one ledger behind one lock, so that a key is
+/// claimed and its charge made in one step.
+#[derive(Debug, Clone, Default)]
+pub struct Provider {
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+impl Provider {
+    pub fn stats(&self) -> Stats {
+        self.lock().stats
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        self.lock().faults = faults;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The merchant a request is from: its bearer key.
+struct Merchant(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Merchant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let bearer = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .filter(|k| !k.is_empty());
+        bearer
+            .map(|k| Merchant(hex::encode(Sha256::digest(k.as_bytes()))))
+            .ok_or_else(ApiError::unauthenticated)
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let key = headers
+        .get("idempotency-key")
+        .ok_or_else(ApiError::idempotency_key_missing)?
+        .to_str()
+        .map_err(|_| ApiError::idempotency_key_invalid("not visible ASCII"))?
+        .trim();
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::idempotency_key_invalid("1 to 255 visible ASCII characters"));
+    }
+    Ok(key.to_owned())
+}
+
+fn request_hash(request: &impl Serialize) -> String {
+    hex::encode(Sha256::digest(serde_json::to_vec(request).unwrap_or_default()))
+}
+
+pub fn router(provider: Provider) -> Router {
+    platform::service::finish(routes(provider))
+}
+
+fn routes(provider: Provider) -> Router {
+    Router::new()
+        .route("/v1/charges", post(create_charge).get(find_charges))
+        .route("/v1/charges/{charge_id}", get(get_charge))
+        .route("/v1/refunds", post(create_refund).get(find_refunds))
+        .route("/admin/faults", get(get_faults).put(put_faults))
+        .route("/admin/stats", get(get_stats))
+        .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+        .with_state(provider)
+}
+
+/// Serves the provider until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    provider: Provider,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    tracing::info!(addr = %listener.local_addr()?, "simulated payment provider listening");
+    Ok(platform::serve(listener, router(provider), shutdown).await?)
+}
+
+/// What the faults do to a charge or refund request before it is accepted.
+/// Returns whether its answer is to be dropped after accepting.
+async fn before_accepting(provider: &Provider) -> Result<bool, ApiError> {
+    let faults = {
+        let mut ledger = provider.lock();
+        ledger.stats.requests += 1;
+        let faults = ledger.faults.clone();
+        if ledger.faults.fail_next > 0 {
+            ledger.faults.fail_next -= 1;
+        }
+        faults
+    };
+    tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+    if faults.fail_next > 0 {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "provider_unavailable",
+            "Provider unavailable",
+            "the provider failed before accepting the request; nothing was charged",
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(faults.accept_delay_ms)).await;
+    let mut ledger = provider.lock();
+    let drop_answer = ledger.faults.drop_next > 0;
+    if drop_answer {
+        ledger.faults.drop_next -= 1;
+    }
+    Ok(drop_answer)
+}
+
+/// The answer, or — under the `drop_next` fault — no answer at all: the
+/// request was accepted, and its caller waits until it gives up.
+async fn answer(drop_answer: bool, response: Response) -> Response {
+    if drop_answer {
+        tracing::warn!("fault: accepted, and the answer is dropped");
+        tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
+    }
+    response
+}
+
+fn made(status: StatusCode, replayed: bool, body: &impl Serialize) -> Response {
+    let mut response = (status, Json(body)).into_response();
+    response.headers_mut().insert(
+        "idempotent-replayed",
+        HeaderValue::from_static(if replayed { "true" } else { "false" }),
+    );
+    response
+}
+
+fn key_reused() -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+        "Idempotency key reused",
+        "this key was used with a different request; nothing was charged",
+    )
+}
+
+async fn create_charge(
+    State(provider): State<Provider>,
+    Merchant(merchant): Merchant,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<ChargeRequest>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let drop_answer = before_accepting(&provider).await?;
+    let hash = request_hash(&request);
+    let response = {
+        let mut ledger = provider.lock();
+        match ledger.keys.get(&(merchant.clone(), key.clone())) {
+            Some(keyed) if keyed.request_hash != hash => return Err(key_reused()),
+            Some(Keyed {
+                made: Made::Charge(i), ..
+            }) => made(StatusCode::CREATED, true, &ledger.charges[*i].1),
+            Some(_) => return Err(key_reused()),
+            None => {
+                let charge = Charge {
+                    id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
+                    status: "succeeded".into(),
+                    amount_minor: request.amount_minor,
+                    currency: request.currency.to_ascii_uppercase(),
+                    merchant_reference: request.merchant_reference,
+                    payee_account: request.payee_account,
+                    idempotency_key: key.clone(),
+                    refunded_minor: 0,
+                    created_at: Timestamp::now(),
+                };
+                let index = ledger.charges.len();
+                ledger.charges.push((merchant.clone(), charge.clone()));
+                ledger.keys.insert(
+                    (merchant, key),
+                    Keyed {
+                        request_hash: hash,
+                        made: Made::Charge(index),
+                    },
+                );
+                ledger.stats.charges_made += 1;
+                made(StatusCode::CREATED, false, &charge)
+            }
+        }
+    };
+    Ok(answer(drop_answer, response).await)
+}
+
+async fn create_refund(
+    State(provider): State<Provider>,
+    Merchant(merchant): Merchant,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<RefundRequest>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let drop_answer = before_accepting(&provider).await?;
+    let hash = request_hash(&request);
+    let response = {
+        let mut ledger = provider.lock();
+        match ledger.keys.get(&(merchant.clone(), key.clone())) {
+            Some(keyed) if keyed.request_hash != hash => return Err(key_reused()),
+            Some(Keyed {
+                made: Made::Refund(i), ..
+            }) => made(StatusCode::CREATED, true, &ledger.refunds[*i].1),
+            Some(_) => return Err(key_reused()),
+            None => {
+                let Some(charge) = ledger
+                    .charges
+                    .iter_mut()
+                    .find(|(m, c)| *m == merchant && c.id == request.charge_id)
+                    .map(|(_, c)| c)
+                else {
+                    return Err(ApiError::not_found(format!("charge `{}`", request.charge_id)));
+                };
+                if charge.refunded_minor + request.amount_minor > charge.amount_minor {
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "refund_exceeds_charge",
+                        "Refund exceeds the charge",
+                        format!(
+                            "{} of {} minor units are refunded already",
+                            charge.refunded_minor, charge.amount_minor
+                        ),
+                    ));
+                }
+                charge.refunded_minor += request.amount_minor;
+                let refund = Refund {
+                    id: format!("re_{}", uuid::Uuid::now_v7().simple()),
+                    status: "succeeded".into(),
+                    charge_id: request.charge_id,
+                    amount_minor: request.amount_minor,
+                    merchant_reference: request.merchant_reference,
+                    idempotency_key: key.clone(),
+                    created_at: Timestamp::now(),
+                };
+                let index = ledger.refunds.len();
+                ledger.refunds.push((merchant.clone(), refund.clone()));
+                ledger.keys.insert(
+                    (merchant, key),
+                    Keyed {
+                        request_hash: hash,
+                        made: Made::Refund(index),
+                    },
+                );
+                ledger.stats.refunds_made += 1;
+                made(StatusCode::CREATED, false, &refund)
+            }
+        }
+    };
+    Ok(answer(drop_answer, response).await)
+}
+
+/// `?idempotency_key=` or `?merchant_reference=`: how a reconciler finds out
+/// what a request whose answer was lost did.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Lookup {
+    idempotency_key: Option<String>,
+    merchant_reference: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct List<T> {
+    data: Vec<T>,
+}
+
+fn matches(lookup: &Lookup, key: &str, reference: &str) -> Result<bool, ApiError> {
+    match (&lookup.idempotency_key, &lookup.merchant_reference) {
+        (None, None) => Err(ApiError::invalid_field(
+            "idempotency_key",
+            "give idempotency_key or merchant_reference",
+        )),
+        (k, r) => Ok(k.as_deref().is_none_or(|k| k == key) && r.as_deref().is_none_or(|r| r == reference)),
+    }
+}
+
+async fn find_charges(
+    State(provider): State<Provider>,
+    Merchant(merchant): Merchant,
+    ApiQuery(lookup): ApiQuery<Lookup>,
+) -> Result<Json<List<Charge>>, ApiError> {
+    let ledger = provider.lock();
+    let mut data = Vec::new();
+    for (m, charge) in &ledger.charges {
+        if *m == merchant && matches(&lookup, &charge.idempotency_key, &charge.merchant_reference)? {
+            data.push(charge.clone());
+        }
+    }
+    Ok(Json(List { data }))
+}
+
+async fn find_refunds(
+    State(provider): State<Provider>,
+    Merchant(merchant): Merchant,
+    ApiQuery(lookup): ApiQuery<Lookup>,
+) -> Result<Json<List<Refund>>, ApiError> {
+    let ledger = provider.lock();
+    let mut data = Vec::new();
+    for (m, refund) in &ledger.refunds {
+        if *m == merchant && matches(&lookup, &refund.idempotency_key, &refund.merchant_reference)? {
+            data.push(refund.clone());
+        }
+    }
+    Ok(Json(List { data }))
+}
+
+async fn get_charge(
+    State(provider): State<Provider>,
+    Merchant(merchant): Merchant,
+    ApiPath(charge_id): ApiPath<String>,
+) -> Result<Json<Charge>, ApiError> {
+    provider
+        .lock()
+        .charges
+        .iter()
+        .find(|(m, c)| *m == merchant && c.id == charge_id)
+        .map(|(_, c)| Json(c.clone()))
+        .ok_or_else(|| ApiError::not_found(format!("charge `{charge_id}`")))
+}
+
+async fn get_faults(State(provider): State<Provider>) -> Json<Faults> {
+    Json(provider.lock().faults.clone())
+}
+
+/// Replaces the faults in force (an empty object clears them all).
+async fn put_faults(State(provider): State<Provider>, ApiJson(faults): ApiJson<Faults>) -> Json<Faults> {
+    tracing::info!(?faults, "faults switched");
+    provider.set_faults(faults.clone());
+    Json(faults)
+}
+
+async fn get_stats(State(provider): State<Provider>) -> Json<Stats> {
+    Json(provider.stats())
+}
