@@ -17,6 +17,7 @@ async fn main() -> Result<(), Error> {
     let idempotency = IdempotencyConfig::from_env()?;
     let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
     let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
+    let payments = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, true)?;
 
     // One Ctrl-C stops every service; each lets its requests under way finish.
     let (stop, stopped) = watch::channel(false);
@@ -28,18 +29,25 @@ async fn main() -> Result<(), Error> {
     };
 
     let tickets_listener = tokio::net::TcpListener::bind(tickets.listen).await?;
+    let payments_listener = tokio::net::TcpListener::bind(payments.listen).await?;
     let console_addr = platform::config::listen_addr("console", console::DEFAULT_PORT)?;
     let console_listener = tokio::net::TcpListener::bind(console_addr).await?;
     let console_config = ConsoleConfig {
-        services: vec![ServiceLink {
-            name: "tickets".into(),
-            url: format!("http://{}", tickets.listen),
-        }],
+        services: vec![
+            ServiceLink {
+                name: "tickets".into(),
+                url: format!("http://{}", tickets.listen),
+            },
+            ServiceLink {
+                name: "payments".into(),
+                url: format!("http://{}", payments.listen),
+            },
+        ],
         suggested_key: tickets.sandbox.then(|| "demo-acme-approver".to_owned()),
     };
     let provider_addr = platform::config::listen_addr("payment_provider", payment_provider::DEFAULT_PORT)?;
     let provider_listener = tokio::net::TcpListener::bind(provider_addr).await?;
-    print_banner(&tickets, console_addr, provider_addr);
+    print_banner(&tickets, &payments, console_addr, provider_addr);
     let mut services = tokio::task::JoinSet::new();
     services.spawn(payment_provider::serve(
         provider_listener,
@@ -47,6 +55,12 @@ async fn main() -> Result<(), Error> {
         until_stopped(),
     ));
     services.spawn(console::serve(console_listener, console_config, until_stopped()));
+    services.spawn(payments::serve(
+        payments,
+        idempotency.clone(),
+        Some(payments_listener),
+        until_stopped(),
+    ));
     services.spawn(tickets::serve(
         tickets,
         idempotency,
@@ -73,7 +87,12 @@ async fn main() -> Result<(), Error> {
     Ok(())
 }
 
-fn print_banner(tickets: &ServiceConfig, console: std::net::SocketAddr, provider: std::net::SocketAddr) {
+fn print_banner(
+    tickets: &ServiceConfig,
+    payments: &ServiceConfig,
+    console: std::net::SocketAddr,
+    provider: std::net::SocketAddr,
+) {
     let backend = if tickets.database_url.starts_with("postgres") {
         "PostgreSQL"
     } else {
@@ -84,6 +103,10 @@ fn print_banner(tickets: &ServiceConfig, console: std::net::SocketAddr, provider
     println!(
         "  tickets   http://{}   docs http://{}/docs",
         tickets.listen, tickets.listen
+    );
+    println!(
+        "  payments  http://{}   docs http://{}/docs   (intents so far)",
+        payments.listen, payments.listen
     );
     println!("  approvals http://{console}   (the approval console)");
     println!("  provider  http://{provider}   (the simulated payment provider; faults: PUT /admin/faults)");

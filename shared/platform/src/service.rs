@@ -77,6 +77,11 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "Nobody approved this operation in time (or it was not run before its approval expired); it never runs. A new attempt needs a new key.",
     ),
     (
+        "order_already_has_payment",
+        409,
+        "The order already has a live payment intent (made under another key); `payment_intent_id` names it. Cancel it first, or use it.",
+    ),
+    (
         "invalid_state",
         409,
         "The resource's current state does not allow this action.",

@@ -1,0 +1,286 @@
+//! Payment intents through the API, on SQLite and on PostgreSQL: money in
+//! minor units, one live intent per order under racing keys, cancellation.
+
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    http::{Request, StatusCode},
+};
+use futures::future::join_all;
+use http_body_util::BodyExt;
+use platform::{Backend, on_pool, testing::TestDb};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const ACME_AGENT: &str = "demo-acme-agent";
+const GLOBEX_AGENT: &str = "demo-globex-agent";
+
+struct TestApp {
+    router: Router,
+    db: TestDb,
+}
+
+struct Answer {
+    status: StatusCode,
+    replayed: Option<String>,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON, got {:?}", self.body))
+    }
+}
+
+impl TestApp {
+    async fn spawn(backend: Backend) -> TestApp {
+        let db = TestDb::new(backend).await;
+        payments::migrate(&db.db).await.expect("migrations apply");
+        let app = payments::App::new(db.db.clone(), Default::default(), true);
+        TestApp {
+            router: payments::build_router(app),
+            db,
+        }
+    }
+
+    async fn send(&self, request: Request<Body>) -> Answer {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let replayed = response
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Answer { status, replayed, body }
+    }
+
+    async fn post(&self, path: &str, bearer: &str, key: &str, body: &Value) -> Answer {
+        let request = Request::post(path)
+            .header("authorization", format!("Bearer {bearer}"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(request).await
+    }
+
+    async fn get(&self, path: &str, bearer: &str) -> Answer {
+        let request = Request::get(path)
+            .header("authorization", format!("Bearer {bearer}"))
+            .body(Body::empty())
+            .unwrap();
+        self.send(request).await
+    }
+
+    async fn intents_in_db(&self) -> i64 {
+        on_pool!(self.db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM payment_intents"
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap())
+    }
+}
+
+fn intent(order_id: &str, amount: Value) -> Value {
+    json!({
+        "order_id": order_id,
+        "amount": amount,
+        "currency": "EUR",
+        "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"},
+    })
+}
+
+async fn an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let first = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("12.5")),
+        )
+        .await;
+    let again = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("12.50")),
+        )
+        .await;
+
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    let body = first.json();
+    assert_eq!(body["amount"], "12.50");
+    assert_eq!(body["amount_minor"], 1250);
+    assert_eq!(body["currency"], "EUR");
+    assert_eq!(body["state"], "requires_capture");
+    assert!(body["id"].as_str().unwrap().starts_with("pi_"));
+    assert_eq!(
+        again.replayed.as_deref(),
+        Some("true"),
+        "12.5 and 12.50 EUR are one request"
+    );
+    assert_eq!(again.body, first.body);
+    assert_eq!(app.intents_in_db().await, 1);
+}
+
+async fn an_amount_sent_as_a_json_number_claims_nothing_and_the_key_then_works(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let number = app
+        .post("/v1/payment_intents", ACME_AGENT, "k1", &intent("order-1", json!(12.5)))
+        .await;
+    let precise = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("12.505")),
+        )
+        .await;
+    let fixed = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("12.50")),
+        )
+        .await;
+
+    for refused in [&number, &precise] {
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+        assert_eq!(refused.json()["code"], "invalid_request");
+        assert_eq!(refused.json()["errors"][0]["field"], "amount", "{:?}", refused.body);
+    }
+    assert_eq!(fixed.status, StatusCode::CREATED, "nothing was claimed by the 400s");
+}
+
+async fn sixteen_racing_keys_for_one_order_make_one_live_intent(backend: Backend) {
+    let app = Arc::new(TestApp::spawn(backend).await);
+
+    let racers = join_all((0..16).map(|n| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.post(
+                "/v1/payment_intents",
+                ACME_AGENT,
+                &format!("key-{n}"),
+                &intent("order-1", json!("99.00")),
+            )
+            .await
+        })
+    }))
+    .await;
+
+    let answers: Vec<Answer> = racers.into_iter().map(|r| r.unwrap()).collect();
+    let created: Vec<&Answer> = answers.iter().filter(|a| a.status == StatusCode::CREATED).collect();
+    assert_eq!(created.len(), 1, "exactly one key made the intent");
+    let winner = created[0].json()["id"].clone();
+    for refused in answers.iter().filter(|a| a.status != StatusCode::CREATED) {
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+        assert_eq!(refused.json()["code"], "order_already_has_payment");
+        assert_eq!(
+            refused.json()["payment_intent_id"],
+            winner,
+            "the 409 names the live intent"
+        );
+    }
+    assert_eq!(app.intents_in_db().await, 1);
+}
+
+async fn a_cancelled_intent_frees_its_order_and_is_cancelled_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let first = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("5.00")),
+        )
+        .await
+        .json();
+    let cancel = format!("/v1/payment_intents/{}/cancel", first["id"].as_str().unwrap());
+
+    let cancelled = app.post(&cancel, ACME_AGENT, "cancel-1", &json!({})).await;
+    let replayed = app.post(&cancel, ACME_AGENT, "cancel-1", &json!({})).await;
+    let twice = app.post(&cancel, ACME_AGENT, "cancel-2", &json!({})).await;
+    let next = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k2",
+            &intent("order-1", json!("5.00")),
+        )
+        .await;
+
+    assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
+    assert_eq!(cancelled.json()["state"], "cancelled");
+    assert_eq!(replayed.replayed.as_deref(), Some("true"));
+    assert_eq!(twice.status, StatusCode::CONFLICT);
+    assert_eq!(twice.json()["code"], "invalid_state");
+    assert_eq!(next.status, StatusCode::CREATED, "a cancelled intent frees its order");
+    let by_order = app.get("/v1/payment_intents?order_id=order-1", ACME_AGENT).await.json();
+    assert_eq!(by_order["data"].as_array().unwrap().len(), 2);
+}
+
+async fn another_account_can_neither_see_nor_cancel_an_intent(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let ours = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("5.00")),
+        )
+        .await
+        .json();
+    let id = ours["id"].as_str().unwrap();
+
+    let seen = app.get(&format!("/v1/payment_intents/{id}"), GLOBEX_AGENT).await;
+    let cancelled = app
+        .post(
+            &format!("/v1/payment_intents/{id}/cancel"),
+            GLOBEX_AGENT,
+            "c1",
+            &json!({}),
+        )
+        .await;
+    let listed = app
+        .get("/v1/payment_intents?order_id=order-1", GLOBEX_AGENT)
+        .await
+        .json();
+    let theirs = app
+        .post(
+            "/v1/payment_intents",
+            GLOBEX_AGENT,
+            "k1",
+            &intent("order-1", json!("5.00")),
+        )
+        .await;
+
+    assert_eq!(seen.status, StatusCode::NOT_FOUND);
+    assert_eq!(cancelled.status, StatusCode::NOT_FOUND);
+    assert_eq!(listed["data"], json!([]));
+    assert_eq!(
+        theirs.status,
+        StatusCode::CREATED,
+        "orders and keys belong to their account"
+    );
+    assert_eq!(
+        app.get(&format!("/v1/payment_intents/{id}"), ACME_AGENT).await.json()["state"],
+        "requires_capture"
+    );
+}
+
+platform::both_backends!(
+    an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it,
+    an_amount_sent_as_a_json_number_claims_nothing_and_the_key_then_works,
+    sixteen_racing_keys_for_one_order_make_one_live_intent,
+    a_cancelled_intent_frees_its_order_and_is_cancelled_once,
+    another_account_can_neither_see_nor_cancel_an_intent,
+);
