@@ -292,40 +292,9 @@ async fn create_charge(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let drop_answer = before_accepting(&provider).await?;
-    let hash = request_hash(&request);
-    let response = {
-        let mut ledger = provider.lock();
-        match ledger.keys.get(&(merchant.clone(), key.clone())) {
-            Some(keyed) if keyed.request_hash != hash => return Err(key_reused()),
-            Some(Keyed {
-                made: Made::Charge(i), ..
-            }) => made(StatusCode::CREATED, true, &ledger.charges[*i].1),
-            Some(_) => return Err(key_reused()),
-            None => {
-                let charge = Charge {
-                    id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
-                    status: "succeeded".into(),
-                    amount_minor: request.amount_minor,
-                    currency: request.currency.to_ascii_uppercase(),
-                    merchant_reference: request.merchant_reference,
-                    payee_account: request.payee_account,
-                    idempotency_key: key.clone(),
-                    refunded_minor: 0,
-                    created_at: Timestamp::now(),
-                };
-                let index = ledger.charges.len();
-                ledger.charges.push((merchant.clone(), charge.clone()));
-                ledger.keys.insert(
-                    (merchant, key),
-                    Keyed {
-                        request_hash: hash,
-                        made: Made::Charge(index),
-                    },
-                );
-                ledger.stats.charges_made += 1;
-                made(StatusCode::CREATED, false, &charge)
-            }
-        }
+    let response = match provider.charge(merchant, key, request) {
+        Ok((charge, replayed)) => made(StatusCode::CREATED, replayed, &charge),
+        Err(refused) => refused.into_response(),
     };
     Ok(answer(drop_answer, response).await)
 }
@@ -338,60 +307,99 @@ async fn create_refund(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let drop_answer = before_accepting(&provider).await?;
-    let hash = request_hash(&request);
-    let response = {
-        let mut ledger = provider.lock();
-        match ledger.keys.get(&(merchant.clone(), key.clone())) {
-            Some(keyed) if keyed.request_hash != hash => return Err(key_reused()),
-            Some(Keyed {
-                made: Made::Refund(i), ..
-            }) => made(StatusCode::CREATED, true, &ledger.refunds[*i].1),
-            Some(_) => return Err(key_reused()),
-            None => {
-                let Some(charge) = ledger
-                    .charges
-                    .iter_mut()
-                    .find(|(m, c)| *m == merchant && c.id == request.charge_id)
-                    .map(|(_, c)| c)
-                else {
-                    return Err(ApiError::not_found(format!("charge `{}`", request.charge_id)));
-                };
-                if charge.refunded_minor + request.amount_minor > charge.amount_minor {
-                    return Err(ApiError::new(
-                        StatusCode::CONFLICT,
-                        "refund_exceeds_charge",
-                        "Refund exceeds the charge",
-                        format!(
-                            "{} of {} minor units are refunded already",
-                            charge.refunded_minor, charge.amount_minor
-                        ),
-                    ));
-                }
-                charge.refunded_minor += request.amount_minor;
-                let refund = Refund {
-                    id: format!("re_{}", uuid::Uuid::now_v7().simple()),
-                    status: "succeeded".into(),
-                    charge_id: request.charge_id,
-                    amount_minor: request.amount_minor,
-                    merchant_reference: request.merchant_reference,
-                    idempotency_key: key.clone(),
-                    created_at: Timestamp::now(),
-                };
-                let index = ledger.refunds.len();
-                ledger.refunds.push((merchant.clone(), refund.clone()));
-                ledger.keys.insert(
-                    (merchant, key),
-                    Keyed {
-                        request_hash: hash,
-                        made: Made::Refund(index),
-                    },
-                );
-                ledger.stats.refunds_made += 1;
-                made(StatusCode::CREATED, false, &refund)
-            }
-        }
+    let response = match provider.refund(merchant, key, request) {
+        Ok((refund, replayed)) => made(StatusCode::CREATED, replayed, &refund),
+        Err(refused) => refused.into_response(),
     };
+    // a dropped answer is dropped whatever it was, a refusal included
     Ok(answer(drop_answer, response).await)
+}
+
+impl Provider {
+    /// Makes the charge a merchant's key names, once: the same key and body
+    /// again is the same charge (`true`: a replay); another body is refused.
+    fn charge(&self, merchant: String, key: String, request: ChargeRequest) -> Result<(Charge, bool), ApiError> {
+        let hash = request_hash(&request);
+        let mut ledger = self.lock();
+        if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
+            return match keyed.made {
+                Made::Charge(i) if keyed.request_hash == hash => Ok((ledger.charges[i].1.clone(), true)),
+                _ => Err(key_reused()),
+            };
+        }
+        let charge = Charge {
+            id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
+            status: "succeeded".into(),
+            amount_minor: request.amount_minor,
+            currency: request.currency.to_ascii_uppercase(),
+            merchant_reference: request.merchant_reference,
+            payee_account: request.payee_account,
+            idempotency_key: key.clone(),
+            refunded_minor: 0,
+            created_at: Timestamp::now(),
+        };
+        let made = Made::Charge(ledger.charges.len());
+        ledger.charges.push((merchant.clone(), charge.clone()));
+        ledger.keys.insert(
+            (merchant, key),
+            Keyed {
+                request_hash: hash,
+                made,
+            },
+        );
+        ledger.stats.charges_made += 1;
+        Ok((charge, false))
+    }
+
+    /// Makes the refund a merchant's key names, once, never past its charge.
+    fn refund(&self, merchant: String, key: String, request: RefundRequest) -> Result<(Refund, bool), ApiError> {
+        let hash = request_hash(&request);
+        let mut ledger = self.lock();
+        if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
+            return match keyed.made {
+                Made::Refund(i) if keyed.request_hash == hash => Ok((ledger.refunds[i].1.clone(), true)),
+                _ => Err(key_reused()),
+            };
+        }
+        let charge = ledger
+            .charges
+            .iter_mut()
+            .find(|(m, c)| *m == merchant && c.id == request.charge_id)
+            .map(|(_, c)| c)
+            .ok_or_else(|| ApiError::not_found(format!("charge `{}`", request.charge_id)))?;
+        if charge.refunded_minor + request.amount_minor > charge.amount_minor {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "refund_exceeds_charge",
+                "Refund exceeds the charge",
+                format!(
+                    "{} of {} minor units are refunded already",
+                    charge.refunded_minor, charge.amount_minor
+                ),
+            ));
+        }
+        charge.refunded_minor += request.amount_minor;
+        let refund = Refund {
+            id: format!("re_{}", uuid::Uuid::now_v7().simple()),
+            status: "succeeded".into(),
+            charge_id: request.charge_id,
+            amount_minor: request.amount_minor,
+            merchant_reference: request.merchant_reference,
+            idempotency_key: key.clone(),
+            created_at: Timestamp::now(),
+        };
+        let made = Made::Refund(ledger.refunds.len());
+        ledger.refunds.push((merchant.clone(), refund.clone()));
+        ledger.keys.insert(
+            (merchant, key),
+            Keyed {
+                request_hash: hash,
+                made,
+            },
+        );
+        ledger.stats.refunds_made += 1;
+        Ok((refund, false))
+    }
 }
 
 /// `?idempotency_key=` or `?merchant_reference=`: how a reconciler finds out
