@@ -91,23 +91,14 @@ pub async fn serve(
     let db = Db::connect(&config.database_url, config.max_connections).await?;
     migrate(&db).await?;
     let app = App::new(db.clone(), idempotency, config.sandbox);
-    let background = [
-        app.idempotency.spawn_reaper(),
-        app.idempotency.spawn_attempt_writer(),
-        app.idempotency.spawn_journal_chainer(),
-    ];
+    let background = app.idempotency.spawn_background();
     let listener = match listener {
         Some(listener) => listener,
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, "payments listening");
-    let idempotency = app.idempotency.clone();
     let served = platform::serve(listener, build_router(app), shutdown).await;
-    for task in background {
-        task.abort();
-    }
-    idempotency.flush_attempts().await;
-    idempotency.flush_journal().await;
+    background.stop().await;
     db.close().await;
     Ok(served?)
 }

@@ -101,21 +101,14 @@ pub async fn serve(
     if !app.idempotency.config().enabled {
         tracing::warn!("RETRYSAFE_IDEMPOTENCY=off: no claims, no replays. For measuring the layer's cost only");
     }
-    let reaper = app.idempotency.spawn_reaper();
-    let attempt_writer = app.idempotency.spawn_attempt_writer();
-    let chainer = app.idempotency.spawn_journal_chainer();
+    let background = app.idempotency.spawn_background();
     let listener = match listener {
         Some(listener) => listener,
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, approval_from = ?policy.approval_from, "tickets listening");
-    let app_idempotency = app.idempotency.clone();
     let served = platform::serve(listener, build_router(app), shutdown).await;
-    reaper.abort();
-    attempt_writer.abort();
-    chainer.abort();
-    app_idempotency.flush_attempts().await;
-    app_idempotency.flush_journal().await;
+    background.stop().await;
     db.close().await;
     Ok(served?)
 }

@@ -205,11 +205,44 @@ impl Idempotency {
         }
     }
 
+    /// Starts the layer's background work — the retention reaper (and
+    /// approval expiry), the attempt writer and the journal's chainer — until
+    /// [`Background::stop`].
+    pub fn spawn_background(&self) -> Background {
+        Background {
+            idempotency: self.clone(),
+            tasks: vec![
+                self.spawn_reaper(),
+                self.spawn_attempt_writer(),
+                self.spawn_journal_chainer(),
+            ],
+        }
+    }
+
     pub fn db(&self) -> &Db {
         &self.db
     }
 
     pub fn config(&self) -> &IdempotencyConfig {
         &self.config
+    }
+}
+
+/// The background tasks of one service's idempotency layer.
+#[derive(Debug)]
+pub struct Background {
+    idempotency: Idempotency,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Stops the tasks, then writes what they had not written yet: the
+    /// attempt counts and the journal's waiting events.
+    pub async fn stop(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.idempotency.flush_attempts().await;
+        self.idempotency.flush_journal().await;
     }
 }
