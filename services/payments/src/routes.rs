@@ -10,7 +10,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{Attempt, Effect, IdempotencyHeaders};
+use idempotency::{Attempt, Effect, IdempotencyHeaders, OptionalIdempotencyHeaders};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal,
     page::{Page, PageRequest},
@@ -68,28 +68,37 @@ pub async fn create_intent(
 }
 
 /// Cancel an intent before any capture; the order is free for a new intent.
+/// A cancel declares the end state, so it needs no key (CONTRACT §1):
+/// cancelling what is already cancelled answers 200, unchanged. With a key,
+/// it is an operation like any other, replayed to its retries.
 #[utoipa::path(
     post,
     path = "/v1/payment_intents/{intent_id}/cancel",
     tag = "payments",
     params(
         ("intent_id" = String, Path),
-        ("Idempotency-Key" = String, Header),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: honoured when sent"),
     ),
     responses(
-        (status = 200, description = "Cancelled", body = PaymentIntent),
+        (status = 200, description = "Cancelled (now, or already)", body = PaymentIntent),
         (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: not in `requires_capture`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: past `requires_capture`", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub async fn cancel_intent(
     State(app): State<App>,
     principal: Principal,
-    key: IdempotencyHeaders,
+    OptionalIdempotencyHeaders(key): OptionalIdempotencyHeaders,
     ApiPath(intent_id): ApiPath<String>,
 ) -> Response {
     let command = CancelIntent { intent_id };
+    let Some(key) = key else {
+        return match cancel_without_key(&app, &principal, &command).await {
+            Ok(intent) => Json(intent).into_response(),
+            Err(error) => error.into_response(),
+        };
+    };
     app.idempotency
         .execute(Attempt::post(CANCEL_INTENT, &principal, key), &command, async |tx| {
             let intent = store::cancel_intent(tx, &principal.account_id, &command.intent_id).await?;
@@ -97,6 +106,18 @@ pub async fn cancel_intent(
             Ok(Effect::json(StatusCode::OK, &intent).with_resource("payment_intent", &id, url))
         })
         .await
+}
+
+/// A cancel with no key: its own transaction, nothing stored for replay.
+async fn cancel_without_key(
+    app: &App,
+    principal: &Principal,
+    command: &CancelIntent,
+) -> Result<PaymentIntent, ApiError> {
+    let mut tx = app.db.begin().await?;
+    let intent = store::cancel_intent(&mut tx, &principal.account_id, &command.intent_id).await?;
+    tx.commit().await?;
+    Ok(intent)
 }
 
 #[utoipa::path(

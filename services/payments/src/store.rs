@@ -73,13 +73,20 @@ pub async fn create_intent(tx: &mut Tx, account_id: &str, command: &CreateIntent
     .with("payment_intent_id", live))
 }
 
-/// Cancels an intent that is waiting for its capture. 404 when the account
-/// has no such intent; 409 `invalid_state` when it is past `requires_capture`.
+/// Cancels an intent that is waiting for its capture. A cancel declares the
+/// end state, so an intent already cancelled is answered as it is (CONTRACT
+/// §1). 404 when the account has no such intent; 409 `invalid_state` when it
+/// is past `requires_capture`.
 pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Result<PaymentIntent, ApiError> {
     const CANCEL: &str = concat!(
         "UPDATE payment_intents SET state = 'cancelled', updated_at = $3 \
          WHERE account_id = $1 AND id = $2 AND state = 'requires_capture' RETURNING ",
         intent_columns!()
+    );
+    const CURRENT: &str = concat!(
+        "SELECT ",
+        intent_columns!(),
+        " FROM payment_intents WHERE account_id = $1 AND id = $2"
     );
     let cancelled = on_tx!(tx, |conn| {
         sqlx::query(CANCEL)
@@ -94,19 +101,23 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
     if let Some(intent) = cancelled {
         return Ok(intent);
     }
-    let current: Option<String> = on_tx!(tx, |conn| {
-        sqlx::query_scalar("SELECT state FROM payment_intents WHERE account_id = $1 AND id = $2")
+    let current = on_tx!(tx, |conn| {
+        sqlx::query(CURRENT)
             .bind(account_id)
             .bind(intent_id)
             .fetch_optional(conn)
             .await?
+            .map(|row| decode_intent(&row))
+            .transpose()?
     });
     match current {
         None => Err(ApiError::not_found(format!("payment intent `{intent_id}`"))),
-        Some(state) => Err(ApiError::invalid_state(format!(
-            "the intent is `{state}`; only an intent in `requires_capture` can be cancelled"
+        Some(intent) if intent.state == IntentState::Cancelled => Ok(intent),
+        Some(intent) => Err(ApiError::invalid_state(format!(
+            "the intent is `{}`; only an intent in `requires_capture` can be cancelled",
+            intent.state.as_str()
         ))
-        .with("state", state)),
+        .with("state", intent.state)),
     }
 }
 

@@ -74,6 +74,20 @@ impl TestApp {
         self.send(request).await
     }
 
+    async fn create(&self, key: &str, order_id: &str) -> Answer {
+        self.post("/v1/payment_intents", ACME_AGENT, key, &intent(order_id, json!("5.00")))
+            .await
+    }
+
+    /// A POST with no `Idempotency-Key` and no body.
+    async fn post_without_key(&self, path: &str) -> Answer {
+        let request = Request::post(path)
+            .header("authorization", format!("Bearer {ACME_AGENT}"))
+            .body(Body::empty())
+            .unwrap();
+        self.send(request).await
+    }
+
     async fn intents_in_db(&self) -> i64 {
         on_pool!(self.db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
             "SELECT COUNT(*) FROM payment_intents"
@@ -193,36 +207,29 @@ async fn sixteen_racing_keys_for_one_order_make_one_live_intent(backend: Backend
     assert_eq!(app.intents_in_db().await, 1);
 }
 
-async fn a_cancelled_intent_frees_its_order_and_is_cancelled_once(backend: Backend) {
+async fn a_cancelled_intent_frees_its_order_and_cancelling_it_again_answers_it_unchanged(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let first = app
-        .post(
-            "/v1/payment_intents",
-            ACME_AGENT,
-            "k1",
-            &intent("order-1", json!("5.00")),
-        )
-        .await
-        .json();
+    let first = app.create("k1", "order-1").await.json();
     let cancel = format!("/v1/payment_intents/{}/cancel", first["id"].as_str().unwrap());
 
     let cancelled = app.post(&cancel, ACME_AGENT, "cancel-1", &json!({})).await;
     let replayed = app.post(&cancel, ACME_AGENT, "cancel-1", &json!({})).await;
-    let twice = app.post(&cancel, ACME_AGENT, "cancel-2", &json!({})).await;
-    let next = app
-        .post(
-            "/v1/payment_intents",
-            ACME_AGENT,
-            "k2",
-            &intent("order-1", json!("5.00")),
-        )
-        .await;
+    let again = app.post(&cancel, ACME_AGENT, "cancel-2", &json!({})).await;
+    let keyless = app.post_without_key(&cancel).await;
+    let next = app.create("k2", "order-1").await;
 
     assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
     assert_eq!(cancelled.json()["state"], "cancelled");
     assert_eq!(replayed.replayed.as_deref(), Some("true"));
-    assert_eq!(twice.status, StatusCode::CONFLICT);
-    assert_eq!(twice.json()["code"], "invalid_state");
+    for repeat in [&again, &keyless] {
+        assert_eq!(
+            repeat.status,
+            StatusCode::OK,
+            "cancelling what is cancelled is a no-op: {:?}",
+            repeat.body
+        );
+        assert_eq!(repeat.json()["updated_at"], cancelled.json()["updated_at"], "unchanged");
+    }
     assert_eq!(next.status, StatusCode::CREATED, "a cancelled intent frees its order");
     let by_order = app.get("/v1/payment_intents?order_id=order-1", ACME_AGENT).await.json();
     assert_eq!(by_order["data"].as_array().unwrap().len(), 2);
@@ -277,10 +284,34 @@ async fn another_account_can_neither_see_nor_cancel_an_intent(backend: Backend) 
     );
 }
 
+async fn a_cancel_needs_no_key_and_one_past_requires_capture_is_refused(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let first = app.create("k1", "order-1").await.json();
+    let id = first["id"].as_str().unwrap().to_owned();
+    let cancel = format!("/v1/payment_intents/{id}/cancel");
+
+    let cancelled = app.post_without_key(&cancel).await;
+    // an intent past requires_capture (a capture on its way) cannot be cancelled
+    on_pool!(app.db.db.write(), |pool| {
+        sqlx::query("UPDATE payment_intents SET state = 'processing' WHERE id = $1")
+            .bind(&id)
+            .execute(pool)
+            .await
+            .unwrap();
+    });
+    let refused = app.post_without_key(&cancel).await;
+
+    assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
+    assert_eq!(cancelled.json()["state"], "cancelled");
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert_eq!(refused.json()["code"], "invalid_state");
+}
+
 platform::both_backends!(
     an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it,
     an_amount_sent_as_a_json_number_claims_nothing_and_the_key_then_works,
     sixteen_racing_keys_for_one_order_make_one_live_intent,
-    a_cancelled_intent_frees_its_order_and_is_cancelled_once,
+    a_cancelled_intent_frees_its_order_and_cancelling_it_again_answers_it_unchanged,
+    a_cancel_needs_no_key_and_one_past_requires_capture_is_refused,
     another_account_can_neither_see_nor_cancel_an_intent,
 );
