@@ -226,9 +226,9 @@ pub async fn serve(
     Ok(platform::serve(listener, router(provider), shutdown).await?)
 }
 
-/// What the faults do to a charge or refund request before it is accepted.
-/// Returns whether its answer is to be dropped after accepting.
-async fn before_accepting(provider: &Provider) -> Result<bool, ApiError> {
+/// What the faults do to a charge or refund request before it is accepted:
+/// latency, a failure before accepting, slow acceptance.
+async fn before_accepting(provider: &Provider) -> Result<(), ApiError> {
     let faults = {
         let mut ledger = provider.lock();
         ledger.stats.requests += 1;
@@ -248,12 +248,19 @@ async fn before_accepting(provider: &Provider) -> Result<bool, ApiError> {
         ));
     }
     tokio::time::sleep(Duration::from_millis(faults.accept_delay_ms)).await;
-    let mut ledger = provider.lock();
-    let drop_answer = ledger.faults.drop_next > 0;
-    if drop_answer {
-        ledger.faults.drop_next -= 1;
+    Ok(())
+}
+
+impl Ledger {
+    /// Whether the answer of what was just stored is to be dropped
+    /// (`drop_next`): only requests that store something use it up.
+    fn drop_this_answer(&mut self) -> bool {
+        let drop = self.faults.drop_next > 0;
+        if drop {
+            self.faults.drop_next -= 1;
+        }
+        drop
     }
-    Ok(drop_answer)
 }
 
 /// The answer, or — under the `drop_next` fault — no answer at all: the
@@ -291,12 +298,9 @@ async fn create_charge(
     ApiJson(request): ApiJson<ChargeRequest>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    let drop_answer = before_accepting(&provider).await?;
-    let response = match provider.charge(merchant, key, request) {
-        Ok((charge, replayed)) => made(StatusCode::CREATED, replayed, &charge),
-        Err(refused) => refused.into_response(),
-    };
-    Ok(answer(drop_answer, response).await)
+    before_accepting(&provider).await?;
+    let (charge, replayed, drop_answer) = provider.charge(merchant, key, request)?;
+    Ok(answer(drop_answer, made(StatusCode::CREATED, replayed, &charge)).await)
 }
 
 async fn create_refund(
@@ -306,24 +310,28 @@ async fn create_refund(
     ApiJson(request): ApiJson<RefundRequest>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    let drop_answer = before_accepting(&provider).await?;
-    let response = match provider.refund(merchant, key, request) {
-        Ok((refund, replayed)) => made(StatusCode::CREATED, replayed, &refund),
-        Err(refused) => refused.into_response(),
-    };
-    // a dropped answer is dropped whatever it was, a refusal included
-    Ok(answer(drop_answer, response).await)
+    before_accepting(&provider).await?;
+    let (refund, replayed, drop_answer) = provider.refund(merchant, key, request)?;
+    Ok(answer(drop_answer, made(StatusCode::CREATED, replayed, &refund)).await)
 }
 
 impl Provider {
     /// Makes the charge a merchant's key names, once: the same key and body
     /// again is the same charge (`true`: a replay); another body is refused.
-    fn charge(&self, merchant: String, key: String, request: ChargeRequest) -> Result<(Charge, bool), ApiError> {
+    /// The last flag: the `drop_next` fault takes this answer.
+    fn charge(
+        &self,
+        merchant: String,
+        key: String,
+        mut request: ChargeRequest,
+    ) -> Result<(Charge, bool, bool), ApiError> {
+        // "eur" and "EUR" are one request
+        request.currency = request.currency.to_ascii_uppercase();
         let hash = request_hash(&request);
         let mut ledger = self.lock();
         if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
             return match keyed.made {
-                Made::Charge(i) if keyed.request_hash == hash => Ok((ledger.charges[i].1.clone(), true)),
+                Made::Charge(i) if keyed.request_hash == hash => Ok((ledger.charges[i].1.clone(), true, false)),
                 _ => Err(key_reused()),
             };
         }
@@ -331,7 +339,7 @@ impl Provider {
             id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
             status: "succeeded".into(),
             amount_minor: request.amount_minor,
-            currency: request.currency.to_ascii_uppercase(),
+            currency: request.currency,
             merchant_reference: request.merchant_reference,
             payee_account: request.payee_account,
             idempotency_key: key.clone(),
@@ -348,16 +356,16 @@ impl Provider {
             },
         );
         ledger.stats.charges_made += 1;
-        Ok((charge, false))
+        Ok((charge, false, ledger.drop_this_answer()))
     }
 
     /// Makes the refund a merchant's key names, once, never past its charge.
-    fn refund(&self, merchant: String, key: String, request: RefundRequest) -> Result<(Refund, bool), ApiError> {
+    fn refund(&self, merchant: String, key: String, request: RefundRequest) -> Result<(Refund, bool, bool), ApiError> {
         let hash = request_hash(&request);
         let mut ledger = self.lock();
         if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
             return match keyed.made {
-                Made::Refund(i) if keyed.request_hash == hash => Ok((ledger.refunds[i].1.clone(), true)),
+                Made::Refund(i) if keyed.request_hash == hash => Ok((ledger.refunds[i].1.clone(), true, false)),
                 _ => Err(key_reused()),
             };
         }
@@ -367,7 +375,8 @@ impl Provider {
             .find(|(m, c)| *m == merchant && c.id == request.charge_id)
             .map(|(_, c)| c)
             .ok_or_else(|| ApiError::not_found(format!("charge `{}`", request.charge_id)))?;
-        if charge.refunded_minor + request.amount_minor > charge.amount_minor {
+        // compared with what is left, so no amount can overflow the sum
+        if request.amount_minor > charge.amount_minor - charge.refunded_minor {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "refund_exceeds_charge",
@@ -398,7 +407,7 @@ impl Provider {
             },
         );
         ledger.stats.refunds_made += 1;
-        Ok((refund, false))
+        Ok((refund, false, ledger.drop_this_answer()))
     }
 }
 
@@ -416,13 +425,21 @@ struct List<T> {
     data: Vec<T>,
 }
 
-fn matches(lookup: &Lookup, key: &str, reference: &str) -> Result<bool, ApiError> {
-    match (&lookup.idempotency_key, &lookup.merchant_reference) {
-        (None, None) => Err(ApiError::invalid_field(
-            "idempotency_key",
-            "give idempotency_key or merchant_reference",
-        )),
-        (k, r) => Ok(k.as_deref().is_none_or(|k| k == key) && r.as_deref().is_none_or(|r| r == reference)),
+impl Lookup {
+    /// A lookup names a key or a reference (or both), whatever is stored.
+    fn checked(self) -> Result<Self, ApiError> {
+        if self.idempotency_key.is_none() && self.merchant_reference.is_none() {
+            return Err(ApiError::invalid_field(
+                "idempotency_key",
+                "give idempotency_key or merchant_reference",
+            ));
+        }
+        Ok(self)
+    }
+
+    fn matches(&self, key: &str, reference: &str) -> bool {
+        self.idempotency_key.as_deref().is_none_or(|k| k == key)
+            && self.merchant_reference.as_deref().is_none_or(|r| r == reference)
     }
 }
 
@@ -431,13 +448,14 @@ async fn find_charges(
     Merchant(merchant): Merchant,
     ApiQuery(lookup): ApiQuery<Lookup>,
 ) -> Result<Json<List<Charge>>, ApiError> {
-    let ledger = provider.lock();
-    let mut data = Vec::new();
-    for (m, charge) in &ledger.charges {
-        if *m == merchant && matches(&lookup, &charge.idempotency_key, &charge.merchant_reference)? {
-            data.push(charge.clone());
-        }
-    }
+    let lookup = lookup.checked()?;
+    let data = provider
+        .lock()
+        .charges
+        .iter()
+        .filter(|(m, c)| *m == merchant && lookup.matches(&c.idempotency_key, &c.merchant_reference))
+        .map(|(_, c)| c.clone())
+        .collect();
     Ok(Json(List { data }))
 }
 
@@ -446,13 +464,14 @@ async fn find_refunds(
     Merchant(merchant): Merchant,
     ApiQuery(lookup): ApiQuery<Lookup>,
 ) -> Result<Json<List<Refund>>, ApiError> {
-    let ledger = provider.lock();
-    let mut data = Vec::new();
-    for (m, refund) in &ledger.refunds {
-        if *m == merchant && matches(&lookup, &refund.idempotency_key, &refund.merchant_reference)? {
-            data.push(refund.clone());
-        }
-    }
+    let lookup = lookup.checked()?;
+    let data = provider
+        .lock()
+        .refunds
+        .iter()
+        .filter(|(m, r)| *m == merchant && lookup.matches(&r.idempotency_key, &r.merchant_reference))
+        .map(|(_, r)| r.clone())
+        .collect();
     Ok(Json(List { data }))
 }
 

@@ -68,6 +68,8 @@ async fn the_same_key_and_body_is_one_charge_and_a_changed_body_charges_nothing(
     let (first, replayed, charge) = provider.charge("cap_1", &capture("cap_1", 1250)).await.unwrap();
     let (again, replayed_again, same) = provider.charge("cap_1", &capture("cap_1", 1250)).await.unwrap();
     let (changed, _, problem) = provider.charge("cap_1", &capture("cap_1", 9999)).await.unwrap();
+    let lowercase = json!({"amount_minor": 1250, "currency": "eur", "merchant_reference": "cap_1"});
+    let (same_in_lowercase, _, _) = provider.charge("cap_1", &lowercase).await.unwrap();
 
     assert_eq!((first, replayed.as_deref()), (201, Some("false")));
     assert_eq!((again, replayed_again.as_deref()), (201, Some("true")));
@@ -75,6 +77,10 @@ async fn the_same_key_and_body_is_one_charge_and_a_changed_body_charges_nothing(
     assert_eq!(
         (changed, problem["code"].as_str()),
         (422, Some("idempotency_key_reused"))
+    );
+    assert_eq!(
+        same_in_lowercase, 201,
+        "a currency code in lowercase is the same request"
     );
     assert_eq!(provider.provider.stats().charges_made, 1);
 }
@@ -198,6 +204,42 @@ async fn faults_are_switched_over_http_and_latency_and_slow_acceptance_delay_the
 }
 
 #[tokio::test]
+async fn only_a_request_that_is_stored_uses_up_a_dropped_answer() {
+    let provider = start().await;
+    provider.charge("cap_1", &capture("cap_1", 100)).await.unwrap();
+    provider.provider.set_faults(Faults {
+        drop_next: 1,
+        ..Faults::default()
+    });
+
+    // a replay and a refused key reuse store nothing: they are answered, and the fault waits
+    let (replayed, _, _) = provider.charge("cap_1", &capture("cap_1", 100)).await.unwrap();
+    let (reused, _, _) = provider.charge("cap_1", &capture("cap_1", 999)).await.unwrap();
+    let stored = provider.charge("cap_2", &capture("cap_2", 100)).await;
+
+    assert_eq!((replayed, reused), (201, 422));
+    assert!(
+        stored.unwrap_err().is_timeout(),
+        "the first new charge is the one whose answer is dropped"
+    );
+    assert_eq!(provider.provider.stats().charges_made, 2);
+}
+
+#[tokio::test]
+async fn a_lookup_names_a_key_or_a_reference_whatever_is_stored() {
+    let provider = start().await;
+    let empty = provider
+        .http
+        .get(format!("{}/v1/charges", provider.url))
+        .bearer_auth("sk_merchant_1")
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(empty.status().as_u16(), 400, "refused even with no charges stored");
+}
+
+#[tokio::test]
 async fn refunds_never_exceed_their_charge_and_are_idempotent_too() {
     let provider = start().await;
     let (_, _, charge) = provider.charge("cap_1", &capture("cap_1", 1000)).await.unwrap();
@@ -216,6 +258,7 @@ async fn refunds_never_exceed_their_charge_and_are_idempotent_too() {
     assert_eq!(refund("rf_1", 600).await, 201, "the same refund again");
     assert_eq!(refund("rf_2", 600).await, 409, "600 + 600 > 1000");
     assert_eq!(refund("rf_3", 400).await, 201);
+    assert_eq!(refund("rf_4", i64::MAX).await, 409, "no amount overflows the check");
     assert_eq!(provider.provider.stats().refunds_made, 2);
 }
 
