@@ -33,44 +33,54 @@ pub async fn create_intent(tx: &mut Tx, account_id: &str, command: &CreateIntent
     );
     const LIVE: &str = "SELECT id FROM payment_intents \
          WHERE account_id = $1 AND order_id = $2 AND state NOT IN ('cancelled', 'failed')";
-    let now = Timestamp::now();
-    let created = on_tx!(tx, |conn| {
-        sqlx::query(INSERT)
-            .bind(new_id("pi"))
-            .bind(account_id)
-            .bind(&command.order_id)
-            .bind(command.amount.amount_minor)
-            .bind(command.amount.currency_code())
-            .bind(&command.payee.name)
-            .bind(&command.payee.account)
-            .bind(command.description.as_deref())
-            .bind(now)
-            .fetch_optional(conn)
-            .await?
-            .map(|row| decode_intent(&row))
-            .transpose()?
-    });
-    if let Some(intent) = created {
-        return Ok(intent);
+    // Bounded: on PostgreSQL the live intent that made the insert do nothing
+    // can be cancelled before it is read; the order is then free, so try again.
+    for _ in 0..3 {
+        let now = Timestamp::now();
+        let created = on_tx!(tx, |conn| {
+            sqlx::query(INSERT)
+                .bind(new_id("pi"))
+                .bind(account_id)
+                .bind(&command.order_id)
+                .bind(command.amount.amount_minor)
+                .bind(command.amount.currency_code())
+                .bind(&command.payee.name)
+                .bind(&command.payee.account)
+                .bind(command.description.as_deref())
+                .bind(now)
+                .fetch_optional(conn)
+                .await?
+                .map(|row| decode_intent(&row))
+                .transpose()?
+        });
+        if let Some(intent) = created {
+            return Ok(intent);
+        }
+        let live: Option<String> = on_tx!(tx, |conn| {
+            sqlx::query_scalar(LIVE)
+                .bind(account_id)
+                .bind(&command.order_id)
+                .fetch_optional(conn)
+                .await?
+        });
+        if let Some(live) = live {
+            return Err(order_already_has_payment(&command.order_id, live));
+        }
     }
-    let live: Option<String> = on_tx!(tx, |conn| {
-        sqlx::query_scalar(LIVE)
-            .bind(account_id)
-            .bind(&command.order_id)
-            .fetch_optional(conn)
-            .await?
-    });
-    let live = live.ok_or_else(|| ApiError::internal("insert conflicted but no live intent holds the order"))?;
-    Err(ApiError::new(
+    Err(ApiError::internal(
+        "the order's live intent kept changing while this one was created",
+    ))
+}
+
+/// 409: the order has a live intent, named so the caller can use or cancel it.
+fn order_already_has_payment(order_id: &str, live: String) -> ApiError {
+    ApiError::new(
         StatusCode::CONFLICT,
         "order_already_has_payment",
         "Order already has a payment",
-        format!(
-            "order `{}` already has the live payment intent `{live}`; cancel it first, or use it",
-            command.order_id
-        ),
+        format!("order `{order_id}` already has the live payment intent `{live}`; cancel it first, or use it"),
     )
-    .with("payment_intent_id", live))
+    .with("payment_intent_id", live)
 }
 
 /// Cancels an intent that is waiting for its capture. A cancel declares the

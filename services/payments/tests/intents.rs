@@ -307,7 +307,47 @@ async fn a_cancel_needs_no_key_and_one_past_requires_capture_is_refused(backend:
     assert_eq!(refused.json()["code"], "invalid_state");
 }
 
+async fn creates_racing_a_cancel_of_the_order_s_intent_are_told_which_intent_is_live(backend: Backend) {
+    let app = Arc::new(TestApp::spawn(backend).await);
+    for round in 0..5 {
+        let order = format!("order-{round}");
+        let first = app.create(&format!("first-{round}"), &order).await.json();
+        let cancel = format!("/v1/payment_intents/{}/cancel", first["id"].as_str().unwrap());
+
+        let canceller = {
+            let app = app.clone();
+            tokio::spawn(async move { app.post_without_key(&cancel).await })
+        };
+        let creators = join_all((0..8).map(|n| {
+            let (app, order) = (app.clone(), order.clone());
+            tokio::spawn(async move { app.create(&format!("racer-{round}-{n}"), &order).await })
+        }))
+        .await;
+
+        assert_eq!(canceller.await.unwrap().status, StatusCode::OK);
+        for answer in creators.into_iter().map(|c| c.unwrap()) {
+            assert!(
+                answer.status == StatusCode::CREATED || answer.json()["code"] == "order_already_has_payment",
+                "a create racing the cancel is created or told the live intent, never a 500: {:?}",
+                answer.body
+            );
+        }
+        let live = app
+            .get(&format!("/v1/payment_intents?order_id={order}"), ACME_AGENT)
+            .await
+            .json();
+        let live = live["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["state"] == "requires_capture")
+            .count();
+        assert!(live <= 1, "at most one live intent per order");
+    }
+}
+
 platform::both_backends!(
+    creates_racing_a_cancel_of_the_order_s_intent_are_told_which_intent_is_live,
     an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it,
     an_amount_sent_as_a_json_number_claims_nothing_and_the_key_then_works,
     sixteen_racing_keys_for_one_order_make_one_live_intent,
