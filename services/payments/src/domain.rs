@@ -2,6 +2,7 @@
 //! commands they become (what the fingerprint hashes — amounts already in
 //! minor units), and the resources the API answers with.
 
+use idempotency::approval::ApprovalSummary;
 use platform::{ApiError, Timestamp};
 use serde::{Deserialize, Serialize};
 use validator::Validate;
@@ -116,6 +117,10 @@ pub struct PaymentIntent {
     pub payee: PayeeBody,
     pub description: Option<String>,
     pub state: IntentState,
+    /// Its capture, once one is made.
+    pub capture_id: Option<String>,
+    /// The provider's id for the capture's charge, once the provider answered.
+    pub provider_charge_id: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -128,4 +133,254 @@ impl PaymentIntent {
 
 pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// `POST /v1/payment_intents/{id}/capture`, as sent (`{}` captures it all).
+#[derive(Debug, Default, Deserialize, Validate, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureBody {
+    /// At most the intent's amount, in its currency; omitted, the whole
+    /// amount. A partial capture releases the rest.
+    #[schema(value_type = Option<String>, example = "12.50")]
+    pub amount: Option<AmountText>,
+}
+
+/// The validated capture: which intent, and how much in minor units. An
+/// omitted amount is the intent's whole amount — a default applied before the
+/// fingerprint, so `{}` and the full amount sent explicitly are one request.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaptureIntent {
+    pub intent_id: String,
+    pub amount: Money,
+}
+
+impl CaptureIntent {
+    /// Checks the body against the intent it captures: the amount is read in
+    /// the intent's currency and may not exceed the intent's amount. Nothing is
+    /// claimed when it fails.
+    pub fn parse(intent: &PaymentIntent, body: CaptureBody) -> Result<Self, ApiError> {
+        let whole = Money::from_minor(intent.amount_minor, &intent.currency).map_err(ApiError::internal)?;
+        let amount = match body.amount {
+            None => whole,
+            Some(text) => {
+                Money::parse(&text.0, &intent.currency).map_err(|e| ApiError::invalid_field("amount", e.to_string()))?
+            }
+        };
+        if amount.amount_minor > whole.amount_minor {
+            return Err(ApiError::invalid_field(
+                "amount",
+                format!(
+                    "must be at most the intent's amount, {} {}",
+                    whole.amount(),
+                    whole.currency_code()
+                ),
+            ));
+        }
+        Ok(CaptureIntent {
+            intent_id: intent.id.clone(),
+            amount,
+        })
+    }
+}
+
+/// `POST /v1/payment_intents/{id}/refunds`, as sent.
+#[derive(Debug, Deserialize, Validate, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefundBody {
+    /// A decimal string in the intent's currency.
+    #[schema(value_type = String, example = "2.50")]
+    pub amount: AmountText,
+    #[validate(length(max = 1000, message = "must be at most 1000 characters"))]
+    pub reason: Option<String>,
+}
+
+/// The validated refund instruction: which intent, how much in minor units, why.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefundPayment {
+    pub intent_id: String,
+    pub amount: Money,
+    pub reason: Option<String>,
+}
+
+impl RefundPayment {
+    /// The amount is read in the intent's currency. Whether the capture has
+    /// that much left to refund is decided by the database, not here.
+    pub fn parse(intent: &PaymentIntent, body: RefundBody) -> Result<Self, ApiError> {
+        let amount = Money::parse(&body.amount.0, &intent.currency)
+            .map_err(|e| ApiError::invalid_field("amount", e.to_string()))?;
+        Ok(RefundPayment {
+            intent_id: intent.id.clone(),
+            amount,
+            reason: body.reason,
+        })
+    }
+}
+
+/// A capture's or a refund's state: `processing` until the provider's answer
+/// is known; `unknown` while nobody knows it (the reconciler asks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferState {
+    Processing,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl TransferState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransferState::Processing => "processing",
+            TransferState::Succeeded => "succeeded",
+            TransferState::Failed => "failed",
+            TransferState::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+    }
+}
+
+/// A capture: money taken from the customer by the provider.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Capture {
+    #[schema(example = "cap_0193a1b2c3d4e5f60718293a4b5c6d7e")]
+    pub id: String,
+    pub payment_intent_id: String,
+    #[schema(example = "12.50")]
+    pub amount: String,
+    #[schema(example = 1250)]
+    pub amount_minor: i64,
+    pub currency: String,
+    /// Taken by refunds, or held by refunds whose outcome is not known yet.
+    pub amount_refunded: String,
+    pub amount_refunded_minor: i64,
+    pub state: TransferState,
+    /// The provider's id for the charge, once the provider answered.
+    pub provider_charge_id: Option<String>,
+    /// Where to see how it ends.
+    pub status_url: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Capture {
+    pub fn url(&self) -> String {
+        capture_url(&self.id)
+    }
+}
+
+pub fn capture_url(id: &str) -> String {
+    format!("/v1/captures/{id}")
+}
+
+/// A refund: money given back from a capture.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Refund {
+    #[schema(example = "rf_0193a1b2c3d4e5f60718293a4b5c6d7e")]
+    pub id: String,
+    pub payment_intent_id: String,
+    pub capture_id: String,
+    #[schema(example = "2.50")]
+    pub amount: String,
+    #[schema(example = 250)]
+    pub amount_minor: i64,
+    pub currency: String,
+    pub reason: Option<String>,
+    pub state: TransferState,
+    /// The provider's id for the refund, once the provider answered.
+    pub provider_refund_id: Option<String>,
+    pub status_url: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Refund {
+    pub fn url(&self) -> String {
+        refund_url(&self.id)
+    }
+}
+
+pub fn refund_url(id: &str) -> String {
+    format!("/v1/refunds/{id}")
+}
+
+/// Which payments wait for a human (CONTRACT §6).
+#[derive(Debug, Clone)]
+pub struct PaymentsPolicy {
+    /// A capture of at least this many major units of its currency waits for
+    /// an approver; `None`: none does.
+    pub capture_approval_from: Option<u64>,
+}
+
+impl Default for PaymentsPolicy {
+    /// The sandbox default: 1,000 major units (EUR 1,000.00, JPY 1,000, KWD 1,000.000).
+    fn default() -> Self {
+        PaymentsPolicy {
+            capture_approval_from: Some(1000),
+        }
+    }
+}
+
+impl PaymentsPolicy {
+    /// `PAYMENTS_CAPTURE_APPROVAL_FROM`: a whole number of major units, or `off`.
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var("PAYMENTS_CAPTURE_APPROVAL_FROM")
+            .ok()
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+        {
+            None => Ok(PaymentsPolicy::default()),
+            Some(v) if v == "off" => Ok(PaymentsPolicy {
+                capture_approval_from: None,
+            }),
+            Some(v) => v
+                .parse()
+                .map(|major| PaymentsPolicy {
+                    capture_approval_from: Some(major),
+                })
+                .map_err(|_| format!("PAYMENTS_CAPTURE_APPROVAL_FROM `{v}` is neither a whole number nor `off`")),
+        }
+    }
+
+    /// `Some(what the approver judges)` when this capture needs a human:
+    /// the payee, the amount with its currency, and the account.
+    pub fn approval_for(
+        &self,
+        account_id: &str,
+        intent: &PaymentIntent,
+        command: &CaptureIntent,
+    ) -> Option<ApprovalSummary> {
+        let from_major = self.capture_approval_from?;
+        let from_minor = i64::try_from(from_major)
+            .ok()
+            .and_then(|major| major.checked_mul(10_i64.pow(u32::from(command.amount.exponent()))));
+        // a threshold too large for any amount is never reached
+        if from_minor.is_none_or(|from| command.amount.amount_minor < from) {
+            return None;
+        }
+        let amount = format!("{} {}", command.amount.amount(), command.amount.currency_code());
+        Some(ApprovalSummary {
+            action: format!("capture {amount}"),
+            target: format!("payee {} ({})", intent.payee.name, intent.payee.account),
+            consequences: format!(
+                "the payment provider charges {amount} for order {} and pays it to the payee; \
+                 only a refund gives it back",
+                intent.order_id
+            ),
+            identifiers: [
+                ("account", account_id.to_owned()),
+                ("payment_intent_id", intent.id.clone()),
+                ("order_id", intent.order_id.clone()),
+                ("amount", command.amount.amount()),
+                ("currency", command.amount.currency_code().to_owned()),
+                ("payee_name", intent.payee.name.clone()),
+                ("payee_account", intent.payee.account.clone()),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect(),
+        })
+    }
 }

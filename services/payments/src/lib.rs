@@ -1,21 +1,36 @@
-//! The payments service (CONTRACT §7 Payments), being built (issue 4). So
-//! far: the money it takes — amount strings turned into integer minor units
-//! before anything else sees them ([`money`]) — and payment intents, at most
-//! one live intent per order, created and cancelled as idempotent operations.
-//! Captures through the outbox, refunds and the reconciler follow, on the
-//! simulated provider in `services/payment-provider`.
+//! The payments service (CONTRACT §7 Payments): the article's payments
+//! chapter made real.
+//!
+//! - Money is an amount string turned into integer minor units before
+//!   anything else sees it ([`money`]).
+//! - A payment intent moves no money; at most one live intent per order,
+//!   decided by a partial unique index.
+//! - A capture and each refund instruction are operations that answer 202 and
+//!   go to the payment provider through the outbox ([`idempotency::outbox`]),
+//!   with the provider idempotency key derived from the operation id;
+//!   [`provider`] is the provider as the outbox sees it. A lost answer leaves the
+//!   operation `unknown` until the reconciler asks the provider.
+//! - Refunds never add up to more than was captured: one conditional update
+//!   and a CHECK decide it ([`store::begin_refund`]).
+//! - Captures at or above a threshold wait for a human ([`domain::PaymentsPolicy`]).
 //!
 //! A library with a thin `main.rs`: [`build_router`] makes the whole HTTP API
 //! for tests and for the sandbox, [`serve`] runs it.
 
 pub mod domain;
 pub mod money;
+pub mod provider;
 pub mod routes;
 pub mod store;
 
 use axum::{Router, extract::FromRef};
-use idempotency::{Idempotency, IdempotencyConfig};
+use domain::PaymentsPolicy;
+use idempotency::{
+    Idempotency, IdempotencyConfig,
+    outbox::{Outbox, OutboxConfig},
+};
 use platform::{Authenticator, Db, Migrations, config::ServiceConfig};
+use provider::{Provider, ProviderConfig};
 use utoipa::OpenApi;
 
 /// The payments tables, for both backends.
@@ -26,6 +41,8 @@ pub static MIGRATIONS: Migrations = Migrations {
 
 /// The sandbox port (CONTRACT §12).
 pub const DEFAULT_PORT: u16 = 7002;
+/// Where the sandbox's simulated payment provider listens.
+pub const PROVIDER_DEFAULT_PORT: u16 = 7101;
 
 /// Everything a handler needs.
 #[derive(Clone, Debug)]
@@ -33,6 +50,28 @@ pub struct App {
     pub db: Db,
     pub idempotency: Idempotency,
     pub auth: Authenticator,
+    pub policy: PaymentsPolicy,
+}
+
+/// What the service needs beside its database: its approval policy, the
+/// provider, and the outbox's pace.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub policy: PaymentsPolicy,
+    pub provider: ProviderConfig,
+    pub outbox: OutboxConfig,
+}
+
+impl Settings {
+    /// `PAYMENTS_CAPTURE_APPROVAL_FROM`, `PAYMENTS_PROVIDER_URL`,
+    /// `PAYMENTS_PROVIDER_KEY` and the outbox's `RETRYSAFE_OUTBOX_*`.
+    pub fn from_env() -> Result<Self, String> {
+        Ok(Settings {
+            policy: PaymentsPolicy::from_env()?,
+            provider: ProviderConfig::from_env(),
+            outbox: OutboxConfig::from_env()?,
+        })
+    }
 }
 
 impl FromRef<App> for Idempotency {
@@ -52,8 +91,20 @@ impl App {
         App {
             idempotency: Idempotency::new(db.clone(), idempotency),
             auth: Authenticator::new(db.clone(), sandbox),
+            policy: PaymentsPolicy::default(),
             db,
         }
+    }
+
+    pub fn with_policy(mut self, policy: PaymentsPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The outbox that carries captures and refunds to the provider, and its
+    /// reconciler ([`Outbox::spawn`] runs both).
+    pub fn outbox(&self, provider: ProviderConfig, config: OutboxConfig) -> Outbox<Provider> {
+        Outbox::new(self.idempotency.clone(), Provider::new(provider), config)
     }
 }
 
@@ -80,23 +131,29 @@ pub fn build_router(app: App) -> Router {
 }
 
 /// Connects, migrates, and serves on `config.listen` until `shutdown`
-/// resolves; the reaper, the attempt writer and the journal's chainer run beside it.
+/// resolves; the outbox worker and its reconciler, the reaper, the attempt
+/// writer and the journal's chainer run beside it.
 pub async fn serve(
     config: ServiceConfig,
     idempotency: IdempotencyConfig,
+    settings: Settings,
     listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     platform::prepare_sqlite_dir(&config.database_url)?;
     let db = Db::connect(&config.database_url, config.max_connections).await?;
     migrate(&db).await?;
-    let app = App::new(db.clone(), idempotency, config.sandbox);
-    let background = app.idempotency.spawn_background();
+    let app = App::new(db.clone(), idempotency, config.sandbox).with_policy(settings.policy.clone());
+    let background = app
+        .idempotency
+        .spawn_background()
+        .with(app.outbox(settings.provider.clone(), settings.outbox.clone()).spawn());
     let listener = match listener {
         Some(listener) => listener,
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
-    tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, "payments listening");
+    tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
+        provider = %settings.provider.url, capture_approval_from = ?settings.policy.capture_approval_from, "payments listening");
     let served = platform::serve(listener, build_router(app), shutdown).await;
     background.stop().await;
     db.close().await;

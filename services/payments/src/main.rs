@@ -9,5 +9,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     platform::telemetry::init();
     let config = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, false)?;
     let idempotency = IdempotencyConfig::from_env()?;
-    payments::serve(config, idempotency, None, platform::shutdown_signal()).await
+    let settings = payments::Settings::from_env()?;
+    payments::serve(config, idempotency, settings, None, platform::shutdown_signal()).await
 }

@@ -19,18 +19,29 @@ use serde::Deserialize;
 
 use crate::{
     App,
-    domain::{CancelIntent, CreateIntent, CreateIntentBody, PaymentIntent},
+    domain::{
+        CancelIntent, Capture, CaptureBody, CaptureIntent, CreateIntent, CreateIntentBody, PaymentIntent, Refund,
+        RefundBody, RefundPayment,
+    },
+    provider::{self, ChargeOrder, RefundOrder},
     store,
 };
 
 pub const CREATE_INTENT: &str = "/v1/payment_intents";
 pub const CANCEL_INTENT: &str = "/v1/payment_intents/{intent_id}/cancel";
+pub const CAPTURE_INTENT: &str = "/v1/payment_intents/{intent_id}/capture";
+pub const REFUND_INTENT: &str = "/v1/payment_intents/{intent_id}/refunds";
 
 pub fn router() -> Router<App> {
     Router::new()
         .route(CREATE_INTENT, post(create_intent).get(list_intents))
         .route("/v1/payment_intents/{intent_id}", get(get_intent))
         .route(CANCEL_INTENT, post(cancel_intent))
+        .route(CAPTURE_INTENT, post(capture_intent))
+        .route("/v1/payment_intents/{intent_id}/captures", get(list_captures))
+        .route(REFUND_INTENT, post(refund_intent).get(list_refunds))
+        .route("/v1/captures/{capture_id}", get(get_capture))
+        .route("/v1/refunds/{refund_id}", get(get_refund))
 }
 
 /// Create an intent to take an amount for an order. No money moves.
@@ -120,6 +131,230 @@ async fn cancel_without_key(
     Ok(intent)
 }
 
+/// The intent a capture or refund names, read before anything is claimed:
+/// its currency says what the amount means. 404 claims nothing.
+async fn intent_named(app: &App, principal: &Principal, intent_id: &str) -> Result<PaymentIntent, ApiError> {
+    store::get_intent(&app.db, &principal.account_id, intent_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("payment intent `{intent_id}`")))
+}
+
+/// Capture an intent: the provider charges the amount (all of it, or less —
+/// the rest is released). The answer is 202 with the capture in `processing`;
+/// the charge goes to the provider through the outbox, with an idempotency key
+/// derived from this operation's id, and the capture (and the operation
+/// status) show how it ends. At or above the approval threshold, a human
+/// approves this exact capture first.
+#[utoipa::path(
+    post,
+    path = "/v1/payment_intents/{intent_id}/capture",
+    tag = "payments",
+    request_body = CaptureBody,
+    params(
+        ("intent_id" = String, Path),
+        ("Idempotency-Key" = String, Header, description = "Made once per intended capture; the same on every retry"),
+    ),
+    responses(
+        (status = 202, description = "Accepted: the capture, `processing`; or, at or above the threshold, the approval request", body = Capture),
+        (status = 400, description = "Invalid amount (more than the intent's, too many decimals…); nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the intent is not in `requires_capture`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn capture_intent(
+    State(app): State<App>,
+    principal: Principal,
+    key: IdempotencyHeaders,
+    ApiPath(intent_id): ApiPath<String>,
+    ApiJson(body): ApiJson<CaptureBody>,
+) -> Response {
+    let (intent, command) = match intent_named(&app, &principal, &intent_id).await.and_then(|intent| {
+        let command = CaptureIntent::parse(&intent, body)?;
+        Ok((intent, command))
+    }) {
+        Ok(parsed) => parsed,
+        Err(invalid) => return invalid.into_response(),
+    };
+    let approval = app.policy.approval_for(&principal.account_id, &intent, &command);
+    app.idempotency
+        .execute(
+            Attempt::post(CAPTURE_INTENT, &principal, key).approval(approval),
+            &command,
+            async |tx| {
+                let capture = store::begin_capture(tx, &principal.account_id, &command).await?;
+                let charge = ChargeOrder {
+                    capture_id: capture.id.clone(),
+                    amount_minor: capture.amount_minor,
+                    currency: capture.currency.clone(),
+                    payee_account: intent.payee.account.clone(),
+                };
+                Ok(Effect::json(StatusCode::ACCEPTED, &capture)
+                    .with_resource("capture", &capture.id, capture.url())
+                    .with_outbox(provider::CAPTURE, &charge))
+            },
+        )
+        .await
+}
+
+/// Refund part or all of a captured payment. Each refund instruction is its
+/// own operation with its own key: a second refund is a new key, never a
+/// retry. The refunds of a capture never add up to more than it captured
+/// (409 `refund_exceeds_captured`), which the database decides under races.
+#[utoipa::path(
+    post,
+    path = "/v1/payment_intents/{intent_id}/refunds",
+    tag = "payments",
+    request_body = RefundBody,
+    params(
+        ("intent_id" = String, Path),
+        ("Idempotency-Key" = String, Header, description = "Made once per refund instruction; the same on every retry"),
+    ),
+    responses(
+        (status = 202, description = "Accepted: the refund, `processing`", body = Refund),
+        (status = 400, description = "Invalid amount; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`refund_exceeds_captured`, or `invalid_state`: no succeeded capture", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn refund_intent(
+    State(app): State<App>,
+    principal: Principal,
+    key: IdempotencyHeaders,
+    ApiPath(intent_id): ApiPath<String>,
+    ApiJson(body): ApiJson<RefundBody>,
+) -> Response {
+    let command = match intent_named(&app, &principal, &intent_id)
+        .await
+        .and_then(|intent| RefundPayment::parse(&intent, body))
+    {
+        Ok(command) => command,
+        Err(invalid) => return invalid.into_response(),
+    };
+    app.idempotency
+        .execute(Attempt::post(REFUND_INTENT, &principal, key), &command, async |tx| {
+            let (refund, charge_id) = store::begin_refund(tx, &principal.account_id, &command).await?;
+            let order = RefundOrder {
+                refund_id: refund.id.clone(),
+                charge_id,
+                amount_minor: refund.amount_minor,
+            };
+            Ok(Effect::json(StatusCode::ACCEPTED, &refund)
+                .with_resource("refund", &refund.id, refund.url())
+                .with_outbox(provider::REFUND, &order))
+        })
+        .await
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/captures/{capture_id}",
+    tag = "payments",
+    params(("capture_id" = String, Path)),
+    responses(
+        (status = 200, body = Capture),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_capture(
+    State(app): State<App>,
+    principal: Principal,
+    ApiPath(capture_id): ApiPath<String>,
+) -> Result<Json<Capture>, ApiError> {
+    store::get_capture(&app.db, &principal.account_id, &capture_id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("capture `{capture_id}`")))
+}
+
+/// An intent's captures: at most one.
+#[utoipa::path(
+    get,
+    path = "/v1/payment_intents/{intent_id}/captures",
+    tag = "payments",
+    params(("intent_id" = String, Path)),
+    responses(
+        (status = 200, body = Page<Capture>),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_captures(
+    State(app): State<App>,
+    principal: Principal,
+    ApiPath(intent_id): ApiPath<String>,
+) -> Result<Json<Page<Capture>>, ApiError> {
+    let intent = intent_named(&app, &principal, &intent_id).await?;
+    let rows = store::list_captures(&app.db, &principal.account_id, &intent.id).await?;
+    Ok(Json(Page::from_rows(rows, PageRequest::parse(None, None)?)))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/refunds/{refund_id}",
+    tag = "payments",
+    params(("refund_id" = String, Path)),
+    responses(
+        (status = 200, body = Refund),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_refund(
+    State(app): State<App>,
+    principal: Principal,
+    ApiPath(refund_id): ApiPath<String>,
+) -> Result<Json<Refund>, ApiError> {
+    store::get_refund(&app.db, &principal.account_id, &refund_id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("refund `{refund_id}`")))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// 1–200, default 50.
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+/// An intent's refunds, in creation order.
+#[utoipa::path(
+    get,
+    path = "/v1/payment_intents/{intent_id}/refunds",
+    tag = "payments",
+    params(("intent_id" = String, Path), PageQuery),
+    responses(
+        (status = 200, body = Page<Refund>),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_refunds(
+    State(app): State<App>,
+    principal: Principal,
+    ApiPath(intent_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PageQuery>,
+) -> Result<Json<Page<Refund>>, ApiError> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
+    let intent = intent_named(&app, &principal, &intent_id).await?;
+    let rows = store::list_refunds(
+        &app.db,
+        &principal.account_id,
+        &intent.id,
+        page.after_seq,
+        page.fetch_limit(),
+    )
+    .await?;
+    Ok(Json(Page::from_rows(rows, page)))
+}
+
 #[utoipa::path(
     get,
     path = "/v1/payment_intents/{intent_id}",
@@ -180,10 +415,26 @@ pub async fn list_intents(
 
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    paths(create_intent, cancel_intent, get_intent, list_intents),
+    paths(
+        create_intent,
+        cancel_intent,
+        get_intent,
+        list_intents,
+        capture_intent,
+        refund_intent,
+        get_capture,
+        list_captures,
+        get_refund,
+        list_refunds
+    ),
     components(schemas(
         PaymentIntent,
         CreateIntentBody,
+        Capture,
+        CaptureBody,
+        Refund,
+        RefundBody,
+        crate::domain::TransferState,
         crate::domain::PayeeBody,
         crate::domain::IntentState,
         crate::money::AmountText

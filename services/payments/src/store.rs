@@ -5,14 +5,31 @@ use axum::http::StatusCode;
 use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
 use sqlx::Row;
 
+use idempotency::outbox::Settlement;
+
 use crate::{
-    domain::{CreateIntent, IntentState, PayeeBody, PaymentIntent, new_id},
+    domain::{
+        Capture, CaptureIntent, CreateIntent, IntentState, PayeeBody, PaymentIntent, Refund, RefundPayment,
+        TransferState, capture_url, new_id, refund_url,
+    },
     money::Money,
 };
 
+/// An intent's own columns, and — NULL for the statements that write an
+/// intent, which never has a capture yet — its capture's ids.
 macro_rules! intent_columns {
     () => {
-        "seq, id, order_id, amount_minor, currency, payee_name, payee_account, description, state, created_at, updated_at"
+        "seq, id, order_id, amount_minor, currency, payee_name, payee_account, description, state, created_at, \
+         updated_at, CAST(NULL AS TEXT) AS capture_id, CAST(NULL AS TEXT) AS provider_charge_id"
+    };
+}
+
+/// An intent read with its capture's ids.
+macro_rules! select_intent {
+    () => {
+        "SELECT i.seq, i.id, i.order_id, i.amount_minor, i.currency, i.payee_name, i.payee_account, i.description, \
+         i.state, i.created_at, i.updated_at, c.id AS capture_id, c.provider_charge_id \
+         FROM payment_intents i LEFT JOIN payment_captures c ON c.intent_id = i.id"
     };
 }
 
@@ -93,11 +110,7 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
          WHERE account_id = $1 AND id = $2 AND state = 'requires_capture' RETURNING ",
         intent_columns!()
     );
-    const CURRENT: &str = concat!(
-        "SELECT ",
-        intent_columns!(),
-        " FROM payment_intents WHERE account_id = $1 AND id = $2"
-    );
+    const CURRENT: &str = concat!(select_intent!(), " WHERE i.account_id = $1 AND i.id = $2");
     let cancelled = on_tx!(tx, |conn| {
         sqlx::query(CANCEL)
             .bind(account_id)
@@ -132,11 +145,7 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
 }
 
 pub async fn get_intent(db: &Db, account_id: &str, intent_id: &str) -> Result<Option<PaymentIntent>, ApiError> {
-    const SQL: &str = concat!(
-        "SELECT ",
-        intent_columns!(),
-        " FROM payment_intents WHERE account_id = $1 AND id = $2"
-    );
+    const SQL: &str = concat!(select_intent!(), " WHERE i.account_id = $1 AND i.id = $2");
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
@@ -157,10 +166,8 @@ pub async fn list_intents(
     limit: i64,
 ) -> Result<Vec<(i64, PaymentIntent)>, ApiError> {
     const SQL: &str = concat!(
-        "SELECT ",
-        intent_columns!(),
-        " FROM payment_intents WHERE account_id = $1 AND seq > $2 AND ($3 IS NULL OR order_id = $3) \
-         ORDER BY seq LIMIT $4"
+        select_intent!(),
+        " WHERE i.account_id = $1 AND i.seq > $2 AND ($3 IS NULL OR i.order_id = $3) ORDER BY i.seq LIMIT $4"
     );
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
@@ -174,6 +181,389 @@ pub async fn list_intents(
             .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_intent(row)?)))
             .collect::<Result<Vec<_>, _>>()?
     }))
+}
+
+macro_rules! capture_columns {
+    () => {
+        "seq, id, intent_id, amount_minor, currency, refunded_minor, state, provider_charge_id, created_at, updated_at"
+    };
+}
+
+macro_rules! refund_columns {
+    () => {
+        "seq, id, intent_id, capture_id, amount_minor, currency, reason, state, provider_refund_id, created_at, updated_at"
+    };
+}
+
+/// Starts the capture of an intent: the intent goes `requires_capture →
+/// processing` (a compare-and-set on its state, so of two racing captures
+/// exactly one starts) and the capture is written, `processing`, in the
+/// effect's transaction. The charge itself is the outbox's to send.
+pub async fn begin_capture(tx: &mut Tx, account_id: &str, command: &CaptureIntent) -> Result<Capture, ApiError> {
+    const START: &str = "UPDATE payment_intents SET state = 'processing', updated_at = $3 \
+         WHERE account_id = $1 AND id = $2 AND state = 'requires_capture' RETURNING id";
+    const INSERT: &str = concat!(
+        "INSERT INTO payment_captures (id, account_id, intent_id, amount_minor, currency, state, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, 'processing', $6, $6) RETURNING ",
+        capture_columns!()
+    );
+    let now = Timestamp::now();
+    let started: Option<String> = on_tx!(tx, |conn| {
+        sqlx::query_scalar(START)
+            .bind(account_id)
+            .bind(&command.intent_id)
+            .bind(now)
+            .fetch_optional(conn)
+            .await?
+    });
+    if started.is_none() {
+        return Err(match intent_state(tx, account_id, &command.intent_id).await? {
+            None => ApiError::not_found(format!("payment intent `{}`", command.intent_id)),
+            Some(state) => ApiError::invalid_state(format!(
+                "the intent is `{}`; only an intent in `requires_capture` can be captured",
+                state.as_str()
+            ))
+            .with("state", state),
+        });
+    }
+    Ok(on_tx!(tx, |conn| {
+        let row = sqlx::query(INSERT)
+            .bind(new_id("cap"))
+            .bind(account_id)
+            .bind(&command.intent_id)
+            .bind(command.amount.amount_minor)
+            .bind(command.amount.currency_code())
+            .bind(now)
+            .fetch_one(conn)
+            .await?;
+        decode_capture(&row)?
+    }))
+}
+
+async fn intent_state(tx: &mut Tx, account_id: &str, intent_id: &str) -> Result<Option<IntentState>, sqlx::Error> {
+    let state: Option<String> = on_tx!(tx, |conn| {
+        sqlx::query_scalar("SELECT state FROM payment_intents WHERE account_id = $1 AND id = $2")
+            .bind(account_id)
+            .bind(intent_id)
+            .fetch_optional(conn)
+            .await?
+    });
+    Ok(state.as_deref().and_then(IntentState::parse))
+}
+
+/// Records how a capture's charge ended, on the capture and on its intent:
+/// succeeded with the provider's charge id, failed (which frees the order for
+/// a new intent), or unknown until the reconciler finds out.
+pub async fn settle_capture(
+    tx: &mut Tx,
+    account_id: &str,
+    capture_id: &str,
+    settlement: Settlement<'_>,
+) -> Result<(), sqlx::Error> {
+    let (state, intent_state, charge_id) = match settlement {
+        Settlement::Accepted { external_ref } => (TransferState::Succeeded, IntentState::Succeeded, Some(external_ref)),
+        Settlement::Refused { .. } => (TransferState::Failed, IntentState::Failed, None),
+        Settlement::Unknown => (TransferState::Unknown, IntentState::Unknown, None),
+    };
+    let now = Timestamp::now();
+    on_tx!(tx, |conn| {
+        let intent_id: String = sqlx::query_scalar(
+            "UPDATE payment_captures SET state = $3, provider_charge_id = COALESCE($4, provider_charge_id), \
+             updated_at = $5 WHERE account_id = $1 AND id = $2 RETURNING intent_id",
+        )
+        .bind(account_id)
+        .bind(capture_id)
+        .bind(state.as_str())
+        .bind(charge_id)
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await?;
+        sqlx::query("UPDATE payment_intents SET state = $3, updated_at = $4 WHERE account_id = $1 AND id = $2")
+            .bind(account_id)
+            .bind(&intent_id)
+            .bind(intent_state.as_str())
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+    });
+    Ok(())
+}
+
+/// Starts a refund instruction: its amount is added to what the capture's
+/// refunds hold, in **one** conditional update — only a succeeded capture, and
+/// only while the sum stays within what was captured — so racing refunds can
+/// never together pass it (PostgreSQL re-checks the condition on the row as the
+/// previous refund left it; SQLite has one writer), and the table's CHECK
+/// refuses it even if a statement forgot to ask. The provider's refund is the
+/// outbox's to send.
+pub async fn begin_refund(
+    tx: &mut Tx,
+    account_id: &str,
+    command: &RefundPayment,
+) -> Result<(Refund, String), ApiError> {
+    const HOLD: &str = "UPDATE payment_captures SET refunded_minor = refunded_minor + $3, updated_at = $4 \
+         WHERE account_id = $1 AND intent_id = $2 AND state = 'succeeded' AND $3 <= amount_minor - refunded_minor \
+         RETURNING id, provider_charge_id";
+    const INSERT: &str = concat!(
+        "INSERT INTO payment_refunds (id, account_id, intent_id, capture_id, amount_minor, currency, reason, state, \
+         created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'processing', $8, $8) RETURNING ",
+        refund_columns!()
+    );
+    let now = Timestamp::now();
+    let held: Option<(String, Option<String>)> = on_tx!(tx, |conn| {
+        sqlx::query_as(HOLD)
+            .bind(account_id)
+            .bind(&command.intent_id)
+            .bind(command.amount.amount_minor)
+            .bind(now)
+            .fetch_optional(conn)
+            .await?
+    });
+    let Some((capture_id, Some(charge_id))) = held else {
+        return Err(why_no_refund(tx, account_id, command).await?);
+    };
+    let refund = on_tx!(tx, |conn| {
+        let row = sqlx::query(INSERT)
+            .bind(new_id("rf"))
+            .bind(account_id)
+            .bind(&command.intent_id)
+            .bind(&capture_id)
+            .bind(command.amount.amount_minor)
+            .bind(command.amount.currency_code())
+            .bind(command.reason.as_deref())
+            .bind(now)
+            .fetch_one(conn)
+            .await?;
+        decode_refund(&row)?
+    });
+    Ok((refund, charge_id))
+}
+
+/// Why a refund could not hold its amount: no succeeded capture (409
+/// `invalid_state`), or not that much left to refund (409 `refund_exceeds_captured`).
+async fn why_no_refund(tx: &mut Tx, account_id: &str, command: &RefundPayment) -> Result<ApiError, sqlx::Error> {
+    let capture: Option<(String, i64, i64)> = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "SELECT state, amount_minor, refunded_minor FROM payment_captures WHERE account_id = $1 AND intent_id = $2",
+        )
+        .bind(account_id)
+        .bind(&command.intent_id)
+        .fetch_optional(conn)
+        .await?
+    });
+    let currency = command.amount.currency_code();
+    let in_currency = |minor: i64| {
+        Money::from_minor(minor, currency)
+            .map(|m| m.amount())
+            .unwrap_or_default()
+    };
+    Ok(match capture {
+        None => ApiError::invalid_state("the intent has no capture: there is nothing to refund"),
+        Some((state, ..)) if state != TransferState::Succeeded.as_str() => ApiError::invalid_state(format!(
+            "the capture is `{state}`; only a succeeded capture can be refunded"
+        ))
+        .with("state", state),
+        Some((_, captured, refunded)) => ApiError::new(
+            StatusCode::CONFLICT,
+            "refund_exceeds_captured",
+            "Refund exceeds what was captured",
+            format!(
+                "{} {currency} were captured and {} {currency} are refunded or being refunded: at most {} {currency} is left",
+                in_currency(captured),
+                in_currency(refunded),
+                in_currency(captured - refunded)
+            ),
+        )
+        .with("amount_captured", in_currency(captured))
+        .with("amount_refunded", in_currency(refunded))
+        .with("amount_refundable", in_currency(captured - refunded)),
+    })
+}
+
+/// Records how a refund ended: succeeded with the provider's refund id,
+/// unknown until the reconciler finds out, or failed — which gives its amount
+/// back to the capture, once.
+pub async fn settle_refund(
+    tx: &mut Tx,
+    account_id: &str,
+    refund_id: &str,
+    settlement: Settlement<'_>,
+) -> Result<(), sqlx::Error> {
+    let (state, refund_ref) = match settlement {
+        Settlement::Accepted { external_ref } => (TransferState::Succeeded, Some(external_ref)),
+        Settlement::Refused { .. } => (TransferState::Failed, None),
+        Settlement::Unknown => (TransferState::Unknown, None),
+    };
+    let now = Timestamp::now();
+    on_tx!(tx, |conn| {
+        let settled: Option<(String, i64)> = sqlx::query_as(
+            "UPDATE payment_refunds SET state = $3, provider_refund_id = COALESCE($4, provider_refund_id), \
+             updated_at = $5 WHERE account_id = $1 AND id = $2 AND state IN ('processing', 'unknown') \
+             RETURNING capture_id, amount_minor",
+        )
+        .bind(account_id)
+        .bind(refund_id)
+        .bind(state.as_str())
+        .bind(refund_ref)
+        .bind(now)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let (Some((capture_id, amount_minor)), TransferState::Failed) = (settled, state) {
+            sqlx::query(
+                "UPDATE payment_captures SET refunded_minor = refunded_minor - $3, updated_at = $4 \
+                 WHERE account_id = $1 AND id = $2",
+            )
+            .bind(account_id)
+            .bind(&capture_id)
+            .bind(amount_minor)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+        }
+    });
+    Ok(())
+}
+
+pub async fn get_capture(db: &Db, account_id: &str, capture_id: &str) -> Result<Option<Capture>, ApiError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        capture_columns!(),
+        " FROM payment_captures WHERE account_id = $1 AND id = $2"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(capture_id)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode_capture(&row))
+            .transpose()?
+    }))
+}
+
+/// An intent's captures (at most one), as a list.
+pub async fn list_captures(db: &Db, account_id: &str, intent_id: &str) -> Result<Vec<(i64, Capture)>, ApiError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        capture_columns!(),
+        " FROM payment_captures WHERE account_id = $1 AND intent_id = $2 ORDER BY seq"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(intent_id)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_capture(row)?)))
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+pub async fn get_refund(db: &Db, account_id: &str, refund_id: &str) -> Result<Option<Refund>, ApiError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        refund_columns!(),
+        " FROM payment_refunds WHERE account_id = $1 AND id = $2"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(refund_id)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode_refund(&row))
+            .transpose()?
+    }))
+}
+
+/// One page of an intent's refunds, in creation order.
+pub async fn list_refunds(
+    db: &Db,
+    account_id: &str,
+    intent_id: &str,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<(i64, Refund)>, ApiError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        refund_columns!(),
+        " FROM payment_refunds WHERE account_id = $1 AND intent_id = $2 AND seq > $3 ORDER BY seq LIMIT $4"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(intent_id)
+            .bind(after_seq)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_refund(row)?)))
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+fn decode_capture<R>(row: &R) -> Result<Capture, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_captures: {what}").into());
+    let currency: String = row.try_get("currency")?;
+    let money = |minor: i64| Money::from_minor(minor, &currency).map_err(|_| corrupt("unknown currency"));
+    let amount = money(row.try_get("amount_minor")?)?;
+    let refunded = money(row.try_get("refunded_minor")?)?;
+    let state: String = row.try_get("state")?;
+    let id: String = row.try_get("id")?;
+    Ok(Capture {
+        status_url: capture_url(&id),
+        id,
+        payment_intent_id: row.try_get("intent_id")?,
+        amount: amount.amount(),
+        amount_minor: amount.amount_minor,
+        amount_refunded: refunded.amount(),
+        amount_refunded_minor: refunded.amount_minor,
+        currency,
+        state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        provider_charge_id: row.try_get("provider_charge_id")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn decode_refund<R>(row: &R) -> Result<Refund, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_refunds: {what}").into());
+    let currency: String = row.try_get("currency")?;
+    let amount = Money::from_minor(row.try_get("amount_minor")?, &currency).map_err(|_| corrupt("unknown currency"))?;
+    let state: String = row.try_get("state")?;
+    let id: String = row.try_get("id")?;
+    Ok(Refund {
+        status_url: refund_url(&id),
+        id,
+        payment_intent_id: row.try_get("intent_id")?,
+        capture_id: row.try_get("capture_id")?,
+        amount: amount.amount(),
+        amount_minor: amount.amount_minor,
+        currency,
+        reason: row.try_get("reason")?,
+        state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        provider_refund_id: row.try_get("provider_refund_id")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
 }
 
 fn decode_intent<R>(row: &R) -> Result<PaymentIntent, sqlx::Error>
@@ -201,6 +591,8 @@ where
         },
         description: row.try_get("description")?,
         state: IntentState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        capture_id: row.try_get("capture_id")?,
+        provider_charge_id: row.try_get("provider_charge_id")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })

@@ -18,6 +18,7 @@ async fn main() -> Result<(), Error> {
     let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
     let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
     let payments = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, true)?;
+    let payments_settings = payments::Settings::from_env()?;
 
     // One Ctrl-C stops every service; each lets its requests under way finish.
     let (stop, stopped) = watch::channel(false);
@@ -58,6 +59,7 @@ async fn main() -> Result<(), Error> {
     services.spawn(payments::serve(
         payments,
         idempotency.clone(),
+        payments_settings,
         Some(payments_listener),
         until_stopped(),
     ));
@@ -105,7 +107,7 @@ fn print_banner(
         tickets.listen, tickets.listen
     );
     println!(
-        "  payments  http://{}   docs http://{}/docs   (intents so far)",
+        "  payments  http://{}   docs http://{}/docs",
         payments.listen, payments.listen
     );
     println!("  approvals http://{console}   (the approval console)");

@@ -8,78 +8,41 @@
 //! point (`FAILPOINTS=idempotency::after_claim=return`) holds the request at
 //! the chosen spot until the test kills the process.
 
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
-use platform::{Backend, on_pool, testing::TestDb};
+use platform::{
+    Backend, on_pool,
+    testing::{ServiceProcess, TestDb},
+};
 use reqwest::StatusCode;
 use serde_json::Value;
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-    sync::mpsc,
-};
 
 const LEASE_SECONDS: &str = "2";
 const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
 
-/// A running `tickets` process and the log lines it prints.
-struct Service {
-    child: Child,
-    base: String,
-    log: mpsc::UnboundedReceiver<Value>,
-}
+/// A running `tickets` process.
+struct Service(ServiceProcess);
 
 impl Service {
     /// `claim`: `transaction` or `leased` (`RETRYSAFE_CLAIM`).
     async fn start(database_url: &str, claim: &str, fail_point: Option<&str>) -> Service {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_tickets"));
-        command
-            .env_remove("DATABASE_URL")
-            .env("TICKETS_DATABASE_URL", database_url)
-            .env("TICKETS_ADDR", "127.0.0.1:0")
-            .env("RETRYSAFE_SANDBOX", "true")
-            .env("RETRYSAFE_LEASE_SECONDS", LEASE_SECONDS)
-            .env("RETRYSAFE_CLAIM", claim)
-            .env("LOG_FORMAT", "json")
-            .env("RUST_LOG", "info")
-            .env_remove("FAILPOINTS")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        if let Some(point) = fail_point {
-            command.env("FAILPOINTS", format!("{point}=return"));
-        }
-        let mut child = command.spawn().expect("the tickets binary starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (sender, mut log) = mpsc::unbounded_channel();
-        // keep draining stdout, so the process never blocks on a full pipe
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(entry) = serde_json::from_str::<Value>(&line) {
-                    let _ = sender.send(entry);
-                }
-            }
-        });
-        let listening = wait_for(&mut log, "tickets listening").await;
-        let base = format!(
-            "http://{}",
-            listening["addr"]
-                .as_str()
-                .expect("the listening line names the address")
-        );
-        Service { child, base, log }
+        let fail_point = fail_point.map(|point| format!("{point}=return"));
+        let mut env = vec![
+            ("TICKETS_DATABASE_URL", database_url),
+            ("RETRYSAFE_LEASE_SECONDS", LEASE_SECONDS),
+            ("RETRYSAFE_CLAIM", claim),
+        ];
+        env.extend(fail_point.as_deref().map(|point| ("FAILPOINTS", point)));
+        Service(ServiceProcess::start(env!("CARGO_BIN_EXE_tickets"), "tickets", &env).await)
     }
 
-    /// SIGKILL: no clean-up, no graceful shutdown.
-    async fn kill(mut self) {
-        self.child.start_kill().expect("SIGKILL is sent");
-        let status = self.child.wait().await.unwrap();
-        assert!(!status.success());
+    async fn kill(self) {
+        self.0.kill().await
     }
 
     async fn create(&self, key: &str) -> reqwest::Result<reqwest::Response> {
         client()
-            .post(format!("{}/v1/tickets", self.base))
+            .post(format!("{}/v1/tickets", self.0.base))
             .bearer_auth("demo-acme-agent")
             .header("content-type", "application/json")
             .header("idempotency-key", key)
@@ -96,20 +59,6 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-async fn wait_for(log: &mut mpsc::UnboundedReceiver<Value>, message: &str) -> Value {
-    let found = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(entry) = log.recv().await {
-            if entry["message"].as_str().is_some_and(|m| m.starts_with(message)) {
-                return entry;
-            }
-        }
-        panic!("the process exited before logging `{message}`");
-    });
-    found
-        .await
-        .unwrap_or_else(|_| panic!("no `{message}` in the log within a minute"))
-}
-
 async fn ticket_count(db: &TestDb) -> i64 {
     on_pool!(db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
         "SELECT COUNT(*) FROM tickets"
@@ -124,7 +73,7 @@ async fn ticket_count(db: &TestDb) -> i64 {
 async fn kill_while_held(db: &TestDb, claim: &str, fail_point: &str) -> Service {
     let mut doomed = Service::start(&db.url, claim, Some(fail_point)).await;
     let lost = tokio::spawn({
-        let base = doomed.base.clone();
+        let base = doomed.0.base.clone();
         async move {
             client()
                 .post(format!("{base}/v1/tickets"))
@@ -136,7 +85,7 @@ async fn kill_while_held(db: &TestDb, claim: &str, fail_point: &str) -> Service 
                 .await
         }
     });
-    wait_for(&mut doomed.log, "fail point reached").await;
+    doomed.0.wait_for("fail point reached").await;
     doomed.kill().await;
     assert!(lost.await.unwrap().is_err(), "the agent never got an answer");
     Service::start(&db.url, claim, None).await

@@ -21,6 +21,7 @@ use crate::{
     fingerprint::Fingerprint,
     key::{IdempotencyHeaders, IdempotencyKey},
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse, new_operation_id, status_url},
+    outbox::{self, EventOf},
     replay_cache::CachedAnswer,
     store::{self, Completion, NewOperation},
 };
@@ -97,11 +98,13 @@ impl<'a> Attempt<'a> {
     }
 }
 
-/// What the effect produced: the first answer, and what it made.
+/// What the effect produced: the first answer, what it made, and the work it
+/// hands to the outbox, if any.
 #[derive(Debug, Clone)]
 pub struct Effect {
     response: StoredResponse,
     resource: Option<ResourceRef>,
+    outbox: Option<outbox::Message>,
 }
 
 impl Effect {
@@ -110,6 +113,7 @@ impl Effect {
         Effect {
             response: json_response(status, body),
             resource: None,
+            outbox: None,
         }
     }
 
@@ -123,6 +127,33 @@ impl Effect {
             url,
         });
         self
+    }
+
+    /// Work that leaves the process (a charge, a rollout): `payload` goes to
+    /// the outbox as a `kind` event, in the transaction of this effect, and the
+    /// outbox delivers it with a key derived from the operation id (see
+    /// [`crate::outbox`]). The operation answers now — this effect's answer,
+    /// usually a 202 with the resource in its first state — and stays
+    /// `in_progress`, replaying that answer, until the delivery settles it.
+    pub fn with_outbox(mut self, kind: &'static str, payload: &impl Serialize) -> Self {
+        self.outbox = Some(outbox::Message::new(kind, payload));
+        self
+    }
+
+    /// How the operation stands once this effect commits: completed, or
+    /// still in progress while the outbox delivers its work.
+    fn completion(&self) -> Completion<'_> {
+        Completion {
+            state: if self.outbox.is_some() {
+                OperationState::InProgress
+            } else {
+                OperationState::Completed
+            },
+            response: &self.response,
+            resource: self.resource.as_ref(),
+            external_ref: None,
+            now: Timestamp::now(),
+        }
     }
 }
 
@@ -232,18 +263,14 @@ impl Idempotency {
             // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
             match effect.clone()(&mut tx).await {
                 Ok(done) => {
-                    let completion = Completion {
-                        state: OperationState::Completed,
-                        response: &done.response,
-                        resource: done.resource.as_ref(),
-                        external_ref: None,
-                        now: Timestamp::now(),
-                    };
-                    let journaled = [
+                    let completion = done.completion();
+                    let mut journaled = vec![
                         new.audit(AuditEvent::Attempted, attempt.started),
                         new.audit(AuditEvent::Claimed, completion.now),
-                        new.audit(AuditEvent::Completed, completion.now),
                     ];
+                    if completion.state == OperationState::Completed {
+                        journaled.push(new.audit(AuditEvent::Completed, completion.now));
+                    }
                     match store::claim_finished(&mut tx, &new, &completion, &journaled).await {
                         Ok(true) => {}
                         Ok(false) => {
@@ -256,11 +283,19 @@ impl Idempotency {
                             return self.server_error_unclaimed(attempt, fingerprint, e.into());
                         }
                     }
+                    if let Err(e) = self
+                        .hand_to_outbox(&mut tx, new.event_of(), &done, completion.now)
+                        .await
+                    {
+                        let _ = tx.rollback().await;
+                        return self.server_error_unclaimed(attempt, fingerprint, e.into());
+                    }
                     fail_point("idempotency::after_claim").await;
                     fail_point("idempotency::before_commit").await;
                     if let Err(e) = tx.commit().await {
                         return commit_failed(e);
                     }
+                    self.wake_outbox(&done);
                     telemetry::record_operation(operation_id, fingerprint.as_str());
                     telemetry::record_outcome("created");
                     self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
@@ -309,6 +344,29 @@ impl Idempotency {
                     "the operation took too long and was rolled back; nothing was committed. Retry with the same key",
                 ),
             ),
+        }
+    }
+
+    /// Writes the effect's outbox event, if it has one, in the transaction
+    /// that completes its operation.
+    async fn hand_to_outbox(
+        &self,
+        tx: &mut Tx,
+        of: EventOf<'_>,
+        done: &Effect,
+        now: Timestamp,
+    ) -> Result<(), sqlx::Error> {
+        match &done.outbox {
+            Some(message) => outbox::enqueue(tx, of, message, now).await,
+            None => Ok(()),
+        }
+    }
+
+    /// After the commit: this process's outbox worker sends the event now
+    /// instead of at its next poll.
+    fn wake_outbox(&self, done: &Effect) {
+        if done.outbox.is_some() {
+            self.outbox_wake.notify_one();
         }
     }
 
@@ -467,7 +525,8 @@ impl Idempotency {
         self.journal.observe(std::iter::once(attempted).chain(told));
     }
 
-    /// Keeps a finished answer for replays from memory.
+    /// Keeps a finished answer for replays from memory. An operation still
+    /// in progress (its work in the outbox) is not kept: its state changes.
     fn remember(
         &self,
         account_id: &str,
@@ -476,6 +535,9 @@ impl Idempotency {
         fingerprint: &Fingerprint,
         done: &Completion<'_>,
     ) {
+        if !done.state.is_finished() {
+            return;
+        }
         self.replay_cache.put(
             account_id,
             key.as_str(),
@@ -584,6 +646,16 @@ impl Idempotency {
                 return Ok(Decision::Answer(key_reused(&operation.operation_id, operation.state)));
             }
             match operation.state {
+                // no attempt holds it: its work went to the outbox after the first answer,
+                // which every retry gets (an approved run under a lease still shows the
+                // approval request as its answer, and is not replayed)
+                OperationState::InProgress if operation.lease_token.is_none() => {
+                    return Ok(Decision::Answer(self.replay_stored(
+                        attempt,
+                        &operation,
+                        fingerprint,
+                    )?));
+                }
                 OperationState::InProgress => {
                     let now = Timestamp::now();
                     if may_take_over && operation.lease_expired(now) {
@@ -676,7 +748,8 @@ impl Idempotency {
                 | OperationState::Failed
                 | OperationState::Rejected => {
                     let response = self.replay_stored(attempt, &operation, fingerprint)?;
-                    if let Some(stored) = &operation.response {
+                    // an unknown outcome still changes: only a finished answer is kept in memory
+                    if let Some(stored) = operation.response.as_ref().filter(|_| operation.state.is_finished()) {
                         self.replay_cache.put(
                             &operation.account_id,
                             operation.key.as_str(),
@@ -792,13 +865,7 @@ impl Idempotency {
         }
         match effect(&mut tx).await {
             Ok(done) => {
-                let completion = Completion {
-                    state: OperationState::Completed,
-                    response: &done.response,
-                    resource: done.resource.as_ref(),
-                    external_ref: None,
-                    now: Timestamp::now(),
-                };
+                let completion = done.completion();
                 match store::complete(&mut tx, account_id, key, &token, &completion).await {
                     Ok(true) => {}
                     Ok(false) => {
@@ -811,7 +878,15 @@ impl Idempotency {
                         return give_back(e.into()).await;
                     }
                 }
-                if let Err(e) = audit::record(&mut tx, &journaled(AuditEvent::Completed, completion.now)).await {
+                let recorded = async {
+                    self.hand_to_outbox(&mut tx, operation.event_of(), &done, completion.now)
+                        .await?;
+                    if completion.state == OperationState::Completed {
+                        audit::record(&mut tx, &journaled(AuditEvent::Completed, completion.now)).await?;
+                    }
+                    Ok::<_, sqlx::Error>(())
+                };
+                if let Err(e) = recorded.await {
                     let _ = tx.rollback().await;
                     return give_back(e.into()).await;
                 }
@@ -819,6 +894,7 @@ impl Idempotency {
                 if let Err(e) = tx.commit().await {
                     return give_back(e.into()).await;
                 }
+                self.wake_outbox(&done);
                 telemetry::record_outcome("created");
                 self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
                 stored_response(&done.response, operation_id, false)
@@ -979,7 +1055,7 @@ fn new_lease_token() -> String {
 /// A place where a test can stop the process dead (CONTRACT §5's crash): with
 /// the `failpoints` feature and `FAILPOINTS=<name>=return`, the request stops
 /// here and holds what it has until the process is killed.
-async fn fail_point(name: &str) {
+pub(crate) async fn fail_point(name: &str) {
     #[cfg(feature = "failpoints")]
     {
         // fail points are read from `FAILPOINTS` once per process, wherever it started

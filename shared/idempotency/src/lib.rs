@@ -25,6 +25,7 @@ pub mod execute;
 pub mod fingerprint;
 pub mod key;
 pub mod operation;
+pub mod outbox;
 pub mod reaper;
 pub mod replay_cache;
 pub mod routes;
@@ -140,7 +141,7 @@ impl IdempotencyConfig {
     }
 }
 
-fn number(name: &str) -> Result<Option<f64>, String> {
+pub(crate) fn number(name: &str) -> Result<Option<f64>, String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
             Ok(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),
@@ -158,6 +159,8 @@ pub struct Idempotency {
     attempts: std::sync::Arc<attempts::AttemptCounter>,
     replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
     journal: std::sync::Arc<audit::Journal>,
+    /// Wakes this process's outbox worker when an effect wrote an event.
+    outbox_wake: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Idempotency {
@@ -170,6 +173,7 @@ impl Idempotency {
             attempts: Default::default(),
             replay_cache: std::sync::Arc::new(replay_cache),
             journal: Default::default(),
+            outbox_wake: Default::default(),
         }
     }
 
@@ -236,6 +240,12 @@ pub struct Background {
 }
 
 impl Background {
+    /// Adds a task of the service's own (its outbox, say), stopped with the rest.
+    pub fn with(mut self, task: tokio::task::JoinHandle<()>) -> Self {
+        self.tasks.push(task);
+        self
+    }
+
     /// Stops the tasks, then writes what they had not written yet: the
     /// attempt counts and the journal's waiting events.
     pub async fn stop(self) {

@@ -121,6 +121,17 @@ impl OperationRecord {
         status_url(&self.operation_id)
     }
 
+    /// Who an outbox event of this operation belongs to.
+    pub(crate) fn event_of(&self) -> crate::outbox::EventOf<'_> {
+        crate::outbox::EventOf {
+            account_id: &self.account_id,
+            operation_id: &self.operation_id,
+            idempotency_key: self.key.as_str(),
+            fingerprint: self.fingerprint.as_str(),
+            route: &self.route,
+        }
+    }
+
     /// True when nobody holds the lease any more: its holder crashed or is too slow.
     pub fn lease_expired(&self, now: Timestamp) -> bool {
         self.locked_until.is_some_and(|until| until <= now)

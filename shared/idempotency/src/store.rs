@@ -212,6 +212,36 @@ pub async fn complete(
     Ok(done == 1)
 }
 
+/// Moves an operation whose work went to the outbox — it answered, and
+/// holds no lease — to how that work ended: `completed` with the external
+/// system's reference, `failed`, or `unknown`. The stored answer stays the
+/// first one given. `false`: the operation is not waiting for a delivery.
+pub async fn settle_external(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    state: OperationState,
+    external_ref: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, sqlx::Error> {
+    let done = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET state = $3, external_ref = COALESCE($4, external_ref), updated_at = $5 \
+             WHERE account_id = $1 AND operation_id = $2 AND lease_token IS NULL \
+               AND response_status IS NOT NULL AND state IN ('in_progress', 'unknown')",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(state.as_str())
+        .bind(external_ref)
+        .bind(now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(done == 1)
+}
+
 /// Ends an operation that waits for its approval (a rejection, an expiry).
 /// `false`: it was not waiting any more.
 pub async fn settle_awaiting(
@@ -492,6 +522,17 @@ where
 }
 
 impl NewOperation<'_> {
+    /// Who an outbox event of this operation belongs to.
+    pub(crate) fn event_of(&self) -> crate::outbox::EventOf<'_> {
+        crate::outbox::EventOf {
+            account_id: self.account_id,
+            operation_id: &self.operation_id,
+            idempotency_key: self.key.as_str(),
+            fingerprint: self.fingerprint.as_str(),
+            route: self.route,
+        }
+    }
+
     /// An audit record of this operation, by the principal claiming it.
     pub fn audit(&self, event: AuditEvent, at: Timestamp) -> Record {
         Record {

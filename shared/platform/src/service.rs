@@ -82,6 +82,11 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "The order already has a live payment intent (made under another key); `payment_intent_id` names it. Cancel it first, or use it.",
     ),
     (
+        "refund_exceeds_captured",
+        409,
+        "The refunds of a capture would add up to more than it captured (refunds whose outcome is not known yet count). `amount_captured`, `amount_refunded` and `amount_refundable` say what is left.",
+    ),
+    (
         "invalid_state",
         409,
         "The resource's current state does not allow this action.",

@@ -1,6 +1,7 @@
-//! Test support: a fresh database per test on either backend, and the
+//! Test support: a fresh database per test on either backend, the
 //! [`both_backends!`](crate::both_backends) macro that runs one test body on
-//! SQLite and on PostgreSQL.
+//! SQLite and on PostgreSQL, and [`ServiceProcess`], a service binary run as a
+//! real process for tests that kill it.
 //!
 //! PostgreSQL is found at `TEST_DATABASE_URL` (else `DATABASE_URL`, else
 //! `postgres://postgres@127.0.0.1:5432/postgres`). Where it cannot be reached,
@@ -164,4 +165,83 @@ macro_rules! both_backends {
             )+
         }
     };
+}
+
+/// A service binary running as a real process, for tests that kill it
+/// (CONTRACT §5's crashes): started with JSON logs on `127.0.0.1:0`, its
+/// address read from its "listening" line, its stdout drained so it never
+/// blocks, and killed with SIGKILL — no clean-up, no graceful shutdown.
+#[derive(Debug)]
+pub struct ServiceProcess {
+    child: tokio::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    log: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+}
+
+impl ServiceProcess {
+    /// Starts `binary` (a `CARGO_BIN_EXE_…` path) of service `service` with
+    /// `env`, in sandbox mode (the demo keys), without any `DATABASE_URL` or
+    /// `FAILPOINTS` of the test's own environment, and waits for
+    /// "`<service>` listening".
+    pub async fn start(binary: &str, service: &str, env: &[(&str, &str)]) -> ServiceProcess {
+        use tokio::io::AsyncBufReadExt;
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .env_remove("DATABASE_URL")
+            .env_remove("FAILPOINTS")
+            .env(format!("{}_ADDR", service.to_ascii_uppercase()), "127.0.0.1:0")
+            .env("RETRYSAFE_SANDBOX", "true")
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("{binary} starts: {e}"));
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let (sender, log) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) {
+                    let _ = sender.send(entry);
+                }
+            }
+        });
+        let mut process = ServiceProcess {
+            child,
+            base: String::new(),
+            log,
+        };
+        let listening = process.wait_for(&format!("{service} listening")).await;
+        let addr = listening["addr"]
+            .as_str()
+            .expect("the listening line names the address");
+        process.base = format!("http://{addr}");
+        process
+    }
+
+    /// The first log line from now on whose message starts with `message`
+    /// (within a minute).
+    pub async fn wait_for(&mut self, message: &str) -> serde_json::Value {
+        let log = &mut self.log;
+        let found = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            while let Some(entry) = log.recv().await {
+                if entry["message"].as_str().is_some_and(|m| m.starts_with(message)) {
+                    return entry;
+                }
+            }
+            panic!("the process exited before logging `{message}`");
+        });
+        found
+            .await
+            .unwrap_or_else(|_| panic!("no `{message}` in the log within a minute"))
+    }
+
+    /// SIGKILL, and the process is gone.
+    pub async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL is sent");
+        let status = self.child.wait().await.expect("the process is reaped");
+        assert!(!status.success(), "killed, not exited");
+    }
 }

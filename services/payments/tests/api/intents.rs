@@ -1,111 +1,14 @@
-//! Payment intents through the API, on SQLite and on PostgreSQL: money in
-//! minor units, one live intent per order under racing keys, cancellation.
+//! Payment intents through the API: money in minor units, one live intent
+//! per order under racing keys, cancellation.
 
 use std::sync::Arc;
 
-use axum::{
-    Router,
-    body::{Body, Bytes},
-    http::{Request, StatusCode},
-};
+use axum::http::StatusCode;
 use futures::future::join_all;
-use http_body_util::BodyExt;
-use platform::{Backend, on_pool, testing::TestDb};
-use serde_json::{Value, json};
-use tower::ServiceExt;
+use platform::{Backend, on_pool};
+use serde_json::json;
 
-const ACME_AGENT: &str = "demo-acme-agent";
-const GLOBEX_AGENT: &str = "demo-globex-agent";
-
-struct TestApp {
-    router: Router,
-    db: TestDb,
-}
-
-struct Answer {
-    status: StatusCode,
-    replayed: Option<String>,
-    body: Bytes,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON, got {:?}", self.body))
-    }
-}
-
-impl TestApp {
-    async fn spawn(backend: Backend) -> TestApp {
-        let db = TestDb::new(backend).await;
-        payments::migrate(&db.db).await.expect("migrations apply");
-        let app = payments::App::new(db.db.clone(), Default::default(), true);
-        TestApp {
-            router: payments::build_router(app),
-            db,
-        }
-    }
-
-    async fn send(&self, request: Request<Body>) -> Answer {
-        let response = self.router.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let replayed = response
-            .headers()
-            .get("idempotent-replayed")
-            .map(|v| v.to_str().unwrap().to_owned());
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        Answer { status, replayed, body }
-    }
-
-    async fn post(&self, path: &str, bearer: &str, key: &str, body: &Value) -> Answer {
-        let request = Request::post(path)
-            .header("authorization", format!("Bearer {bearer}"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .body(Body::from(body.to_string()))
-            .unwrap();
-        self.send(request).await
-    }
-
-    async fn get(&self, path: &str, bearer: &str) -> Answer {
-        let request = Request::get(path)
-            .header("authorization", format!("Bearer {bearer}"))
-            .body(Body::empty())
-            .unwrap();
-        self.send(request).await
-    }
-
-    async fn create(&self, key: &str, order_id: &str) -> Answer {
-        self.post("/v1/payment_intents", ACME_AGENT, key, &intent(order_id, json!("5.00")))
-            .await
-    }
-
-    /// A POST with no `Idempotency-Key` and no body.
-    async fn post_without_key(&self, path: &str) -> Answer {
-        let request = Request::post(path)
-            .header("authorization", format!("Bearer {ACME_AGENT}"))
-            .body(Body::empty())
-            .unwrap();
-        self.send(request).await
-    }
-
-    async fn intents_in_db(&self) -> i64 {
-        on_pool!(self.db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM payment_intents"
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap())
-    }
-}
-
-fn intent(order_id: &str, amount: Value) -> Value {
-    json!({
-        "order_id": order_id,
-        "amount": amount,
-        "currency": "EUR",
-        "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"},
-    })
-}
+use crate::support::{ACME_AGENT, Answer, GLOBEX_AGENT, TestApp, intent};
 
 async fn an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
@@ -140,7 +43,7 @@ async fn an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_r
         "12.5 and 12.50 EUR are one request"
     );
     assert_eq!(again.body, first.body);
-    assert_eq!(app.intents_in_db().await, 1);
+    assert_eq!(app.count("payment_intents").await, 1);
 }
 
 async fn an_amount_sent_as_a_json_number_claims_nothing_and_the_key_then_works(backend: Backend) {
@@ -204,7 +107,7 @@ async fn sixteen_racing_keys_for_one_order_make_one_live_intent(backend: Backend
             "the 409 names the live intent"
         );
     }
-    assert_eq!(app.intents_in_db().await, 1);
+    assert_eq!(app.count("payment_intents").await, 1);
 }
 
 async fn a_cancelled_intent_frees_its_order_and_cancelling_it_again_answers_it_unchanged(backend: Backend) {

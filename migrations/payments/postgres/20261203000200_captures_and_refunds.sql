@@ -1,0 +1,42 @@
+-- Captures and refunds (CONTRACT §7 Payments): money that moves through the
+-- payment provider, by way of the outbox. Amounts are integer minor units.
+
+-- At most one capture per intent: a capture is made only from
+-- `requires_capture`, and the unique intent_id makes sure of it under races.
+CREATE TABLE payment_captures (
+    seq                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                 TEXT        NOT NULL UNIQUE,
+    account_id         TEXT        NOT NULL,
+    intent_id          TEXT        NOT NULL UNIQUE REFERENCES payment_intents (id),
+    amount_minor       BIGINT      NOT NULL CHECK (amount_minor > 0),
+    currency           TEXT        NOT NULL CHECK (length(currency) = 3),
+    -- what the capture's refunds take, or hold while their outcome is unknown:
+    -- the database never lets it pass what was captured
+    refunded_minor     BIGINT      NOT NULL DEFAULT 0,
+    state              TEXT        NOT NULL CHECK (state IN ('processing', 'succeeded', 'failed', 'unknown')),
+    -- the provider's id for the charge, once it is known
+    provider_charge_id TEXT,
+    created_at         TIMESTAMPTZ NOT NULL,
+    updated_at         TIMESTAMPTZ NOT NULL,
+    CONSTRAINT payment_captures_refunds_within_capture
+        CHECK (refunded_minor >= 0 AND refunded_minor <= amount_minor)
+);
+CREATE INDEX payment_captures_by_account ON payment_captures (account_id, seq);
+
+-- Each refund instruction is its own operation, with its own id and key.
+CREATE TABLE payment_refunds (
+    seq                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                 TEXT        NOT NULL UNIQUE,
+    account_id         TEXT        NOT NULL,
+    intent_id          TEXT        NOT NULL REFERENCES payment_intents (id),
+    capture_id         TEXT        NOT NULL REFERENCES payment_captures (id),
+    amount_minor       BIGINT      NOT NULL CHECK (amount_minor > 0),
+    currency           TEXT        NOT NULL CHECK (length(currency) = 3),
+    reason             TEXT,
+    state              TEXT        NOT NULL CHECK (state IN ('processing', 'succeeded', 'failed', 'unknown')),
+    -- the provider's id for the refund, once it is known
+    provider_refund_id TEXT,
+    created_at         TIMESTAMPTZ NOT NULL,
+    updated_at         TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX payment_refunds_by_intent ON payment_refunds (account_id, intent_id, seq);

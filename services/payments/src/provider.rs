@@ -1,0 +1,255 @@
+//! The payment provider, as the outbox sees it: where capture and refund
+//! events go ([`Destination`]), how their answers are read, and how a lost
+//! answer is looked up. The provider is a separate HTTP service (the simulated
+//! one in `services/payment-provider` in the sandbox) with idempotency keys of
+//! its own; every request carries the event's key, derived from the operation
+//! id, so sending it again is the same request.
+
+use std::time::Duration;
+
+use idempotency::outbox::{Delivery, Destination, Lookup, OutboxEvent, Settlement};
+use platform::Tx;
+use reqwest::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use crate::store;
+
+/// The event kind of a capture: one charge at the provider.
+pub const CAPTURE: &str = "capture";
+/// The event kind of a refund instruction: one refund at the provider.
+pub const REFUND: &str = "refund";
+
+/// What a capture's event carries: the charge to ask for, with the capture's
+/// id as the merchant reference.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChargeOrder {
+    pub capture_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub payee_account: String,
+}
+
+/// What a refund's event carries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefundOrder {
+    pub refund_id: String,
+    pub charge_id: String,
+    pub amount_minor: i64,
+}
+
+/// Where the provider is and the merchant key to use.
+#[derive(Clone)]
+pub struct ProviderConfig {
+    /// `PAYMENTS_PROVIDER_URL`, default the sandbox's simulated provider.
+    pub url: String,
+    /// `PAYMENTS_PROVIDER_KEY`: a secret, never printed.
+    pub merchant_key: String,
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderConfig")
+            .field("url", &self.url)
+            .field("merchant_key", &"[redacted]")
+            .finish()
+    }
+}
+
+/// The sandbox's merchant key at the simulated provider.
+pub const SANDBOX_MERCHANT_KEY: &str = "sk_sandbox_retrysafe";
+
+impl Default for ProviderConfig {
+    /// The sandbox's simulated provider, with the sandbox's merchant key.
+    fn default() -> Self {
+        ProviderConfig {
+            url: format!("http://127.0.0.1:{}", crate::PROVIDER_DEFAULT_PORT),
+            merchant_key: SANDBOX_MERCHANT_KEY.to_owned(),
+        }
+    }
+}
+
+impl ProviderConfig {
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let sandbox = ProviderConfig::default();
+        ProviderConfig {
+            url: var("PAYMENTS_PROVIDER_URL").unwrap_or(sandbox.url),
+            merchant_key: var("PAYMENTS_PROVIDER_KEY").unwrap_or(sandbox.merchant_key),
+        }
+    }
+}
+
+/// The provider over HTTP.
+#[derive(Debug, Clone)]
+pub struct Provider {
+    config: ProviderConfig,
+    http: reqwest::Client,
+}
+
+/// What the provider answers for a charge or a refund: its id.
+#[derive(Debug, Deserialize)]
+struct Made {
+    id: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Found {
+    data: Vec<Made>,
+}
+
+impl Provider {
+    pub fn new(config: ProviderConfig) -> Self {
+        let http = reqwest::Client::builder()
+            // a connection that cannot open was never sent; the outbox bounds the whole request
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap_or_default();
+        Provider { config, http }
+    }
+
+    async fn post(&self, path: &str, key: &str, body: &impl Serialize) -> Delivery {
+        let sent = self
+            .http
+            .post(format!("{}{path}", self.config.url))
+            .bearer_auth(&self.config.merchant_key)
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            // the connection never opened: nothing reached the provider
+            Err(e) if e.is_connect() => return Delivery::NotAccepted { reason: e.to_string() },
+            // it may have been sent: only the provider knows now
+            Err(e) => return Delivery::AnswerLost { reason: e.to_string() },
+        };
+        let status = response.status();
+        if status.is_success() {
+            return match response.json::<Made>().await {
+                Ok(made) => Delivery::Accepted { external_ref: made.id },
+                Err(e) => Delivery::AnswerLost {
+                    reason: format!("accepted, and the answer could not be read: {e}"),
+                },
+            };
+        }
+        let problem = response.text().await.unwrap_or_default();
+        let reason = format!("{status}: {}", problem.chars().take(500).collect::<String>());
+        match status {
+            // the provider's documented "failed before accepting; nothing was charged"
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS | StatusCode::REQUEST_TIMEOUT => {
+                Delivery::NotAccepted { reason }
+            }
+            // any other server error may have come after the charge was made
+            s if s.is_server_error() => Delivery::AnswerLost { reason },
+            // a refusal: the same request would be refused again
+            _ => Delivery::Refused { reason },
+        }
+    }
+
+    /// The first charge or refund the provider has under `query`.
+    async fn find(&self, path: &str, query: &[(&str, &str)]) -> Result<Option<String>, String> {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.config.url))
+            .bearer_auth(&self.config.merchant_key)
+            .query(query)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("lookup answered {}", response.status()));
+        }
+        let found: Found = response.json().await.map_err(|e| e.to_string())?;
+        Ok(found.data.into_iter().next().map(|made| made.id))
+    }
+
+    /// By the idempotency key first, then by the merchant reference.
+    async fn look_up_at(&self, path: &str, key: &str, reference: &str) -> Result<Lookup, String> {
+        let found = match self.find(path, &[("idempotency_key", key)]).await? {
+            Some(id) => Some(id),
+            None => self.find(path, &[("merchant_reference", reference)]).await?,
+        };
+        Ok(match found {
+            Some(external_ref) => Lookup::Found { external_ref },
+            None => Lookup::Absent,
+        })
+    }
+}
+
+/// An event's payload, read back as what its kind carries.
+enum Order {
+    Charge(ChargeOrder),
+    Refund(RefundOrder),
+}
+
+impl Order {
+    fn of(event: &OutboxEvent) -> Result<Order, String> {
+        let payload = event.payload.clone();
+        match event.kind.as_str() {
+            CAPTURE => serde_json::from_value(payload).map(Order::Charge),
+            REFUND => serde_json::from_value(payload).map(Order::Refund),
+            other => return Err(format!("no such payments event kind `{other}`")),
+        }
+        .map_err(|e| format!("event {}: {e}", event.event_id))
+    }
+}
+
+#[derive(Serialize)]
+struct ChargeRequest<'a> {
+    amount_minor: i64,
+    currency: &'a str,
+    merchant_reference: &'a str,
+    payee_account: &'a str,
+}
+
+#[derive(Serialize)]
+struct RefundRequest<'a> {
+    charge_id: &'a str,
+    amount_minor: i64,
+    merchant_reference: &'a str,
+}
+
+impl Destination for Provider {
+    async fn deliver(&self, event: &OutboxEvent) -> Delivery {
+        match Order::of(event) {
+            Ok(Order::Charge(charge)) => {
+                let request = ChargeRequest {
+                    amount_minor: charge.amount_minor,
+                    currency: &charge.currency,
+                    merchant_reference: &charge.capture_id,
+                    payee_account: &charge.payee_account,
+                };
+                self.post("/v1/charges", &event.external_key, &request).await
+            }
+            Ok(Order::Refund(refund)) => {
+                let request = RefundRequest {
+                    charge_id: &refund.charge_id,
+                    amount_minor: refund.amount_minor,
+                    merchant_reference: &refund.refund_id,
+                };
+                self.post("/v1/refunds", &event.external_key, &request).await
+            }
+            Err(reason) => Delivery::Refused { reason },
+        }
+    }
+
+    async fn look_up(&self, event: &OutboxEvent) -> Result<Lookup, String> {
+        match Order::of(event)? {
+            Order::Charge(charge) => {
+                self.look_up_at("/v1/charges", &event.external_key, &charge.capture_id)
+                    .await
+            }
+            Order::Refund(refund) => {
+                self.look_up_at("/v1/refunds", &event.external_key, &refund.refund_id)
+                    .await
+            }
+        }
+    }
+
+    async fn settle(&self, tx: &mut Tx, event: &OutboxEvent, settlement: Settlement<'_>) -> Result<(), sqlx::Error> {
+        match Order::of(event).map_err(sqlx::Error::Protocol)? {
+            Order::Charge(charge) => store::settle_capture(tx, &event.account_id, &charge.capture_id, settlement).await,
+            Order::Refund(refund) => store::settle_refund(tx, &event.account_id, &refund.refund_id, settlement).await,
+        }
+    }
+}

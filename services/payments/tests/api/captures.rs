@@ -1,0 +1,296 @@
+//! Captures: a 202 at once, the charge through the outbox with one stable
+//! provider key, a lost answer reconciled by asking the provider, refusals,
+//! races — and the provider's own count of charges says "exactly once".
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use futures::future::join_all;
+use idempotency::outbox::{self, EventState};
+use payment_provider::Faults;
+use platform::Backend;
+use serde_json::json;
+
+use crate::support::{ACME_AGENT, TestApp};
+
+async fn a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_key_derived_from_the_operation(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "12.50").await;
+
+    let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let retried = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let operation_id = accepted.operation_id.clone().unwrap();
+    let before_delivery = app.operation(&operation_id).await;
+    app.deliver().await;
+    let after_delivery = app.operation(&operation_id).await;
+    let retried_after = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let capture = app
+        .get(&format!("/v1/captures/{}", accepted.str("id")), ACME_AGENT)
+        .await
+        .json();
+    let intent = app
+        .get(&format!("/v1/payment_intents/{intent_id}"), ACME_AGENT)
+        .await
+        .json();
+
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{:?}", accepted.body);
+    assert_eq!(accepted.json()["state"], "processing");
+    assert_eq!(accepted.json()["amount_minor"], 1250);
+    assert_eq!(
+        accepted.json()["status_url"],
+        format!("/v1/captures/{}", accepted.str("id"))
+    );
+    for retry in [&retried, &retried_after] {
+        assert_eq!(retry.status, StatusCode::ACCEPTED);
+        assert_eq!(retry.replayed.as_deref(), Some("true"));
+        assert_eq!(retry.body, accepted.body, "the first answer, byte for byte");
+    }
+    assert_eq!(before_delivery["state"], "in_progress", "{before_delivery}");
+    assert_eq!(before_delivery["response_status"], 202);
+    assert_eq!(after_delivery["state"], "completed");
+    assert_eq!(capture["state"], "succeeded");
+    assert_eq!(intent["state"], "succeeded");
+    let charge_id = capture["provider_charge_id"].as_str().unwrap();
+    assert_eq!(after_delivery["external_ref"], charge_id);
+    assert_eq!(intent["provider_charge_id"], charge_id);
+    assert_eq!(app.provider.stats().charges_made, 1);
+    let at_provider = app
+        .provider
+        .charges_with_key(&format!("retrysafe-{operation_id}"))
+        .await;
+    assert_eq!(
+        at_provider["data"][0]["id"], charge_id,
+        "the provider was sent the key derived from the operation id"
+    );
+    assert_eq!(at_provider["data"][0]["amount_minor"], 1250);
+}
+
+/// The story: the provider charges, and its answer never arrives.
+async fn a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_finds_the_one_charge(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "40.00").await;
+    app.provider.set_faults(Faults {
+        drop_next: 1,
+        ..Faults::default()
+    });
+
+    let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let operation_id = accepted.operation_id.clone().unwrap();
+    app.deliver().await;
+    let lost = app.operation(&operation_id).await;
+    let capture_url = format!("/v1/captures/{}", accepted.str("id"));
+    let capture_while_unknown = app.get(&capture_url, ACME_AGENT).await.json();
+    let retry_while_unknown = app.capture(&intent_id, "cap-1", &json!({})).await;
+    app.reconcile().await;
+    let settled = app.operation(&operation_id).await;
+    let retry_after = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let capture = app.get(&capture_url, ACME_AGENT).await.json();
+
+    assert_eq!(lost["state"], "unknown", "{lost}");
+    assert_eq!(capture_while_unknown["state"], "unknown");
+    for retry in [&retry_while_unknown, &retry_after] {
+        assert_eq!(retry.status, StatusCode::ACCEPTED);
+        assert_eq!(retry.replayed.as_deref(), Some("true"));
+        assert_eq!(retry.body, accepted.body, "a retry is a replay of the first answer");
+    }
+    assert_eq!(settled["state"], "completed", "{settled}");
+    assert_eq!(capture["state"], "succeeded");
+    assert_eq!(settled["external_ref"], capture["provider_charge_id"]);
+    assert_eq!(app.provider.stats().charges_made, 1, "charged exactly once");
+    assert_eq!(
+        app.provider.stats().requests,
+        1,
+        "the reconciler asked; it sent nothing again"
+    );
+    let events = app.journal_events(&operation_id).await;
+    for event in [
+        "claimed",
+        "dispatched",
+        "unknown",
+        "replayed",
+        "reconciled",
+        "completed",
+    ] {
+        assert!(events.iter().any(|e| e == event), "`{event}` in {events:?}");
+    }
+    assert!(
+        !events.iter().any(|e| e == "accepted"),
+        "nobody saw it accepted: {events:?}"
+    );
+}
+
+async fn a_provider_that_fails_before_accepting_is_sent_the_same_request_again(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "40.00").await;
+    app.provider.set_faults(Faults {
+        fail_next: 1,
+        ..Faults::default()
+    });
+
+    let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let operation_id = accepted.operation_id.clone().unwrap();
+    app.deliver().await;
+    let after_failure = app.operation(&operation_id).await;
+    let event_after_failure = outbox::event_of(&app.db.db, "acme", &operation_id).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    app.deliver().await;
+    let after_retry = app.operation(&operation_id).await;
+
+    assert_eq!(
+        after_failure["state"], "in_progress",
+        "nothing happened, nothing is unknown"
+    );
+    assert_eq!(event_after_failure, Some((EventState::Pending, 1)));
+    assert_eq!(after_retry["state"], "completed");
+    assert_eq!(
+        outbox::event_of(&app.db.db, "acme", &operation_id).await.unwrap(),
+        Some((EventState::Delivered, 2))
+    );
+    let stats = app.provider.stats();
+    assert_eq!((stats.requests, stats.charges_made), (2, 1));
+}
+
+async fn a_capture_the_provider_refuses_fails_and_frees_the_order(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "40.00").await;
+    let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let operation_id = accepted.operation_id.clone().unwrap();
+    // someone else has already used the capture's key at the provider with
+    // another body: the provider refuses ours, and would refuse it again
+    let squatted = reqwest::Client::new()
+        .post(format!("{}/v1/charges", app.provider.url))
+        .bearer_auth(payments::provider::SANDBOX_MERCHANT_KEY)
+        .header("idempotency-key", format!("retrysafe-{operation_id}"))
+        .json(&json!({"amount_minor": 1, "currency": "EUR", "merchant_reference": "elsewhere"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(squatted.status(), reqwest::StatusCode::CREATED);
+
+    app.deliver().await;
+    let operation = app.operation(&operation_id).await;
+    let capture = app
+        .get(&format!("/v1/captures/{}", accepted.str("id")), ACME_AGENT)
+        .await
+        .json();
+    let intent = app
+        .get(&format!("/v1/payment_intents/{intent_id}"), ACME_AGENT)
+        .await
+        .json();
+    let retry = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let new_intent = app.create("another-intent", "order-1").await;
+
+    assert_eq!(operation["state"], "failed", "{operation}");
+    assert_eq!(capture["state"], "failed");
+    assert_eq!(intent["state"], "failed");
+    assert_eq!(retry.body, accepted.body, "the stored answer is still the first one");
+    assert_eq!(
+        new_intent.status,
+        StatusCode::CREATED,
+        "a failed intent frees its order: {:?}",
+        new_intent.body
+    );
+    assert_eq!(app.provider.stats().charges_made, 1, "only the squatter's charge");
+}
+
+async fn a_capture_is_refused_unless_its_intent_waits_for_one_and_a_refusal_before_the_claim_claims_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "40.00").await;
+
+    let too_much = app.capture(&intent_id, "cap-1", &json!({"amount": "40.01"})).await;
+    let no_such_intent = app.capture("pi_missing", "cap-1", &json!({})).await;
+    let number = app.capture(&intent_id, "cap-1", &json!({"amount": 40})).await;
+    let first = app.capture(&intent_id, "cap-1", &json!({"amount": "40.00"})).await;
+    let second = app.capture(&intent_id, "cap-2", &json!({})).await;
+    let cancelled_id = app.intent_for("order-2", "10.00").await;
+    let cancel = app
+        .post_without_key(&format!("/v1/payment_intents/{cancelled_id}/cancel"))
+        .await;
+    let on_cancelled = app.capture(&cancelled_id, "cap-3", &json!({})).await;
+
+    assert_eq!(too_much.status, StatusCode::BAD_REQUEST);
+    assert_eq!(too_much.json()["errors"][0]["field"], "amount");
+    assert_eq!(no_such_intent.status, StatusCode::NOT_FOUND);
+    assert_eq!(number.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        first.status,
+        StatusCode::ACCEPTED,
+        "the refusals claimed nothing: the key still works: {:?}",
+        first.body
+    );
+    assert_eq!(cancel.status, StatusCode::OK);
+    for refused in [&second, &on_cancelled] {
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+        assert_eq!(refused.json()["code"], "invalid_state");
+    }
+    assert_eq!(app.count("payment_captures").await, 1);
+    assert_eq!(
+        app.count("idempotency_outbox").await,
+        1,
+        "a refused capture sends nothing"
+    );
+}
+
+async fn sixteen_racing_captures_of_one_intent_start_exactly_one_charge(backend: Backend) {
+    let app = Arc::new(TestApp::spawn(backend).await);
+    let intent_id = app.intent_for("order-1", "40.00").await;
+
+    let racers = join_all((0..16).map(|n| {
+        let (app, intent_id) = (app.clone(), intent_id.clone());
+        tokio::spawn(async move { app.capture(&intent_id, &format!("cap-{n}"), &json!({})).await })
+    }))
+    .await;
+    app.deliver().await;
+
+    let answers: Vec<_> = racers.into_iter().map(|r| r.unwrap()).collect();
+    let accepted = answers.iter().filter(|a| a.status == StatusCode::ACCEPTED).count();
+    assert_eq!(accepted, 1, "exactly one capture started");
+    for refused in answers.iter().filter(|a| a.status != StatusCode::ACCEPTED) {
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+        assert_eq!(refused.json()["code"], "invalid_state");
+    }
+    assert_eq!(app.count("payment_captures").await, 1);
+    assert_eq!(app.provider.stats().charges_made, 1);
+}
+
+async fn an_omitted_amount_is_the_whole_amount_with_one_fingerprint_and_a_partial_capture_takes_less(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let whole_id = app.intent_for("order-1", "12.50").await;
+    let partial_id = app.intent_for("order-2", "12.50").await;
+
+    let omitted = app.capture(&whole_id, "cap-1", &json!({})).await;
+    let explicit = app.capture(&whole_id, "cap-1", &json!({"amount": "12.5"})).await;
+    let partial = app.capture(&partial_id, "cap-2", &json!({"amount": "5.00"})).await;
+    app.deliver().await;
+
+    assert_eq!(omitted.json()["amount_minor"], 1250);
+    assert_eq!(
+        explicit.replayed.as_deref(),
+        Some("true"),
+        "`{{}}` and the whole amount are one request: {:?}",
+        explicit.body
+    );
+    assert_eq!(partial.json()["amount"], "5.00");
+    let charges = app
+        .provider
+        .charges_with_key(&format!("retrysafe-{}", partial.operation_id.clone().unwrap()))
+        .await;
+    assert_eq!(
+        charges["data"][0]["amount_minor"], 500,
+        "the rest of the intent is released"
+    );
+}
+
+platform::both_backends!(
+    a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_key_derived_from_the_operation,
+    a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_finds_the_one_charge,
+    a_provider_that_fails_before_accepting_is_sent_the_same_request_again,
+    a_capture_the_provider_refuses_fails_and_frees_the_order,
+    a_capture_is_refused_unless_its_intent_waits_for_one_and_a_refusal_before_the_claim_claims_nothing,
+    sixteen_racing_captures_of_one_intent_start_exactly_one_charge,
+    an_omitted_amount_is_the_whole_amount_with_one_fingerprint_and_a_partial_capture_takes_less,
+);

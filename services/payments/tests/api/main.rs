@@ -1,0 +1,10 @@
+//! The payments API against CONTRACT §1–§7 Payments, every test on SQLite and
+//! on PostgreSQL, with the simulated payment provider as a real HTTP server
+//! beside it.
+
+mod support;
+
+mod approvals;
+mod captures;
+mod intents;
+mod refunds;

@@ -1,0 +1,292 @@
+//! One payments service on a fresh database, driven without a socket, and the
+//! simulated payment provider it charges through, on a real loopback port.
+//! The outbox is driven by hand ([`TestApp::deliver`], [`TestApp::reconcile`]),
+//! so each test says exactly when a delivery happens.
+
+use std::time::Duration;
+
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    http::{Request, StatusCode},
+};
+use http_body_util::BodyExt;
+use idempotency::outbox::{Outbox, OutboxConfig};
+use payment_provider::{Faults, Stats};
+use payments::{
+    domain::PaymentsPolicy,
+    provider::{Provider, ProviderConfig},
+};
+use platform::{Backend, on_pool, testing::TestDb};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+pub const ACME_AGENT: &str = "demo-acme-agent";
+pub const ACME_APPROVER: &str = "demo-acme-approver";
+pub const GLOBEX_AGENT: &str = "demo-globex-agent";
+
+/// How long the outbox waits for the provider's answer in these tests.
+pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(1);
+
+pub struct TestApp {
+    pub router: Router,
+    pub db: TestDb,
+    pub outbox: Outbox<Provider>,
+    pub provider: TestProvider,
+}
+
+/// The simulated provider, serving on a loopback port for as long as the test runs.
+pub struct TestProvider {
+    pub url: String,
+    pub state: payment_provider::Provider,
+}
+
+impl TestProvider {
+    pub async fn start() -> TestProvider {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = payment_provider::Provider::default();
+        tokio::spawn(payment_provider::serve(listener, state.clone(), std::future::pending()));
+        TestProvider { url, state }
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.state.stats()
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        self.state.set_faults(faults);
+    }
+
+    /// The provider's charges under an idempotency key, as a merchant would look them up.
+    pub async fn charges_with_key(&self, key: &str) -> Value {
+        reqwest::Client::new()
+            .get(format!("{}/v1/charges", self.url))
+            .bearer_auth(payments::provider::SANDBOX_MERCHANT_KEY)
+            .query(&[("idempotency_key", key)])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+pub struct Answer {
+    pub status: StatusCode,
+    pub replayed: Option<String>,
+    pub operation_id: Option<String>,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON, got {:?}", self.body))
+    }
+
+    /// A string member of the JSON body.
+    pub fn str(&self, member: &str) -> String {
+        self.json()[member]
+            .as_str()
+            .unwrap_or_else(|| panic!("`{member}` in {:?}", self.body))
+            .to_owned()
+    }
+}
+
+/// The test outbox: answers within a second or they are lost, a held event is
+/// free again after three, an unknown outcome may be asked about at once, and
+/// what was not accepted may be sent again at once.
+pub fn outbox_config() -> OutboxConfig {
+    OutboxConfig {
+        delivery_timeout: DELIVERY_TIMEOUT,
+        lease: Duration::from_secs(3),
+        reconcile_after: Duration::ZERO,
+        backoff: Duration::from_millis(1),
+        ..OutboxConfig::default()
+    }
+}
+
+impl TestApp {
+    /// The sandbox's policy: captures of 1,000 major units or more wait for an approver.
+    pub async fn spawn(backend: Backend) -> TestApp {
+        TestApp::spawn_with(backend, PaymentsPolicy::default()).await
+    }
+
+    pub async fn spawn_with(backend: Backend, policy: PaymentsPolicy) -> TestApp {
+        let db = TestDb::new(backend).await;
+        payments::migrate(&db.db).await.expect("migrations apply");
+        let provider = TestProvider::start().await;
+        let app = payments::App::new(db.db.clone(), Default::default(), true).with_policy(policy);
+        let provider_config = ProviderConfig {
+            url: provider.url.clone(),
+            merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
+        };
+        TestApp {
+            outbox: app.outbox(provider_config, outbox_config()),
+            router: payments::build_router(app),
+            db,
+            provider,
+        }
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> Answer {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let header =
+            |headers: &axum::http::HeaderMap, name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+        let replayed = header(response.headers(), "idempotent-replayed");
+        let operation_id = header(response.headers(), "operation-id");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            replayed,
+            operation_id,
+            body,
+        }
+    }
+
+    pub async fn post(&self, path: &str, bearer: &str, key: &str, body: &Value) -> Answer {
+        let request = Request::post(path)
+            .header("authorization", format!("Bearer {bearer}"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(request).await
+    }
+
+    pub async fn get(&self, path: &str, bearer: &str) -> Answer {
+        let request = Request::get(path)
+            .header("authorization", format!("Bearer {bearer}"))
+            .body(Body::empty())
+            .unwrap();
+        self.send(request).await
+    }
+
+    /// A POST with no `Idempotency-Key` and no body.
+    pub async fn post_without_key(&self, path: &str) -> Answer {
+        let request = Request::post(path)
+            .header("authorization", format!("Bearer {ACME_AGENT}"))
+            .body(Body::empty())
+            .unwrap();
+        self.send(request).await
+    }
+
+    pub async fn create(&self, key: &str, order_id: &str) -> Answer {
+        self.post("/v1/payment_intents", ACME_AGENT, key, &intent(order_id, json!("5.00")))
+            .await
+    }
+
+    /// A new intent for `amount` EUR; its id.
+    pub async fn intent_for(&self, order_id: &str, amount: &str) -> String {
+        let created = self
+            .post(
+                "/v1/payment_intents",
+                ACME_AGENT,
+                &format!("intent-{order_id}"),
+                &intent(order_id, json!(amount)),
+            )
+            .await;
+        assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+        created.str("id")
+    }
+
+    pub async fn capture(&self, intent_id: &str, key: &str, body: &Value) -> Answer {
+        self.post(
+            &format!("/v1/payment_intents/{intent_id}/capture"),
+            ACME_AGENT,
+            key,
+            body,
+        )
+        .await
+    }
+
+    pub async fn refund(&self, intent_id: &str, key: &str, amount: &str) -> Answer {
+        self.post(
+            &format!("/v1/payment_intents/{intent_id}/refunds"),
+            ACME_AGENT,
+            key,
+            &json!({"amount": amount}),
+        )
+        .await
+    }
+
+    /// An intent of `amount` EUR whose whole amount was captured and charged.
+    pub async fn captured_intent(&self, order_id: &str, amount: &str) -> String {
+        let intent_id = self.intent_for(order_id, amount).await;
+        let capture = self
+            .capture(&intent_id, &format!("capture-{order_id}"), &json!({}))
+            .await;
+        assert_eq!(capture.status, StatusCode::ACCEPTED, "{:?}", capture.body);
+        self.deliver().await;
+        let capture = self
+            .get(&format!("/v1/captures/{}", capture.str("id")), ACME_AGENT)
+            .await;
+        assert_eq!(capture.json()["state"], "succeeded", "{:?}", capture.body);
+        intent_id
+    }
+
+    /// One round of the outbox worker: every due event sent and settled.
+    pub async fn deliver(&self) -> usize {
+        self.outbox.deliver_due().await.expect("the outbox takes its events")
+    }
+
+    /// One round of the reconciler.
+    pub async fn reconcile(&self) -> usize {
+        self.outbox
+            .reconcile_due()
+            .await
+            .expect("the reconciler takes its events")
+    }
+
+    pub async fn operation(&self, operation_id: &str) -> Value {
+        self.get(&format!("/v1/operations/{operation_id}"), ACME_AGENT)
+            .await
+            .json()
+    }
+
+    /// The journal's events of one operation, in order, as an approver reads them.
+    pub async fn journal_events(&self, operation_id: &str) -> Vec<String> {
+        let entries = self
+            .get(&format!("/v1/audit?operation_id={operation_id}"), ACME_APPROVER)
+            .await
+            .json();
+        entries["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("journal entries, got {entries}"))
+            .iter()
+            .map(|entry| entry["event"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {table}");
+        on_pool!(self.db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
+            sqlx::AssertSqlSafe(sql.as_str())
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap())
+    }
+
+    /// An approver's decision on an approval, echoing `fingerprint`.
+    pub async fn decide(&self, approval_id: &str, decision: &str, fingerprint: &str) -> Answer {
+        self.post(
+            &format!("/v1/approvals/{approval_id}/decision"),
+            ACME_APPROVER,
+            &format!("decide-{approval_id}"),
+            &json!({"decision": decision, "fingerprint": fingerprint}),
+        )
+        .await
+    }
+}
+
+pub fn intent(order_id: &str, amount: Value) -> Value {
+    json!({
+        "order_id": order_id,
+        "amount": amount,
+        "currency": "EUR",
+        "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"},
+    })
+}

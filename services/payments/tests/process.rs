@@ -1,0 +1,179 @@
+//! Real processes, really killed (CONTRACT §5): a `payments` process dies with
+//! SIGKILL while a capture's charge is on its way to the provider — once after
+//! the outbox event was written and taken but before it was sent, once after
+//! the provider charged but before the answer was recorded. A new process on
+//! the same database finishes the work, and the provider's own count says one
+//! charge.
+//!
+//! The provider runs in the test process (it is the external system; it is not
+//! the one that dies). The binary is built with the `failpoints` feature for
+//! tests; `FAILPOINTS=outbox::before_delivery=return` holds the outbox worker
+//! there until the test kills the process.
+
+use std::time::Duration;
+
+use platform::{
+    Backend,
+    testing::{ServiceProcess, TestDb},
+};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A running `payments` process.
+struct Service(ServiceProcess);
+
+impl Service {
+    async fn start(database_url: &str, provider_url: &str, fail_point: Option<&str>) -> Service {
+        let fail_point = fail_point.map(|point| format!("{point}=return"));
+        let mut env = vec![
+            ("PAYMENTS_DATABASE_URL", database_url),
+            ("PAYMENTS_PROVIDER_URL", provider_url),
+            // a held event is free again after 2 s; an answer is lost after 1 s
+            ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "2"),
+            ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", "1"),
+            ("RETRYSAFE_RECONCILE_AFTER_SECONDS", "0.2"),
+        ];
+        env.extend(fail_point.as_deref().map(|point| ("FAILPOINTS", point)));
+        Service(ServiceProcess::start(env!("CARGO_BIN_EXE_payments"), "payments", &env).await)
+    }
+
+    async fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::Response {
+        client()
+            .post(format!("{}{path}", self.0.base))
+            .bearer_auth("demo-acme-agent")
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn get(&self, path: &str, bearer: &str) -> Value {
+        client()
+            .get(format!("{}{path}", self.0.base))
+            .bearer_auth(bearer)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// Starts a process that holds its outbox worker at `fail_point`, captures an
+/// intent through it, kills it with SIGKILL, and lets a second process on the
+/// same database finish. Returns the provider's charge count at the kill and
+/// the journal of the capture's operation.
+async fn capture_killed_at(backend: Backend, fail_point: &str) -> (u64, Vec<String>) {
+    let db = TestDb::new(backend).await;
+    let provider = payment_provider::Provider::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let provider_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(payment_provider::serve(
+        listener,
+        provider.clone(),
+        std::future::pending(),
+    ));
+
+    let mut doomed = Service::start(&db.url, &provider_url, Some(fail_point)).await;
+    let intent = doomed
+        .post(
+            "/v1/payment_intents",
+            "intent-1",
+            &json!({"order_id": "order-1", "amount": "40.00", "currency": "EUR",
+                    "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"}}),
+        )
+        .await;
+    assert_eq!(intent.status(), StatusCode::CREATED);
+    let intent_id = intent.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let capture_path = format!("/v1/payment_intents/{intent_id}/capture");
+    let accepted = doomed.post(&capture_path, "cap-1", &json!({})).await;
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED, "the agent has its answer");
+    let operation_id = accepted.headers()["operation-id"].to_str().unwrap().to_owned();
+    let first_answer = accepted.bytes().await.unwrap();
+    let capture_id = serde_json::from_slice::<Value>(&first_answer).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    doomed.0.wait_for("fail point reached").await;
+    doomed.0.kill().await;
+    let charges_at_kill = provider.stats().charges_made;
+
+    let restarted = Service::start(&db.url, &provider_url, None).await;
+    let settled = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let capture = restarted
+                .get(&format!("/v1/captures/{capture_id}"), "demo-acme-agent")
+                .await;
+            if capture["state"] == "succeeded" {
+                return capture;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the restarted process settles the capture");
+    let operation = restarted
+        .get(&format!("/v1/operations/{operation_id}"), "demo-acme-agent")
+        .await;
+    let retry = restarted.post(&capture_path, "cap-1", &json!({})).await;
+    let journal = restarted
+        .get(&format!("/v1/audit?operation_id={operation_id}"), "demo-acme-approver")
+        .await;
+
+    assert_eq!(provider.stats().charges_made, 1, "exactly one charge");
+    assert_eq!(operation["state"], "completed");
+    assert_eq!(operation["external_ref"], settled["provider_charge_id"]);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        retry.bytes().await.unwrap(),
+        first_answer,
+        "the first answer survived the process"
+    );
+    restarted.0.kill().await;
+    let events = journal["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    (charges_at_kill, events)
+}
+
+async fn a_capture_killed_after_its_event_was_written_and_before_delivery_is_charged_once_after_restart(
+    backend: Backend,
+) {
+    let (charges_at_kill, events) = capture_killed_at(backend, "outbox::before_delivery").await;
+
+    assert_eq!(charges_at_kill, 0, "nothing reached the provider before the kill");
+    assert!(
+        events.iter().any(|e| e == "accepted"),
+        "the reconciler found nothing and the same request was sent again: {events:?}"
+    );
+}
+
+async fn a_capture_killed_after_the_provider_charged_and_before_it_was_recorded_is_charged_once_after_restart(
+    backend: Backend,
+) {
+    let (charges_at_kill, events) = capture_killed_at(backend, "outbox::after_delivery").await;
+
+    assert_eq!(charges_at_kill, 1, "the provider charged before the kill");
+    assert!(
+        events.iter().any(|e| e == "reconciled"),
+        "the reconciler asked the provider and found the charge: {events:?}"
+    );
+    assert!(!events.iter().any(|e| e == "accepted"), "{events:?}");
+}
+
+platform::both_backends!(
+    a_capture_killed_after_its_event_was_written_and_before_delivery_is_charged_once_after_restart,
+    a_capture_killed_after_the_provider_charged_and_before_it_was_recorded_is_charged_once_after_restart,
+);
