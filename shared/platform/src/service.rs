@@ -169,6 +169,7 @@ td,th{{text-align:left;vertical-align:top;padding:.3rem .6rem;border-bottom:1px 
 <li>A retry with the same key and the same request gets the first answer again, byte for byte, with <code>Idempotent-Replayed: true</code>. The same key with a different request is refused with 422.</li>
 <li>Every answer that belongs to an operation carries <code>Operation-Id</code>; <code>GET /v1/operations/{{id}}</code> and <code>GET /v1/operations?idempotency_key=</code> tell an agent that timed out what happened.</li>
 <li>An operation the service's policy gives to a human answers 202 with an approval request. An <code>approver</code> of the account (never the requester) decides with <code>POST /v1/approvals/{{id}}/decision</code>, echoing the fingerprint they saw; the approved operation runs on the agent's next retry with the same key and body.</li>
+<li>Work that leaves the service (a charge at a payment provider) answers 202 at once and is delivered through an outbox with an external idempotency key derived from the operation id. Retries replay the 202; the resource and the operation status show how it ended. An answer lost on the way back leaves the operation <code>unknown</code> until a reconciler asks the external system: poll, do not send a new request.</li>
 <li>Every attempt is recorded in an append-only, hash-chained audit journal: <code>GET /v1/audit</code> for approvers and admins.</li>
 </ul>
 <h2>Problems</h2>
