@@ -358,11 +358,14 @@ async fn take_due(
     } else {
         ""
     };
+    // the condition twice: the inner one picks the events, the outer one is
+    // checked again on each row as it is written, so an event another worker
+    // took in between is left alone
+    let due = format!("state IN ({states}) AND next_attempt_at <= $3");
     let sql = format!(
         "UPDATE idempotency_outbox SET {set} lease_token = $1, next_attempt_at = $2, updated_at = $3 \
-         WHERE seq IN (SELECT seq FROM idempotency_outbox \
-                       WHERE state IN ({states}) AND next_attempt_at <= $3 \
-                       ORDER BY next_attempt_at LIMIT $4 {skip_locked}) \
+         WHERE {due} AND seq IN (SELECT seq FROM idempotency_outbox WHERE {due} \
+                                 ORDER BY next_attempt_at LIMIT $4 {skip_locked}) \
          RETURNING {}",
         event_columns!()
     );

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use futures::future::join_all;
-use idempotency::outbox::{self, EventState};
+use idempotency::outbox::{self, EventState, OutboxConfig};
 use payment_provider::Faults;
 use platform::Backend;
 use serde_json::json;
@@ -285,7 +285,48 @@ async fn an_omitted_amount_is_the_whole_amount_with_one_fingerprint_and_a_partia
     );
 }
 
+async fn four_outbox_workers_racing_on_one_database_send_each_charge_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut operations = Vec::new();
+    for n in 0..20 {
+        let intent_id = app.intent_for(&format!("order-{n}"), "7.00").await;
+        let accepted = app.capture(&intent_id, &format!("cap-{n}"), &json!({})).await;
+        operations.push(accepted.operation_id.clone().unwrap());
+    }
+
+    // four workers — as if in four processes — take one event at a time from one outbox
+    let workers = join_all((0..4).map(|_| {
+        let outbox = app.another_outbox(OutboxConfig {
+            batch: 1,
+            ..crate::support::outbox_config()
+        });
+        tokio::spawn(async move {
+            let mut taken = 0;
+            loop {
+                match outbox.deliver_due().await.unwrap() {
+                    0 => return taken,
+                    n => taken += n,
+                }
+            }
+        })
+    }))
+    .await;
+
+    let taken: usize = workers.into_iter().map(|w| w.unwrap()).sum();
+    assert_eq!(taken, 20, "every event was taken by exactly one worker");
+    let stats = app.provider.stats();
+    assert_eq!((stats.requests, stats.charges_made), (20, 20), "each charge sent once");
+    for operation_id in &operations {
+        assert_eq!(
+            outbox::event_of(&app.db.db, "acme", operation_id).await.unwrap(),
+            Some((EventState::Delivered, 1))
+        );
+        assert_eq!(app.operation(operation_id).await["state"], "completed");
+    }
+}
+
 platform::both_backends!(
+    four_outbox_workers_racing_on_one_database_send_each_charge_once,
     a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_key_derived_from_the_operation,
     a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_finds_the_one_charge,
     a_provider_that_fails_before_accepting_is_sent_the_same_request_again,

@@ -29,6 +29,7 @@ pub const GLOBEX_AGENT: &str = "demo-globex-agent";
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub struct TestApp {
+    pub service: payments::App,
     pub router: Router,
     pub db: TestDb,
     pub outbox: Outbox<Provider>,
@@ -124,7 +125,8 @@ impl TestApp {
         };
         TestApp {
             outbox: app.outbox(provider_config, outbox_config()),
-            router: payments::build_router(app),
+            router: payments::build_router(app.clone()),
+            service: app,
             db,
             provider,
         }
@@ -225,6 +227,15 @@ impl TestApp {
             .await;
         assert_eq!(capture.json()["state"], "succeeded", "{:?}", capture.body);
         intent_id
+    }
+
+    /// Another outbox on the same database and provider (another process's, say).
+    pub fn another_outbox(&self, config: OutboxConfig) -> Outbox<Provider> {
+        let provider = ProviderConfig {
+            url: self.provider.url.clone(),
+            merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
+        };
+        self.service.outbox(provider, config)
     }
 
     /// One round of the outbox worker: every due event sent and settled.
