@@ -12,7 +12,8 @@
 -- foreign keys off so that dropping the old table cascades nothing into
 -- idempotency_approvals, whose references then name the new table. PRAGMA
 -- foreign_keys only works outside a transaction, hence `no-transaction` above
--- and the explicit transaction below.
+-- and the explicit transaction below. Run again after a crash between its
+-- COMMIT and sqlx recording it, it does the same again (IF NOT EXISTS).
 PRAGMA foreign_keys = OFF;
 BEGIN IMMEDIATE;
 
@@ -70,7 +71,7 @@ CREATE INDEX idempotency_operations_finished_by_age
 -- it with `external_key` as the external system's idempotency key, the same on
 -- every delivery and after every restart; a reconciler asks the external
 -- system what became of one whose answer was lost (see idempotency::outbox).
-CREATE TABLE idempotency_outbox (
+CREATE TABLE IF NOT EXISTS idempotency_outbox (
     seq             INTEGER PRIMARY KEY,
     event_id        TEXT    NOT NULL UNIQUE,
     account_id      TEXT    NOT NULL,
@@ -102,7 +103,7 @@ CREATE TABLE idempotency_outbox (
     CHECK (lease_token IS NULL OR state IN ('sending', 'unknown'))
 ) STRICT;
 -- what the worker and the reconciler scan: events not settled yet, by when they are due
-CREATE INDEX idempotency_outbox_due ON idempotency_outbox (next_attempt_at)
+CREATE INDEX IF NOT EXISTS idempotency_outbox_due ON idempotency_outbox (next_attempt_at)
     WHERE state IN ('pending', 'sending', 'unknown');
 
 COMMIT;

@@ -4,20 +4,22 @@
 -- At most one capture per intent: a capture is made only from
 -- `requires_capture`, and the unique intent_id makes sure of it under races.
 CREATE TABLE payment_captures (
-    seq                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    id                 TEXT        NOT NULL UNIQUE,
-    account_id         TEXT        NOT NULL,
-    intent_id          TEXT        NOT NULL UNIQUE REFERENCES payment_intents (id),
-    amount_minor       BIGINT      NOT NULL CHECK (amount_minor > 0),
-    currency           TEXT        NOT NULL CHECK (length(currency) = 3),
+    seq                      BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                       TEXT        NOT NULL UNIQUE,
+    account_id               TEXT        NOT NULL,
+    intent_id                TEXT        NOT NULL UNIQUE REFERENCES payment_intents (id),
+    amount_minor             BIGINT      NOT NULL CHECK (amount_minor > 0),
+    currency                 TEXT        NOT NULL CHECK (length(currency) = 3),
     -- what the capture's refunds take, or hold while their outcome is unknown:
     -- the database never lets it pass what was captured
-    refunded_minor     BIGINT      NOT NULL DEFAULT 0,
-    state              TEXT        NOT NULL CHECK (state IN ('processing', 'succeeded', 'failed', 'unknown')),
+    refunded_minor           BIGINT      NOT NULL DEFAULT 0,
+    state                    TEXT        NOT NULL CHECK (state IN ('processing', 'succeeded', 'failed', 'unknown')),
+    -- the key its charge is sent with: derived from the capture's operation id
+    provider_idempotency_key TEXT        NOT NULL,
     -- the provider's id for the charge, once it is known
-    provider_charge_id TEXT,
-    created_at         TIMESTAMPTZ NOT NULL,
-    updated_at         TIMESTAMPTZ NOT NULL,
+    provider_charge_id       TEXT,
+    created_at               TIMESTAMPTZ NOT NULL,
+    updated_at               TIMESTAMPTZ NOT NULL,
     CONSTRAINT payment_captures_refunds_within_capture
         CHECK (refunded_minor >= 0 AND refunded_minor <= amount_minor)
 );
@@ -25,18 +27,20 @@ CREATE INDEX payment_captures_by_account ON payment_captures (account_id, seq);
 
 -- Each refund instruction is its own operation, with its own id and key.
 CREATE TABLE payment_refunds (
-    seq                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    id                 TEXT        NOT NULL UNIQUE,
-    account_id         TEXT        NOT NULL,
-    intent_id          TEXT        NOT NULL REFERENCES payment_intents (id),
-    capture_id         TEXT        NOT NULL REFERENCES payment_captures (id),
-    amount_minor       BIGINT      NOT NULL CHECK (amount_minor > 0),
-    currency           TEXT        NOT NULL CHECK (length(currency) = 3),
-    reason             TEXT,
-    state              TEXT        NOT NULL CHECK (state IN ('processing', 'succeeded', 'failed', 'unknown')),
+    seq                      BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                       TEXT        NOT NULL UNIQUE,
+    account_id               TEXT        NOT NULL,
+    intent_id                TEXT        NOT NULL REFERENCES payment_intents (id),
+    capture_id               TEXT        NOT NULL REFERENCES payment_captures (id),
+    amount_minor             BIGINT      NOT NULL CHECK (amount_minor > 0),
+    currency                 TEXT        NOT NULL CHECK (length(currency) = 3),
+    reason                   TEXT,
+    state                    TEXT        NOT NULL CHECK (state IN ('processing', 'succeeded', 'failed', 'unknown')),
+    -- the key its refund is sent with: derived from the refund's operation id
+    provider_idempotency_key TEXT        NOT NULL,
     -- the provider's id for the refund, once it is known
-    provider_refund_id TEXT,
-    created_at         TIMESTAMPTZ NOT NULL,
-    updated_at         TIMESTAMPTZ NOT NULL
+    provider_refund_id       TEXT,
+    created_at               TIMESTAMPTZ NOT NULL,
+    updated_at               TIMESTAMPTZ NOT NULL
 );
 CREATE INDEX payment_refunds_by_intent ON payment_refunds (account_id, intent_id, seq);

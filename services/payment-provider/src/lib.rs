@@ -57,6 +57,9 @@ pub struct Faults {
     pub drop_next: u32,
     /// Each charge/refund request waits this long before it is accepted (a lookup meanwhile finds nothing).
     pub accept_delay_ms: u64,
+    /// The next N charges are declined (402 `charge_declined`): a final
+    /// business refusal, nothing charged.
+    pub decline_next: u32,
 }
 
 /// What the provider really did, for "exactly once" assertions.
@@ -251,6 +254,23 @@ async fn before_accepting(provider: &Provider) -> Result<(), ApiError> {
     Ok(())
 }
 
+impl Provider {
+    /// The `decline_next` fault: this charge is declined, and nothing stored.
+    fn decline_if_asked(&self) -> Result<(), ApiError> {
+        let mut ledger = self.lock();
+        if ledger.faults.decline_next == 0 {
+            return Ok(());
+        }
+        ledger.faults.decline_next -= 1;
+        Err(ApiError::new(
+            StatusCode::PAYMENT_REQUIRED,
+            "charge_declined",
+            "Charge declined",
+            "the payment method was declined; nothing was charged",
+        ))
+    }
+}
+
 impl Ledger {
     /// Whether the answer of what was just stored is to be dropped
     /// (`drop_next`): only requests that store something use it up.
@@ -299,6 +319,7 @@ async fn create_charge(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     before_accepting(&provider).await?;
+    provider.decline_if_asked()?;
     let (charge, replayed, drop_answer) = provider.charge(merchant, key, request)?;
     Ok(answer(drop_answer, made(StatusCode::CREATED, replayed, &charge)).await)
 }

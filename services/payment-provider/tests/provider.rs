@@ -144,6 +144,21 @@ async fn a_failure_before_accepting_charges_nothing_and_the_retry_charges_once()
 }
 
 #[tokio::test]
+async fn a_declined_charge_is_a_402_that_charges_nothing() {
+    let provider = start().await;
+    provider.provider.set_faults(Faults {
+        decline_next: 1,
+        ..Faults::default()
+    });
+
+    let (declined, _, problem) = provider.charge("cap_1", &capture("cap_1", 100)).await.unwrap();
+
+    assert_eq!((declined, problem["code"].as_str()), (402, Some("charge_declined")));
+    assert_eq!(provider.provider.stats().charges_made, 0);
+    assert_eq!(provider.lookup("idempotency_key=cap_1").await["data"], json!([]));
+}
+
+#[tokio::test]
 async fn an_accepted_charge_whose_answer_is_dropped_is_found_by_lookup_and_replayed_to_the_retry() {
     let provider = start().await;
     provider.provider.set_faults(Faults {

@@ -257,6 +257,10 @@ pub struct Capture {
     pub amount_refunded: String,
     pub amount_refunded_minor: i64,
     pub state: TransferState,
+    /// The key the charge is sent to the provider with, on every delivery:
+    /// derived from the capture's operation id.
+    #[schema(example = "retrysafe-op_0193a1b2c3d4e5f60718293a4b5c6d7e")]
+    pub provider_idempotency_key: String,
     /// The provider's id for the charge, once the provider answered.
     pub provider_charge_id: Option<String>,
     /// Where to see how it ends.
@@ -289,6 +293,9 @@ pub struct Refund {
     pub currency: String,
     pub reason: Option<String>,
     pub state: TransferState,
+    /// The key the refund is sent to the provider with: derived from the
+    /// refund's operation id.
+    pub provider_idempotency_key: String,
     /// The provider's id for the refund, once the provider answered.
     pub provider_refund_id: Option<String>,
     pub status_url: String,

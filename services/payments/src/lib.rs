@@ -143,6 +143,11 @@ pub async fn serve(
     platform::prepare_sqlite_dir(&config.database_url)?;
     let db = Db::connect(&config.database_url, config.max_connections).await?;
     migrate(&db).await?;
+    if !config.sandbox && settings.provider.merchant_key == provider::SANDBOX_MERCHANT_KEY {
+        tracing::warn!(
+            "PAYMENTS_PROVIDER_KEY is not set: using the sandbox's merchant key, which only the simulated provider accepts"
+        );
+    }
     let app = App::new(db.clone(), idempotency, config.sandbox).with_policy(settings.policy.clone());
     let background = app
         .idempotency

@@ -92,9 +92,25 @@ struct Made {
     id: String,
 }
 
+/// A charge or refund as a lookup shows it: enough to tell whether it is the
+/// one the event asked for.
+#[derive(Debug, Deserialize)]
+struct Listed {
+    id: String,
+    status: String,
+    amount_minor: i64,
+    merchant_reference: String,
+}
+
 #[derive(Debug, Deserialize)]
 struct Found {
-    data: Vec<Made>,
+    data: Vec<Listed>,
+}
+
+/// A provider problem's `code`, when it sent one.
+#[derive(Debug, Deserialize)]
+struct Problem {
+    code: Option<String>,
 }
 
 impl Provider {
@@ -133,21 +149,13 @@ impl Provider {
             };
         }
         let problem = response.text().await.unwrap_or_default();
+        let code = serde_json::from_str::<Problem>(&problem).ok().and_then(|p| p.code);
         let reason = format!("{status}: {}", problem.chars().take(500).collect::<String>());
-        match status {
-            // the provider's documented "failed before accepting; nothing was charged"
-            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS | StatusCode::REQUEST_TIMEOUT => {
-                Delivery::NotAccepted { reason }
-            }
-            // any other server error may have come after the charge was made
-            s if s.is_server_error() => Delivery::AnswerLost { reason },
-            // a refusal: the same request would be refused again
-            _ => Delivery::Refused { reason },
-        }
+        read_refusal(status, code.as_deref(), reason)
     }
 
     /// The first charge or refund the provider has under `query`.
-    async fn find(&self, path: &str, query: &[(&str, &str)]) -> Result<Option<String>, String> {
+    async fn find(&self, path: &str, query: &[(&str, &str)]) -> Result<Option<Listed>, String> {
         let response = self
             .http
             .get(format!("{}{path}", self.config.url))
@@ -160,19 +168,59 @@ impl Provider {
             return Err(format!("lookup answered {}", response.status()));
         }
         let found: Found = response.json().await.map_err(|e| e.to_string())?;
-        Ok(found.data.into_iter().next().map(|made| made.id))
+        Ok(found.data.into_iter().next())
     }
 
-    /// By the idempotency key first, then by the merchant reference.
-    async fn look_up_at(&self, path: &str, key: &str, reference: &str) -> Result<Lookup, String> {
+    /// By the idempotency key first, then by the merchant reference. What is
+    /// found must be what was asked for — a succeeded charge or refund of this
+    /// amount with this reference: anything else under the key is a collision
+    /// a person must look at, never taken for our money.
+    async fn look_up_at(&self, path: &str, key: &str, reference: &str, amount_minor: i64) -> Result<Lookup, String> {
         let found = match self.find(path, &[("idempotency_key", key)]).await? {
-            Some(id) => Some(id),
+            Some(listed) => Some(listed),
             None => self.find(path, &[("merchant_reference", reference)]).await?,
         };
-        Ok(match found {
-            Some(external_ref) => Lookup::Found { external_ref },
-            None => Lookup::Absent,
-        })
+        match found {
+            None => Ok(Lookup::Absent),
+            Some(listed)
+                if listed.status == "succeeded"
+                    && listed.amount_minor == amount_minor
+                    && listed.merchant_reference == reference =>
+            {
+                Ok(Lookup::Found {
+                    external_ref: listed.id,
+                })
+            }
+            Some(listed) => Err(format!(
+                "the provider holds {} ({}, {} minor units, reference `{}`) where {amount_minor} minor units \
+                 with reference `{reference}` were asked for: a person must look",
+                listed.id, listed.status, listed.amount_minor, listed.merchant_reference
+            )),
+        }
+    }
+}
+
+/// What a provider's refusal means for the request: only a business refusal
+/// is final. Anything that may mean the provider has the request after all —
+/// a conflict on the key (another request with it, or the same one still
+/// running), a server error after accepting — is a lost answer, for the
+/// reconciler to look up. A refusal of who we are (401, 403) is a fault of
+/// ours: sent again later, once the key is fixed.
+fn read_refusal(status: StatusCode, code: Option<&str>, reason: String) -> Delivery {
+    match (status, code) {
+        // the provider's documented "failed before accepting; nothing was charged"
+        (StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS | StatusCode::REQUEST_TIMEOUT, _) => {
+            Delivery::NotAccepted { reason }
+        }
+        (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _) => {
+            tracing::error!(%reason, "the provider does not accept the merchant key: check PAYMENTS_PROVIDER_KEY");
+            Delivery::NotAccepted { reason }
+        }
+        (_, Some("idempotency_key_reused")) | (StatusCode::CONFLICT, None) => Delivery::AnswerLost { reason },
+        // any other server error may have come after the charge was made
+        (s, _) if s.is_server_error() => Delivery::AnswerLost { reason },
+        // a decline, an invalid request, a refund past its charge: the same request would be refused again
+        _ => Delivery::Refused { reason },
     }
 }
 
@@ -236,12 +284,22 @@ impl Destination for Provider {
     async fn look_up(&self, event: &OutboxEvent) -> Result<Lookup, String> {
         match Order::of(event)? {
             Order::Charge(charge) => {
-                self.look_up_at("/v1/charges", &event.external_key, &charge.capture_id)
-                    .await
+                self.look_up_at(
+                    "/v1/charges",
+                    &event.external_key,
+                    &charge.capture_id,
+                    charge.amount_minor,
+                )
+                .await
             }
             Order::Refund(refund) => {
-                self.look_up_at("/v1/refunds", &event.external_key, &refund.refund_id)
-                    .await
+                self.look_up_at(
+                    "/v1/refunds",
+                    &event.external_key,
+                    &refund.refund_id,
+                    refund.amount_minor,
+                )
+                .await
             }
         }
     }

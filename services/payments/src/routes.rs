@@ -70,11 +70,15 @@ pub async fn create_intent(
         Err(invalid) => return invalid.into_response(),
     };
     app.idempotency
-        .execute(Attempt::post(CREATE_INTENT, &principal, key), &command, async |tx| {
-            let intent = store::create_intent(tx, &principal.account_id, &command).await?;
-            let (id, url) = (intent.id.clone(), intent.url());
-            Ok(Effect::json(StatusCode::CREATED, &intent).with_resource("payment_intent", &id, url))
-        })
+        .execute(
+            Attempt::post(CREATE_INTENT, &principal, key),
+            &command,
+            async |tx, _| {
+                let intent = store::create_intent(tx, &principal.account_id, &command).await?;
+                let (id, url) = (intent.id.clone(), intent.url());
+                Ok(Effect::json(StatusCode::CREATED, &intent).with_resource("payment_intent", &id, url))
+            },
+        )
         .await
 }
 
@@ -111,11 +115,15 @@ pub async fn cancel_intent(
         };
     };
     app.idempotency
-        .execute(Attempt::post(CANCEL_INTENT, &principal, key), &command, async |tx| {
-            let intent = store::cancel_intent(tx, &principal.account_id, &command.intent_id).await?;
-            let (id, url) = (intent.id.clone(), intent.url());
-            Ok(Effect::json(StatusCode::OK, &intent).with_resource("payment_intent", &id, url))
-        })
+        .execute(
+            Attempt::post(CANCEL_INTENT, &principal, key),
+            &command,
+            async |tx, _| {
+                let intent = store::cancel_intent(tx, &principal.account_id, &command.intent_id).await?;
+                let (id, url) = (intent.id.clone(), intent.url());
+                Ok(Effect::json(StatusCode::OK, &intent).with_resource("payment_intent", &id, url))
+            },
+        )
         .await
 }
 
@@ -182,8 +190,8 @@ pub async fn capture_intent(
         .execute(
             Attempt::post(CAPTURE_INTENT, &principal, key).approval(approval),
             &command,
-            async |tx| {
-                let capture = store::begin_capture(tx, &principal.account_id, &command).await?;
+            async |tx, operation_id| {
+                let capture = store::begin_capture(tx, &principal.account_id, operation_id, &command).await?;
                 let charge = ChargeOrder {
                     capture_id: capture.id.clone(),
                     amount_minor: capture.amount_minor,
@@ -235,17 +243,22 @@ pub async fn refund_intent(
         Err(invalid) => return invalid.into_response(),
     };
     app.idempotency
-        .execute(Attempt::post(REFUND_INTENT, &principal, key), &command, async |tx| {
-            let (refund, charge_id) = store::begin_refund(tx, &principal.account_id, &command).await?;
-            let order = RefundOrder {
-                refund_id: refund.id.clone(),
-                charge_id,
-                amount_minor: refund.amount_minor,
-            };
-            Ok(Effect::json(StatusCode::ACCEPTED, &refund)
-                .with_resource("refund", &refund.id, refund.url())
-                .with_outbox(provider::REFUND, &order))
-        })
+        .execute(
+            Attempt::post(REFUND_INTENT, &principal, key),
+            &command,
+            async |tx, operation_id| {
+                let (refund, charge_id) =
+                    store::begin_refund(tx, &principal.account_id, operation_id, &command).await?;
+                let order = RefundOrder {
+                    refund_id: refund.id.clone(),
+                    charge_id,
+                    amount_minor: refund.amount_minor,
+                };
+                Ok(Effect::json(StatusCode::ACCEPTED, &refund)
+                    .with_resource("refund", &refund.id, refund.url())
+                    .with_outbox(provider::REFUND, &order))
+            },
+        )
         .await
 }
 
@@ -276,7 +289,7 @@ pub async fn get_capture(
     get,
     path = "/v1/payment_intents/{intent_id}/captures",
     tag = "payments",
-    params(("intent_id" = String, Path)),
+    params(("intent_id" = String, Path), PageQuery),
     responses(
         (status = 200, body = Page<Capture>),
         (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
@@ -287,10 +300,19 @@ pub async fn list_captures(
     State(app): State<App>,
     principal: Principal,
     ApiPath(intent_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PageQuery>,
 ) -> Result<Json<Page<Capture>>, ApiError> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
     let intent = intent_named(&app, &principal, &intent_id).await?;
-    let rows = store::list_captures(&app.db, &principal.account_id, &intent.id).await?;
-    Ok(Json(Page::from_rows(rows, PageRequest::parse(None, None)?)))
+    let rows = store::list_captures(
+        &app.db,
+        &principal.account_id,
+        &intent.id,
+        page.after_seq,
+        page.fetch_limit(),
+    )
+    .await?;
+    Ok(Json(Page::from_rows(rows, page)))
 }
 
 #[utoipa::path(

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
 use sqlx::Row;
 
-use idempotency::outbox::Settlement;
+use idempotency::outbox::{self, Settlement};
 
 use crate::{
     domain::{
@@ -185,26 +185,35 @@ pub async fn list_intents(
 
 macro_rules! capture_columns {
     () => {
-        "seq, id, intent_id, amount_minor, currency, refunded_minor, state, provider_charge_id, created_at, updated_at"
+        "seq, id, intent_id, amount_minor, currency, refunded_minor, state, provider_idempotency_key, \
+         provider_charge_id, created_at, updated_at"
     };
 }
 
 macro_rules! refund_columns {
     () => {
-        "seq, id, intent_id, capture_id, amount_minor, currency, reason, state, provider_refund_id, created_at, updated_at"
+        "seq, id, intent_id, capture_id, amount_minor, currency, reason, state, provider_idempotency_key, \
+         provider_refund_id, created_at, updated_at"
     };
 }
 
 /// Starts the capture of an intent: the intent goes `requires_capture →
 /// processing` (a compare-and-set on its state, so of two racing captures
 /// exactly one starts) and the capture is written, `processing`, in the
-/// effect's transaction. The charge itself is the outbox's to send.
-pub async fn begin_capture(tx: &mut Tx, account_id: &str, command: &CaptureIntent) -> Result<Capture, ApiError> {
+/// effect's transaction, with the provider key derived from its operation.
+/// The charge itself is the outbox's to send.
+pub async fn begin_capture(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    command: &CaptureIntent,
+) -> Result<Capture, ApiError> {
     const START: &str = "UPDATE payment_intents SET state = 'processing', updated_at = $3 \
          WHERE account_id = $1 AND id = $2 AND state = 'requires_capture' RETURNING id";
     const INSERT: &str = concat!(
-        "INSERT INTO payment_captures (id, account_id, intent_id, amount_minor, currency, state, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, 'processing', $6, $6) RETURNING ",
+        "INSERT INTO payment_captures (id, account_id, intent_id, amount_minor, currency, state, \
+         provider_idempotency_key, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, $7) RETURNING ",
         capture_columns!()
     );
     let now = Timestamp::now();
@@ -233,6 +242,7 @@ pub async fn begin_capture(tx: &mut Tx, account_id: &str, command: &CaptureInten
             .bind(&command.intent_id)
             .bind(command.amount.amount_minor)
             .bind(command.amount.currency_code())
+            .bind(outbox::external_key(operation_id))
             .bind(now)
             .fetch_one(conn)
             .await?;
@@ -253,7 +263,8 @@ async fn intent_state(tx: &mut Tx, account_id: &str, intent_id: &str) -> Result<
 
 /// Records how a capture's charge ended, on the capture and on its intent:
 /// succeeded with the provider's charge id, failed (which frees the order for
-/// a new intent), or unknown until the reconciler finds out.
+/// a new intent), or unknown until the reconciler finds out. A capture that
+/// has ended already is left as it is.
 pub async fn settle_capture(
     tx: &mut Tx,
     account_id: &str,
@@ -267,24 +278,27 @@ pub async fn settle_capture(
     };
     let now = Timestamp::now();
     on_tx!(tx, |conn| {
-        let intent_id: String = sqlx::query_scalar(
+        let settled: Option<String> = sqlx::query_scalar(
             "UPDATE payment_captures SET state = $3, provider_charge_id = COALESCE($4, provider_charge_id), \
-             updated_at = $5 WHERE account_id = $1 AND id = $2 RETURNING intent_id",
+             updated_at = $5 WHERE account_id = $1 AND id = $2 AND state IN ('processing', 'unknown') \
+             RETURNING intent_id",
         )
         .bind(account_id)
         .bind(capture_id)
         .bind(state.as_str())
         .bind(charge_id)
         .bind(now)
-        .fetch_one(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await?;
-        sqlx::query("UPDATE payment_intents SET state = $3, updated_at = $4 WHERE account_id = $1 AND id = $2")
-            .bind(account_id)
-            .bind(&intent_id)
-            .bind(intent_state.as_str())
-            .bind(now)
-            .execute(&mut *conn)
-            .await?;
+        if let Some(intent_id) = settled {
+            sqlx::query("UPDATE payment_intents SET state = $3, updated_at = $4 WHERE account_id = $1 AND id = $2")
+                .bind(account_id)
+                .bind(&intent_id)
+                .bind(intent_state.as_str())
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+        }
     });
     Ok(())
 }
@@ -295,22 +309,27 @@ pub async fn settle_capture(
 /// never together pass it (PostgreSQL re-checks the condition on the row as the
 /// previous refund left it; SQLite has one writer), and the table's CHECK
 /// refuses it even if a statement forgot to ask. The provider's refund is the
-/// outbox's to send.
+/// outbox's to send, with a key derived from the refund's operation; the
+/// charge it refunds is returned beside it.
 pub async fn begin_refund(
     tx: &mut Tx,
     account_id: &str,
+    operation_id: &str,
     command: &RefundPayment,
 ) -> Result<(Refund, String), ApiError> {
+    // a succeeded capture always has its provider charge id
     const HOLD: &str = "UPDATE payment_captures SET refunded_minor = refunded_minor + $3, updated_at = $4 \
-         WHERE account_id = $1 AND intent_id = $2 AND state = 'succeeded' AND $3 <= amount_minor - refunded_minor \
+         WHERE account_id = $1 AND intent_id = $2 AND state = 'succeeded' AND provider_charge_id IS NOT NULL \
+           AND $3 <= amount_minor - refunded_minor \
          RETURNING id, provider_charge_id";
     const INSERT: &str = concat!(
         "INSERT INTO payment_refunds (id, account_id, intent_id, capture_id, amount_minor, currency, reason, state, \
-         created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'processing', $8, $8) RETURNING ",
+         provider_idempotency_key, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'processing', $8, $9, $9) RETURNING ",
         refund_columns!()
     );
     let now = Timestamp::now();
-    let held: Option<(String, Option<String>)> = on_tx!(tx, |conn| {
+    let held: Option<(String, String)> = on_tx!(tx, |conn| {
         sqlx::query_as(HOLD)
             .bind(account_id)
             .bind(&command.intent_id)
@@ -319,7 +338,7 @@ pub async fn begin_refund(
             .fetch_optional(conn)
             .await?
     });
-    let Some((capture_id, Some(charge_id))) = held else {
+    let Some((capture_id, charge_id)) = held else {
         return Err(why_no_refund(tx, account_id, command).await?);
     };
     let refund = on_tx!(tx, |conn| {
@@ -331,6 +350,7 @@ pub async fn begin_refund(
             .bind(command.amount.amount_minor)
             .bind(command.amount.currency_code())
             .bind(command.reason.as_deref())
+            .bind(outbox::external_key(operation_id))
             .bind(now)
             .fetch_one(conn)
             .await?;
@@ -441,17 +461,25 @@ pub async fn get_capture(db: &Db, account_id: &str, capture_id: &str) -> Result<
     }))
 }
 
-/// An intent's captures (at most one), as a list.
-pub async fn list_captures(db: &Db, account_id: &str, intent_id: &str) -> Result<Vec<(i64, Capture)>, ApiError> {
+/// One page of an intent's captures (it has at most one), in creation order.
+pub async fn list_captures(
+    db: &Db,
+    account_id: &str,
+    intent_id: &str,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<(i64, Capture)>, ApiError> {
     const SQL: &str = concat!(
         "SELECT ",
         capture_columns!(),
-        " FROM payment_captures WHERE account_id = $1 AND intent_id = $2 ORDER BY seq"
+        " FROM payment_captures WHERE account_id = $1 AND intent_id = $2 AND seq > $3 ORDER BY seq LIMIT $4"
     );
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
             .bind(intent_id)
+            .bind(after_seq)
+            .bind(limit)
             .fetch_all(pool)
             .await?
             .iter()
@@ -530,6 +558,7 @@ where
         amount_refunded_minor: refunded.amount_minor,
         currency,
         state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        provider_idempotency_key: row.try_get("provider_idempotency_key")?,
         provider_charge_id: row.try_get("provider_charge_id")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
@@ -560,6 +589,7 @@ where
         currency,
         reason: row.try_get("reason")?,
         state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        provider_idempotency_key: row.try_get("provider_idempotency_key")?,
         provider_refund_id: row.try_get("provider_refund_id")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,

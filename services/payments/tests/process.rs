@@ -154,10 +154,12 @@ async fn a_capture_killed_after_its_event_was_written_and_before_delivery_is_cha
     let (charges_at_kill, events) = capture_killed_at(backend, "outbox::before_delivery").await;
 
     assert_eq!(charges_at_kill, 0, "nothing reached the provider before the kill");
-    assert!(
-        events.iter().any(|e| e == "accepted"),
-        "the reconciler found nothing and the same request was sent again: {events:?}"
+    assert_eq!(
+        events.iter().filter(|e| *e == "dispatched").count(),
+        2,
+        "taken by the killed worker, and again after the reconciler found nothing: {events:?}"
     );
+    assert!(events.iter().any(|e| e == "accepted"), "{events:?}");
 }
 
 async fn a_capture_killed_after_the_provider_charged_and_before_it_was_recorded_is_charged_once_after_restart(

@@ -18,7 +18,7 @@ async fn main() -> Result<(), Error> {
     let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
     let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
     let payments = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, true)?;
-    let payments_settings = payments::Settings::from_env()?;
+    let mut payments_settings = payments::Settings::from_env()?;
 
     // One Ctrl-C stops every service; each lets its requests under way finish.
     let (stop, stopped) = watch::channel(false);
@@ -47,6 +47,10 @@ async fn main() -> Result<(), Error> {
         suggested_key: tickets.sandbox.then(|| "demo-acme-approver".to_owned()),
     };
     let provider_addr = platform::config::listen_addr("payment_provider", payment_provider::DEFAULT_PORT)?;
+    // payments charges through the sandbox's provider wherever it listens, unless told otherwise
+    if std::env::var_os("PAYMENTS_PROVIDER_URL").is_none() {
+        payments_settings.provider.url = format!("http://{provider_addr}");
+    }
     let provider_listener = tokio::net::TcpListener::bind(provider_addr).await?;
     print_banner(&tickets, &payments, console_addr, provider_addr);
     let mut services = tokio::task::JoinSet::new();

@@ -74,7 +74,7 @@ pub async fn create(app: &App, principal: &Principal, key: IdempotencyHeaders, c
         .execute(
             Attempt::post(CREATE_TICKET, principal, key).approval(app.policy.approval_for(&command)),
             &command,
-            async |tx| {
+            async |tx, _| {
                 let (ticket, outcome) = store::create_ticket(tx, &principal.account_id, &command).await?;
                 let (id, url) = (ticket.id.clone(), ticket.url());
                 Ok(
@@ -180,7 +180,7 @@ pub async fn add_comment(
         body: body.body,
     };
     app.idempotency
-        .execute(Attempt::post(ADD_COMMENT, &principal, key), &command, async |tx| {
+        .execute(Attempt::post(ADD_COMMENT, &principal, key), &command, async |tx, _| {
             let comment = store::add_comment(tx, &principal.account_id, &principal.principal_id, &command).await?;
             let (id, url) = (comment.id.clone(), comment.url());
             Ok(Effect::json(StatusCode::CREATED, &comment).with_resource("comment", &id, url))

@@ -180,7 +180,9 @@ enum Decision {
 impl Idempotency {
     /// Runs one attempt of an operation. `command` is the validated command
     /// (what the fingerprint hashes); `effect` does the business writes in the
-    /// transaction it is given and says what to answer. The operation's
+    /// transaction it is given and says what to answer. It is also given the
+    /// operation's id (`op_…`), for business rows that name the operation that
+    /// made them and for keys derived from it. The operation's
     /// completion commits in that same transaction, so either both the
     /// effect and the stored answer exist, or neither.
     ///
@@ -199,7 +201,7 @@ impl Idempotency {
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
     {
         if !self.config.enabled {
             return self.run_unguarded(effect).await;
@@ -240,7 +242,7 @@ impl Idempotency {
     /// answers as a duplicate; no read is spent on the first attempt's path.
     async fn execute_in_transaction<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
     {
         let (principal, key) = (attempt.principal, &attempt.headers.key);
         // The lease fields are not used: a claim that finishes in its own
@@ -261,7 +263,7 @@ impl Idempotency {
                 return self.replay_cached(attempt, &answer, fingerprint);
             }
             // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
-            match effect.clone()(&mut tx).await {
+            match effect.clone()(&mut tx, operation_id).await {
                 Ok(done) => {
                     let completion = done.completion();
                     let mut journaled = vec![
@@ -429,7 +431,7 @@ impl Idempotency {
         effect: F,
     ) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
     {
         let new = attempt.new_operation(fingerprint, self.config.lease);
         let approval = ApprovalRecord {
@@ -567,7 +569,7 @@ impl Idempotency {
     /// lease ran out (or a human approved it), this attempt runs the effect.
     async fn answer_taken_key<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
     {
         let account_id = &attempt.principal.account_id;
         let decided = match self.find_and_count(account_id, &attempt.headers.key).await {
@@ -797,7 +799,7 @@ impl Idempotency {
     /// it, checked in the effect's own transaction.
     async fn run<F>(&self, attempt: &Attempt<'_>, operation: OperationRecord, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
     {
         let token = operation.lease_token.clone().unwrap_or_default();
         let by = attempt.principal.principal_id.as_str();
@@ -863,7 +865,7 @@ impl Idempotency {
                 }
             }
         }
-        match effect(&mut tx).await {
+        match effect(&mut tx, operation_id).await {
             Ok(done) => {
                 let completion = done.completion();
                 match store::complete(&mut tx, account_id, key, &token, &completion).await {
@@ -932,13 +934,20 @@ impl Idempotency {
     /// transaction, and nothing else of this module.
     async fn run_unguarded<F>(&self, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
     {
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };
-        match effect(&mut tx).await {
+        // no operation is stored: the effect gets an id that names none
+        match effect(&mut tx, &new_operation_id()).await {
+            Ok(done) if done.outbox.is_some() => {
+                let _ = tx.rollback().await;
+                ApiError::internal("work for the outbox needs the idempotency layer")
+                    .with_detail("this route hands work to an outbox, which needs its operation; it cannot run with RETRYSAFE_IDEMPOTENCY=off")
+                    .into_response()
+            }
             Ok(done) => match tx.commit().await {
                 Ok(()) => stored_response_without_operation(&done.response),
                 Err(e) => ApiError::from(e).into_response(),

@@ -14,7 +14,7 @@
 //!                        ApiJson(body): ApiJson<CreateTicketBody>) -> Response {
 //!     let command = CreateTicket::from(body);               // validated: nothing claimed on 400
 //!     app.idempotency.execute(Attempt::post("/v1/tickets", &principal, key), &command,
-//!         async |tx| store::create_ticket(tx, &principal, &command).await.map(Ticket::into_effect)).await
+//!         async |tx, _| store::create_ticket(tx, &principal, &command).await.map(Ticket::into_effect)).await
 //! }
 //! ```
 

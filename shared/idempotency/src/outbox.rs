@@ -61,18 +61,20 @@ pub fn external_key(operation_id: &str) -> String {
 }
 
 /// What an effect hands to the outbox: the kind of work, in the service's
-/// words, and what the [`Destination`] needs to send it.
+/// words, and what the [`Destination`] needs to send it. A payload that would
+/// not serialise is kept as its error: the effect then fails with a server
+/// error and nothing commits, rather than an event that says nothing.
 #[derive(Debug, Clone)]
 pub(crate) struct Message {
     pub kind: &'static str,
-    pub payload: serde_json::Value,
+    pub payload: Result<serde_json::Value, String>,
 }
 
 impl Message {
     pub fn new(kind: &'static str, payload: &impl Serialize) -> Self {
         Message {
             kind,
-            payload: serde_json::to_value(payload).unwrap_or_default(),
+            payload: serde_json::to_value(payload).map_err(|e| e.to_string()),
         }
     }
 }
@@ -217,7 +219,9 @@ pub struct OutboxConfig {
     pub delivery_timeout: Duration,
     /// How long a worker or the reconciler holds an event; one that dies
     /// holding it is replaced after this. Longer than `delivery_timeout`, so a
-    /// live holder always finishes first.
+    /// live holder usually settles first; when it does not (its settling
+    /// transaction waited too long), the compare-and-set on the lease leaves
+    /// the event to the new holder.
     pub lease: Duration,
     /// How long after a lost answer the reconciler asks (the external system
     /// may still be working on it).
@@ -300,6 +304,12 @@ pub(crate) async fn enqueue(
     message: &Message,
     now: Timestamp,
 ) -> Result<(), sqlx::Error> {
+    let payload = message.payload.as_ref().map_err(|e| {
+        sqlx::Error::Protocol(format!(
+            "the `{}` event's payload does not serialise: {e}",
+            message.kind
+        ))
+    })?;
     on_tx!(tx, |conn| {
         sqlx::query(
             "INSERT INTO idempotency_outbox \
@@ -314,7 +324,7 @@ pub(crate) async fn enqueue(
         .bind(of.fingerprint)
         .bind(of.route)
         .bind(message.kind)
-        .bind(message.payload.to_string())
+        .bind(payload.to_string())
         .bind(external_key(of.operation_id))
         .bind(now)
         .execute(conn)
@@ -443,10 +453,11 @@ where
 }
 
 /// How an event ends: what the event, its operation and the journal become.
+/// `reconciled`: the reconciler found it out, not the worker.
 enum Outcome {
     Accepted { external_ref: String, reconciled: bool },
     Refused { reason: String },
-    Unknown { reason: String },
+    Unknown { reason: String, reconciled: bool },
 }
 
 /// The outbox of one service: its idempotency layer (database, journal), the
@@ -469,7 +480,14 @@ impl<D> Clone for Outbox<D> {
 }
 
 impl<D: Destination> Outbox<D> {
-    pub fn new(idempotency: Idempotency, destination: D, config: OutboxConfig) -> Self {
+    /// A lease no longer than the delivery timeout is made twice the timeout:
+    /// otherwise every slow delivery would be taken over while it runs.
+    pub fn new(idempotency: Idempotency, destination: D, mut config: OutboxConfig) -> Self {
+        if config.lease <= config.delivery_timeout {
+            tracing::warn!(lease = ?config.lease, timeout = ?config.delivery_timeout,
+                "the outbox lease must outlast a delivery; using twice the delivery timeout");
+            config.lease = config.delivery_timeout * 2;
+        }
         Outbox {
             idempotency,
             destination: Arc::new(destination),
@@ -532,27 +550,39 @@ impl<D: Destination> Outbox<D> {
         Ok(taken)
     }
 
-    /// Delivers and reconciles until the returned task is aborted: at once when
-    /// an effect wrote an event in this process, else every `poll`.
+    /// Runs the worker and the reconciler until the returned task is aborted,
+    /// each in its own loop, so a slow delivery never holds up a lookup. The
+    /// worker starts at once when an effect in this process wrote an event;
+    /// otherwise both look every `poll`.
     pub fn spawn(self) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let wake = self.idempotency.outbox_wake.clone();
-            loop {
-                let delivered = self.deliver_due().await.unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "outbox: could not take events to deliver; trying again");
-                    0
-                });
-                let reconciled = self.reconcile_due().await.unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "reconciler: could not take events to reconcile; trying again");
-                    0
-                });
-                if delivered == 0 && reconciled == 0 {
-                    tokio::select! {
-                        () = wake.notified() => {}
-                        () = tokio::time::sleep(self.config.poll) => {}
+            let worker = async {
+                loop {
+                    let taken = self.deliver_due().await.unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "outbox: could not take events to deliver; trying again");
+                        0
+                    });
+                    if taken == 0 {
+                        tokio::select! {
+                            () = wake.notified() => {}
+                            () = tokio::time::sleep(self.config.poll) => {}
+                        }
                     }
                 }
-            }
+            };
+            let reconciler = async {
+                loop {
+                    let taken = self.reconcile_due().await.unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "reconciler: could not take events to reconcile; trying again");
+                        0
+                    });
+                    if taken == 0 {
+                        tokio::time::sleep(self.config.poll).await;
+                    }
+                }
+            };
+            tokio::join!(worker, reconciler);
         })
     }
 
@@ -576,7 +606,16 @@ impl<D: Destination> Outbox<D> {
                 .await
             }
             Delivery::Refused { reason } => self.settle(&event, Outcome::Refused { reason }).await,
-            Delivery::AnswerLost { reason } => self.settle(&event, Outcome::Unknown { reason }).await,
+            Delivery::AnswerLost { reason } => {
+                self.settle(
+                    &event,
+                    Outcome::Unknown {
+                        reason,
+                        reconciled: false,
+                    },
+                )
+                .await
+            }
             Delivery::NotAccepted { reason } => {
                 tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,
                     "not accepted; it is sent again later with the same key");
@@ -617,7 +656,16 @@ impl<D: Destination> Outbox<D> {
                 sent_again
             }
             // a worker died holding it: whether it was sent, nobody knows until someone can ask
-            Err(reason) if event.state == EventState::Sending => self.settle(&event, Outcome::Unknown { reason }).await,
+            Err(reason) if event.state == EventState::Sending => {
+                self.settle(
+                    &event,
+                    Outcome::Unknown {
+                        reason,
+                        reconciled: true,
+                    },
+                )
+                .await
+            }
             Err(reason) => {
                 tracing::warn!(event_id = %event.event_id, %reason, "reconciler: could not ask; asking again later");
                 let wait = self.config.backoff_after(event.deliveries);
@@ -659,7 +707,7 @@ impl<D: Destination> Outbox<D> {
                 None,
             ),
             Outcome::Refused { reason } => (EventState::Failed, OperationState::Failed, None, Some(reason.as_str())),
-            Outcome::Unknown { reason } => (
+            Outcome::Unknown { reason, .. } => (
                 EventState::Unknown,
                 OperationState::Unknown,
                 None,
@@ -688,9 +736,14 @@ impl<D: Destination> Outbox<D> {
                 Settlement::Refused { reason },
                 vec![event.audit(AuditEvent::Failed, WORKER, None, now)],
             ),
-            Outcome::Unknown { .. } => (
+            Outcome::Unknown { reconciled, .. } => (
                 Settlement::Unknown,
-                vec![event.audit(AuditEvent::Unknown, WORKER, None, now)],
+                vec![event.audit(
+                    AuditEvent::Unknown,
+                    if *reconciled { RECONCILER } else { WORKER },
+                    None,
+                    now,
+                )],
             ),
         };
         // an unknown outcome is asked about after a while; a settled one is never due again
@@ -742,7 +795,7 @@ impl<D: Destination> Outbox<D> {
                 tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,
                     "refused by the external system: the operation failed")
             }
-            Outcome::Unknown { reason } => {
+            Outcome::Unknown { reason, .. } => {
                 tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,
                     "the answer was lost: the operation is unknown until the reconciler asks")
             }

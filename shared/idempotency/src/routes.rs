@@ -61,11 +61,10 @@ impl From<OperationRecord> for OperationView {
             updated_at: op.updated_at,
             attempts: op.attempts,
             resource: op.resource,
-            // the first answer, once given for good: not while an approval request
-            // stands in for it, nor while an approved run holds the lease
+            // an answer is final once the operation is (or its first 202, for an unknown outcome)
             response_status: op
                 .response
-                .filter(|_| op.state != OperationState::AwaitingApproval && op.lease_token.is_none())
+                .filter(|_| op.state.is_finished() || op.state == OperationState::Unknown)
                 .map(|r| r.status.as_u16()),
             approval: None,
             external_ref: op.external_ref,

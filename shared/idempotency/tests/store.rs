@@ -75,7 +75,7 @@ impl Fixture {
     async fn run(&self, key: &str, command: serde_json::Value, runs: &AtomicUsize) -> (StatusCode, Parts, Bytes) {
         let response = self
             .idempotency
-            .execute(self.attempt(key), &command, async |tx| {
+            .execute(self.attempt(key), &command, async |tx, _| {
                 runs.fetch_add(1, Ordering::SeqCst);
                 insert_effect(tx).await?;
                 Ok(Effect::json(StatusCode::CREATED, &json!({"made": command})))
@@ -325,7 +325,7 @@ async fn a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key(ba
     let f = fixture(backend).await;
     let response = f
         .idempotency
-        .execute(f.attempt("k"), &json!({"n": 1}), async |tx| {
+        .execute(f.attempt("k"), &json!({"n": 1}), async |tx, _| {
             insert_effect(tx).await?;
             Err(ApiError::internal("the disk caught fire"))
         })
@@ -353,7 +353,7 @@ async fn a_business_failure_rolls_its_writes_back_and_is_replayed(backend: Backe
     let f = fixture(backend).await;
     let fail = async || {
         f.idempotency
-            .execute(f.attempt("k"), &json!({"n": 1}), async |tx| {
+            .execute(f.attempt("k"), &json!({"n": 1}), async |tx, _| {
                 insert_effect(tx).await?;
                 Err(ApiError::invalid_state("not now"))
             })
@@ -464,7 +464,7 @@ async fn an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key(back
     f.idempotency = Idempotency::new(f.db.db.clone(), config);
     let response = f
         .idempotency
-        .execute(f.attempt("k"), &json!({"n": 1}), async |tx| {
+        .execute(f.attempt("k"), &json!({"n": 1}), async |tx, _| {
             insert_effect(tx).await?;
             tokio::time::sleep(Duration::from_secs(5)).await;
             Ok(Effect::json(StatusCode::CREATED, &json!({})))

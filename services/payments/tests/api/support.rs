@@ -11,7 +11,10 @@ use axum::{
     http::{Request, StatusCode},
 };
 use http_body_util::BodyExt;
-use idempotency::outbox::{Outbox, OutboxConfig};
+use idempotency::{
+    IdempotencyConfig,
+    outbox::{Outbox, OutboxConfig},
+};
 use payment_provider::{Faults, Stats};
 use payments::{
     domain::PaymentsPolicy,
@@ -115,10 +118,14 @@ impl TestApp {
     }
 
     pub async fn spawn_with(backend: Backend, policy: PaymentsPolicy) -> TestApp {
+        TestApp::spawn_configured(backend, policy, IdempotencyConfig::default()).await
+    }
+
+    pub async fn spawn_configured(backend: Backend, policy: PaymentsPolicy, idempotency: IdempotencyConfig) -> TestApp {
         let db = TestDb::new(backend).await;
         payments::migrate(&db.db).await.expect("migrations apply");
         let provider = TestProvider::start().await;
-        let app = payments::App::new(db.db.clone(), Default::default(), true).with_policy(policy);
+        let app = payments::App::new(db.db.clone(), idempotency, true).with_policy(policy);
         let provider_config = ProviderConfig {
             url: provider.url.clone(),
             merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
