@@ -151,7 +151,10 @@ impl Provider {
         let problem = response.text().await.unwrap_or_default();
         let code = serde_json::from_str::<Problem>(&problem).ok().and_then(|p| p.code);
         let reason = format!("{status}: {}", problem.chars().take(500).collect::<String>());
-        read_refusal(status, code.as_deref(), reason)
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            tracing::error!(%reason, "the provider does not accept the merchant key: check PAYMENTS_PROVIDER_KEY");
+        }
+        Delivery::from_refusal(status.as_u16(), code.as_deref(), reason)
     }
 
     /// The first charge or refund the provider has under `query`.
@@ -197,30 +200,6 @@ impl Provider {
                 listed.id, listed.status, listed.amount_minor, listed.merchant_reference
             )),
         }
-    }
-}
-
-/// What a provider's refusal means for the request: only a business refusal
-/// is final. Anything that may mean the provider has the request after all —
-/// a conflict on the key (another request with it, or the same one still
-/// running), a server error after accepting — is a lost answer, for the
-/// reconciler to look up. A refusal of who we are (401, 403) is a fault of
-/// ours: sent again later, once the key is fixed.
-fn read_refusal(status: StatusCode, code: Option<&str>, reason: String) -> Delivery {
-    match (status, code) {
-        // the provider's documented "failed before accepting; nothing was charged"
-        (StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS | StatusCode::REQUEST_TIMEOUT, _) => {
-            Delivery::NotAccepted { reason }
-        }
-        (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _) => {
-            tracing::error!(%reason, "the provider does not accept the merchant key: check PAYMENTS_PROVIDER_KEY");
-            Delivery::NotAccepted { reason }
-        }
-        (_, Some("idempotency_key_reused")) | (StatusCode::CONFLICT, None) => Delivery::AnswerLost { reason },
-        // any other server error may have come after the charge was made
-        (s, _) if s.is_server_error() => Delivery::AnswerLost { reason },
-        // a decline, an invalid request, a refund past its charge: the same request would be refused again
-        _ => Delivery::Refused { reason },
     }
 }
 

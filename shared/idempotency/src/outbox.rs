@@ -168,6 +168,26 @@ pub enum Delivery {
     AnswerLost { reason: String },
 }
 
+impl Delivery {
+    /// What an HTTP refusal (a status that is not 2xx, and the problem `code`
+    /// if the answer had one) means for the request. Only a business refusal
+    /// is final. Anything that may mean the external system has the request
+    /// after all — a conflict on the key (another request with it, or the same
+    /// one still running), a server error after accepting — is a lost answer,
+    /// for the reconciler to look up. 503, 429 and 408 say nothing was taken,
+    /// and a refusal of who we are (401, 403) is a fault of ours: sent again
+    /// later, with the same key.
+    pub fn from_refusal(status: u16, code: Option<&str>, reason: String) -> Delivery {
+        match (status, code) {
+            (503 | 429 | 408 | 401 | 403, _) => Delivery::NotAccepted { reason },
+            (_, Some("idempotency_key_reused")) | (409, None) => Delivery::AnswerLost { reason },
+            (500..=599, _) => Delivery::AnswerLost { reason },
+            // a decline, an invalid request, a refund past its charge: the same request would be refused again
+            _ => Delivery::Refused { reason },
+        }
+    }
+}
+
 /// What the external system knows of an event, asked by its key or reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
