@@ -27,14 +27,16 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::{FromRequestParts, State},
-    http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts},
+    extract::State,
+    http::{HeaderMap, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use platform::{ApiError, ApiJson, ApiPath, ApiQuery, Timestamp};
+use platform::{
+    ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
+    simulated::{Tenant, idempotency_key, request_hash},
+};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use validator::Validate;
 
 /// The sandbox port (CONTRACT §12).
@@ -167,43 +169,6 @@ impl Provider {
     }
 }
 
-/// The merchant a request is from: its bearer key.
-struct Merchant(String);
-
-impl<S: Send + Sync> FromRequestParts<S> for Merchant {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let bearer = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .filter(|k| !k.is_empty());
-        bearer
-            .map(|k| Merchant(hex::encode(Sha256::digest(k.as_bytes()))))
-            .ok_or_else(ApiError::unauthenticated)
-    }
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
-    let key = headers
-        .get("idempotency-key")
-        .ok_or_else(ApiError::idempotency_key_missing)?
-        .to_str()
-        .map_err(|_| ApiError::idempotency_key_invalid("not visible ASCII"))?
-        .trim();
-    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ApiError::idempotency_key_invalid("1 to 255 visible ASCII characters"));
-    }
-    Ok(key.to_owned())
-}
-
-fn request_hash(request: &impl Serialize) -> String {
-    hex::encode(Sha256::digest(serde_json::to_vec(request).unwrap_or_default()))
-}
-
 pub fn router(provider: Provider) -> Router {
     platform::service::finish(routes(provider))
 }
@@ -313,7 +278,7 @@ fn key_reused() -> ApiError {
 
 async fn create_charge(
     State(provider): State<Provider>,
-    Merchant(merchant): Merchant,
+    Tenant(merchant): Tenant,
     headers: HeaderMap,
     ApiJson(request): ApiJson<ChargeRequest>,
 ) -> Result<Response, ApiError> {
@@ -326,7 +291,7 @@ async fn create_charge(
 
 async fn create_refund(
     State(provider): State<Provider>,
-    Merchant(merchant): Merchant,
+    Tenant(merchant): Tenant,
     headers: HeaderMap,
     ApiJson(request): ApiJson<RefundRequest>,
 ) -> Result<Response, ApiError> {
@@ -466,7 +431,7 @@ impl Lookup {
 
 async fn find_charges(
     State(provider): State<Provider>,
-    Merchant(merchant): Merchant,
+    Tenant(merchant): Tenant,
     ApiQuery(lookup): ApiQuery<Lookup>,
 ) -> Result<Json<List<Charge>>, ApiError> {
     let lookup = lookup.checked()?;
@@ -482,7 +447,7 @@ async fn find_charges(
 
 async fn find_refunds(
     State(provider): State<Provider>,
-    Merchant(merchant): Merchant,
+    Tenant(merchant): Tenant,
     ApiQuery(lookup): ApiQuery<Lookup>,
 ) -> Result<Json<List<Refund>>, ApiError> {
     let lookup = lookup.checked()?;
@@ -498,7 +463,7 @@ async fn find_refunds(
 
 async fn get_charge(
     State(provider): State<Provider>,
-    Merchant(merchant): Merchant,
+    Tenant(merchant): Tenant,
     ApiPath(charge_id): ApiPath<String>,
 ) -> Result<Json<Charge>, ApiError> {
     provider

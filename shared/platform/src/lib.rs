@@ -6,6 +6,7 @@
 //! - [`json`]: validated JSON bodies.
 //! - [`time`]: the timestamp type of responses and both databases.
 //! - [`config`], [`telemetry`]: environment configuration and structured logs.
+//! - [`simulated`]: what the simulated external systems share.
 
 pub mod auth;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod json;
 pub mod page;
 pub mod service;
+pub mod simulated;
 pub mod telemetry;
 pub mod time;
 

@@ -1,0 +1,54 @@
+//! What the simulated external systems (the payment provider, the deployment
+//! controller) share: they stand in for other companies' APIs, so they know
+//! nothing of Retrysafe's accounts or its idempotency layer. A caller is a
+//! tenant told apart by its bearer key; a request's idempotency key is a plain
+//! header; a request is known again by the hash of its body.
+
+use axum::{
+    extract::FromRequestParts,
+    http::{HeaderMap, header, request::Parts},
+};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::ApiError;
+
+/// Who calls: the SHA-256 of the bearer key, so no key is ever kept.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tenant(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let bearer = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .filter(|k| !k.is_empty());
+        bearer
+            .map(|k| Tenant(hex::encode(Sha256::digest(k.as_bytes()))))
+            .ok_or_else(ApiError::unauthenticated)
+    }
+}
+
+/// The request's `Idempotency-Key`: required, 1–255 visible ASCII characters.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let key = headers
+        .get("idempotency-key")
+        .ok_or_else(ApiError::idempotency_key_missing)?
+        .to_str()
+        .map_err(|_| ApiError::idempotency_key_invalid("not visible ASCII"))?
+        .trim();
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::idempotency_key_invalid("1 to 255 visible ASCII characters"));
+    }
+    Ok(key.to_owned())
+}
+
+/// What a request asked for, to tell a repeat from another request under the same key.
+pub fn request_hash(request: &impl Serialize) -> String {
+    hex::encode(Sha256::digest(serde_json::to_vec(request).unwrap_or_default()))
+}
