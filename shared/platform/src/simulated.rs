@@ -8,13 +8,13 @@ use axum::{
     extract::FromRequestParts,
     http::{HeaderMap, header, request::Parts},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::ApiError;
 
 /// Who calls: the SHA-256 of the bearer key, so no key is ever kept.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Tenant(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for Tenant {

@@ -185,12 +185,24 @@ impl ServiceProcess {
     /// `FAILPOINTS` of the test's own environment, and waits for
     /// "`<service>` listening".
     pub async fn start(binary: &str, service: &str, env: &[(&str, &str)]) -> ServiceProcess {
+        let addr_variable = format!("{}_ADDR", service.to_ascii_uppercase());
+        ServiceProcess::start_with(binary, &addr_variable, &format!("{service} listening"), env).await
+    }
+
+    /// Like [`ServiceProcess::start`], for a binary whose listen address is
+    /// `addr_variable` and which logs `listening` (with its `addr`) once it serves.
+    pub async fn start_with(
+        binary: &str,
+        addr_variable: &str,
+        listening: &str,
+        env: &[(&str, &str)],
+    ) -> ServiceProcess {
         use tokio::io::AsyncBufReadExt;
         let mut command = tokio::process::Command::new(binary);
         command
             .env_remove("DATABASE_URL")
             .env_remove("FAILPOINTS")
-            .env(format!("{}_ADDR", service.to_ascii_uppercase()), "127.0.0.1:0")
+            .env(addr_variable, "127.0.0.1:0")
             .env("RETRYSAFE_SANDBOX", "true")
             .env("LOG_FORMAT", "json")
             .env("RUST_LOG", "info")
@@ -213,7 +225,7 @@ impl ServiceProcess {
             base: String::new(),
             log,
         };
-        let listening = process.wait_for(&format!("{service} listening")).await;
+        let listening = process.wait_for(listening).await;
         let addr = listening["addr"]
             .as_str()
             .expect("the listening line names the address");
@@ -236,6 +248,15 @@ impl ServiceProcess {
         found
             .await
             .unwrap_or_else(|_| panic!("no `{message}` in the log within a minute"))
+    }
+
+    /// Waits (up to a minute) for the process to end by itself; its exit code.
+    pub async fn exited(mut self) -> Option<i32> {
+        let status = tokio::time::timeout(std::time::Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the process ends within a minute")
+            .expect("the process is reaped");
+        status.code()
     }
 
     /// SIGKILL, and the process is gone.

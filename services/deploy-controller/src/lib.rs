@@ -1,0 +1,527 @@
+//! A simulated deployment controller (CONTRACT §7 Deployments): the external
+//! system the deployments service hands rollouts to. It is a real HTTP server
+//! with real state, so what the deployments service must survive is real too:
+//!
+//! - **rollouts take time**: `queued → running → succeeded | failed`, one
+//!   `step` per phase, and can be cancelled while they have not finished;
+//! - **its own idempotency keys**: a rollout requested again with the same
+//!   `Idempotency-Key` and body is the same rollout (`Idempotent-Replayed:
+//!   true`); another body under that key is 422 and starts nothing;
+//! - **status** by its own id, by the caller's key, and by the caller's reference;
+//! - **faults switchable at run time** (`PUT /admin/faults`): latency, a 503
+//!   before accepting, accept-then-drop-the-answer, fail the next rollout, and
+//!   crash mid-rollout — the process exits while a rollout runs;
+//! - **a count of the rollouts it really started** (`GET /admin/stats`).
+//!
+//! With a state file (`DEPLOY_CONTROLLER_STATE`), what it knows survives a
+//! restart. A rollout that was queued or running when the process stopped is
+//! reported **failed** after the restart ("interrupted"), never resumed: half of
+//! a rollout is not something a controller should guess about, and the caller
+//! decides what comes next (deploy again, or roll back).
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    Json, Router,
+    extract::State,
+    http::{HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use platform::{
+    ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
+    simulated::{Tenant, idempotency_key, request_hash},
+};
+use serde::{Deserialize, Serialize};
+use validator::Validate;
+
+/// The sandbox port (CONTRACT §12).
+pub const DEFAULT_PORT: u16 = 7102;
+
+/// How long a request that the `drop_next` fault accepted is held before the
+/// server lets it go: far past any caller's timeout.
+const DROPPED_ANSWER_HOLD: Duration = Duration::from_secs(60);
+
+/// The exit status of a process that the `crash_next_rollout` fault stopped.
+pub const CRASH_EXIT_CODE: i32 = 70;
+
+/// The faults in force. Counters count down with each request or rollout they hit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, Validate)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    /// Added before every rollout request.
+    pub latency_ms: u64,
+    /// The next N rollout requests answer 503 before accepting: nothing starts.
+    pub fail_next: u32,
+    /// The next N rollout requests are accepted (the rollout starts), and then never answered.
+    pub drop_next: u32,
+    /// The next N rollouts run, and end `failed`.
+    pub fail_next_rollout: u32,
+    /// The next rollout to start running takes the whole process down with it
+    /// (exit status 70). Only when the controller runs as its own process.
+    pub crash_next_rollout: u32,
+}
+
+/// What the controller really did, for "exactly once" assertions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Rollouts started (a replay starts none).
+    pub rollouts_started: u64,
+    /// Rollout requests received, replays and refusals included.
+    pub requests: u64,
+}
+
+/// `POST /v1/rollouts`, as a caller sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Validate)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutRequest {
+    #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
+    pub service: String,
+    #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
+    pub environment: String,
+    #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
+    pub artifact_digest: String,
+    pub commit_sha: Option<String>,
+    /// `deployment` or `rollback`: the controller rolls either out the same way.
+    #[validate(length(min = 1, max = 32, message = "must be 1 to 32 characters"))]
+    pub kind: String,
+    /// The caller's own id for it (the deployments service sends its deployment id).
+    #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
+    pub reference: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl RolloutState {
+    fn is_finished(self) -> bool {
+        matches!(
+            self,
+            RolloutState::Succeeded | RolloutState::Failed | RolloutState::Cancelled
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollout {
+    pub id: String,
+    pub state: RolloutState,
+    pub service: String,
+    pub environment: String,
+    pub artifact_digest: String,
+    pub commit_sha: Option<String>,
+    pub kind: String,
+    pub reference: String,
+    pub idempotency_key: String,
+    /// Why it failed, when it did.
+    pub failure: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// Everything the controller knows, as the state file holds it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Ledger {
+    /// Each rollout with the tenant it belongs to.
+    rollouts: Vec<(Tenant, Rollout)>,
+    /// `(tenant, idempotency key)` → which request it was and the rollout it made.
+    keys: Vec<(Tenant, String, Keyed)>,
+    stats: Stats,
+    #[serde(skip)]
+    index: HashMap<(Tenant, String), usize>,
+    #[serde(skip)]
+    faults: Faults,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Keyed {
+    request_hash: String,
+    rollout: usize,
+}
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// How long each phase of a rollout takes (queued, then running).
+    pub step: Duration,
+    /// Where its state survives restarts; `None`: in memory only.
+    pub state_file: Option<PathBuf>,
+    /// Whether `crash_next_rollout` may exit the process: only when the
+    /// controller is a process of its own, never inside the sandbox.
+    pub may_exit: bool,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            step: Duration::from_secs(2),
+            state_file: None,
+            may_exit: false,
+        }
+    }
+}
+
+/// The controller's state: one ledger behind one lock, so that a key is
+/// claimed and its rollout started in one step.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    ledger: Arc<Mutex<Ledger>>,
+    config: Arc<ControllerConfig>,
+}
+
+impl Controller {
+    /// A controller with what its state file holds, if it has one. Rollouts
+    /// that were under way when it last stopped are reported failed.
+    pub fn open(config: ControllerConfig) -> std::io::Result<Controller> {
+        let mut ledger = match &config.state_file {
+            Some(path) if path.exists() => serde_json::from_slice::<Ledger>(&std::fs::read(path)?)
+                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?,
+            _ => Ledger::default(),
+        };
+        let now = Timestamp::now();
+        for (_, rollout) in &mut ledger.rollouts {
+            if !rollout.state.is_finished() {
+                rollout.state = RolloutState::Failed;
+                rollout.failure = Some("interrupted: the controller stopped while the rollout ran".into());
+                rollout.updated_at = now;
+            }
+        }
+        ledger.index = ledger
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, (tenant, key, _))| ((tenant.clone(), key.clone()), i))
+            .collect();
+        let controller = Controller {
+            ledger: Arc::new(Mutex::new(ledger)),
+            config: Arc::new(config),
+        };
+        controller.save(&controller.lock())?;
+        Ok(controller)
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.lock().stats
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        self.lock().faults = faults;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the ledger to the state file (a new file renamed over the old
+    /// one, so a crash leaves one or the other, whole).
+    fn save(&self, ledger: &Ledger) -> std::io::Result<()> {
+        let Some(path) = &self.config.state_file else {
+            return Ok(());
+        };
+        let written = path.with_extension("tmp");
+        std::fs::write(&written, serde_json::to_vec(ledger).map_err(std::io::Error::other)?)?;
+        std::fs::rename(written, path)
+    }
+
+    fn saved(&self, ledger: &Ledger) {
+        if let Err(e) = self.save(ledger) {
+            tracing::error!(error = %e, "could not write the controller's state file");
+        }
+    }
+
+    /// Starts the rollout a tenant's key names, once: the same key and body
+    /// again is the same rollout (`true`: a replay); another body is refused.
+    /// The last flag: the `drop_next` fault takes this answer.
+    fn start(&self, tenant: Tenant, key: String, request: RolloutRequest) -> Result<(Rollout, bool, bool), ApiError> {
+        let hash = request_hash(&request);
+        let mut ledger = self.lock();
+        if let Some(&at) = ledger.index.get(&(tenant.clone(), key.clone())) {
+            let keyed = &ledger.keys[at].2;
+            return if keyed.request_hash == hash {
+                Ok((ledger.rollouts[keyed.rollout].1.clone(), true, false))
+            } else {
+                Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                    "Idempotency key reused",
+                    "this key was used with a different rollout; nothing was started",
+                ))
+            };
+        }
+        let now = Timestamp::now();
+        let rollout = Rollout {
+            id: format!("ro_{}", uuid::Uuid::now_v7().simple()),
+            state: RolloutState::Queued,
+            service: request.service,
+            environment: request.environment,
+            artifact_digest: request.artifact_digest,
+            commit_sha: request.commit_sha,
+            kind: request.kind,
+            reference: request.reference,
+            idempotency_key: key.clone(),
+            failure: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let at = ledger.rollouts.len();
+        ledger.rollouts.push((tenant.clone(), rollout.clone()));
+        let keyed_at = ledger.keys.len();
+        ledger.index.insert((tenant.clone(), key.clone()), keyed_at);
+        ledger.keys.push((
+            tenant,
+            key,
+            Keyed {
+                request_hash: hash,
+                rollout: at,
+            },
+        ));
+        ledger.stats.rollouts_started += 1;
+        let drop_answer = ledger.faults.drop_next > 0;
+        if drop_answer {
+            ledger.faults.drop_next -= 1;
+        }
+        self.saved(&ledger);
+        drop(ledger);
+        tokio::spawn(self.clone().run(at));
+        Ok((rollout, false, drop_answer))
+    }
+
+    /// A rollout's life: a step queued, a step running, then its end — unless
+    /// it is cancelled meanwhile, or a fault fails it or crashes the process.
+    async fn run(self, at: usize) {
+        tokio::time::sleep(self.config.step).await;
+        let crash = {
+            let mut ledger = self.lock();
+            let Some(crash) = self.advance(&mut ledger, at, RolloutState::Running) else {
+                return;
+            };
+            crash
+        };
+        if crash {
+            tracing::error!("fault: the controller crashes in the middle of a rollout");
+            std::process::exit(CRASH_EXIT_CODE);
+        }
+        tokio::time::sleep(self.config.step).await;
+        let mut ledger = self.lock();
+        let fail = ledger.faults.fail_next_rollout > 0;
+        if fail {
+            ledger.faults.fail_next_rollout -= 1;
+        }
+        let end = if fail {
+            RolloutState::Failed
+        } else {
+            RolloutState::Succeeded
+        };
+        if self.advance(&mut ledger, at, end).is_some() && fail {
+            ledger.rollouts[at].1.failure = Some("fault: the rollout failed its health checks".into());
+            self.saved(&ledger);
+        }
+    }
+
+    /// Moves a rollout that has not finished to `state` and saves. `None`: it
+    /// had finished (cancelled, say). `Some(crash)`: whether the crash fault
+    /// takes this moment (only when it starts running, and only if allowed).
+    fn advance(&self, ledger: &mut Ledger, at: usize, state: RolloutState) -> Option<bool> {
+        let rollout = &mut ledger.rollouts[at].1;
+        if rollout.state.is_finished() {
+            return None;
+        }
+        rollout.state = state;
+        rollout.updated_at = Timestamp::now();
+        let crash = state == RolloutState::Running && self.config.may_exit && ledger.faults.crash_next_rollout > 0;
+        if crash {
+            ledger.faults.crash_next_rollout -= 1;
+        }
+        self.saved(ledger);
+        Some(crash)
+    }
+}
+
+pub fn router(controller: Controller) -> Router {
+    platform::service::finish(
+        Router::new()
+            .route("/v1/rollouts", post(create_rollout).get(find_rollouts))
+            .route("/v1/rollouts/{rollout_id}", get(get_rollout))
+            .route("/v1/rollouts/{rollout_id}/cancel", post(cancel_rollout))
+            .route("/admin/faults", get(get_faults).put(put_faults))
+            .route("/admin/stats", get(get_stats))
+            .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+            .with_state(controller),
+    )
+}
+
+/// Serves the controller until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    controller: Controller,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    tracing::info!(addr = %listener.local_addr()?, step = ?controller.config.step,
+        state_file = ?controller.config.state_file, "simulated deployment controller listening");
+    Ok(platform::serve(listener, router(controller), shutdown).await?)
+}
+
+async fn create_rollout(
+    State(controller): State<Controller>,
+    tenant: Tenant,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<RolloutRequest>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let faults = {
+        let mut ledger = controller.lock();
+        ledger.stats.requests += 1;
+        let faults = ledger.faults.clone();
+        if ledger.faults.fail_next > 0 {
+            ledger.faults.fail_next -= 1;
+        }
+        faults
+    };
+    tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+    if faults.fail_next > 0 {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "controller_unavailable",
+            "Controller unavailable",
+            "the controller failed before accepting the rollout; nothing was started",
+        ));
+    }
+    let (rollout, replayed, drop_answer) = controller.start(tenant, key, request)?;
+    if drop_answer {
+        tracing::warn!("fault: accepted, and the answer is dropped");
+        tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
+    }
+    let mut response = (StatusCode::ACCEPTED, Json(rollout)).into_response();
+    response.headers_mut().insert(
+        "idempotent-replayed",
+        HeaderValue::from_static(if replayed { "true" } else { "false" }),
+    );
+    Ok(response)
+}
+
+async fn get_rollout(
+    State(controller): State<Controller>,
+    tenant: Tenant,
+    ApiPath(rollout_id): ApiPath<String>,
+) -> Result<Json<Rollout>, ApiError> {
+    controller
+        .lock()
+        .rollouts
+        .iter()
+        .find(|(t, r)| *t == tenant && r.id == rollout_id)
+        .map(|(_, r)| Json(r.clone()))
+        .ok_or_else(|| ApiError::not_found(format!("rollout `{rollout_id}`")))
+}
+
+/// Cancels a rollout that has not finished; a cancelled one is answered as it
+/// is; a finished one cannot be (409 `invalid_state`).
+async fn cancel_rollout(
+    State(controller): State<Controller>,
+    tenant: Tenant,
+    ApiPath(rollout_id): ApiPath<String>,
+) -> Result<Json<Rollout>, ApiError> {
+    let mut ledger = controller.lock();
+    let at = ledger
+        .rollouts
+        .iter()
+        .position(|(t, r)| *t == tenant && r.id == rollout_id)
+        .ok_or_else(|| ApiError::not_found(format!("rollout `{rollout_id}`")))?;
+    match ledger.rollouts[at].1.state {
+        RolloutState::Queued | RolloutState::Running => {
+            let rollout = &mut ledger.rollouts[at].1;
+            rollout.state = RolloutState::Cancelled;
+            rollout.updated_at = Timestamp::now();
+            controller.saved(&ledger);
+        }
+        RolloutState::Cancelled => {}
+        finished => {
+            return Err(ApiError::invalid_state(format!(
+                "the rollout has {}",
+                if finished == RolloutState::Succeeded {
+                    "succeeded"
+                } else {
+                    "failed"
+                }
+            ))
+            .with("state", finished));
+        }
+    }
+    Ok(Json(ledger.rollouts[at].1.clone()))
+}
+
+/// `?idempotency_key=` or `?reference=`: how a reconciler finds out what a
+/// request whose answer was lost did.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Lookup {
+    idempotency_key: Option<String>,
+    reference: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct List {
+    data: Vec<Rollout>,
+}
+
+async fn find_rollouts(
+    State(controller): State<Controller>,
+    tenant: Tenant,
+    ApiQuery(lookup): ApiQuery<Lookup>,
+) -> Result<Json<List>, ApiError> {
+    if lookup.idempotency_key.is_none() && lookup.reference.is_none() {
+        return Err(ApiError::invalid_field(
+            "idempotency_key",
+            "give idempotency_key or reference",
+        ));
+    }
+    let data = controller
+        .lock()
+        .rollouts
+        .iter()
+        .filter(|(t, r)| {
+            *t == tenant
+                && lookup.idempotency_key.as_deref().is_none_or(|k| k == r.idempotency_key)
+                && lookup.reference.as_deref().is_none_or(|k| k == r.reference)
+        })
+        .map(|(_, r)| r.clone())
+        .collect();
+    Ok(Json(List { data }))
+}
+
+async fn get_faults(State(controller): State<Controller>) -> Json<Faults> {
+    Json(controller.lock().faults.clone())
+}
+
+/// Replaces the faults in force (an empty object clears them all). A crash
+/// is refused where it would take other services down with the controller.
+async fn put_faults(
+    State(controller): State<Controller>,
+    ApiJson(faults): ApiJson<Faults>,
+) -> Result<Json<Faults>, ApiError> {
+    if faults.crash_next_rollout > 0 && !controller.config.may_exit {
+        return Err(ApiError::invalid_field(
+            "crash_next_rollout",
+            "this controller shares its process with other services (the sandbox): run it alone \
+             (`cargo run -p deploy-controller`) to crash it",
+        ));
+    }
+    tracing::info!(?faults, "faults switched");
+    controller.set_faults(faults.clone());
+    Ok(Json(faults))
+}
+
+async fn get_stats(State(controller): State<Controller>) -> Json<Stats> {
+    Json(controller.stats())
+}
