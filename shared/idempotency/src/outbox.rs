@@ -353,6 +353,55 @@ pub(crate) async fn enqueue(
     Ok(())
 }
 
+/// Withdraws an operation's event that no worker has taken yet — a cancel
+/// that came before the delivery — in `tx`: the event fails with `reason`,
+/// and its operation with it (journaled `failed`, by `by`). `false`: a worker
+/// has taken it, or it was sent: the external system has it (or may have it),
+/// so it must be cancelled there.
+pub async fn withdraw(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    by: &str,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let now = Timestamp::now();
+    let withdrawn: Option<(String, String, String)> = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "UPDATE idempotency_outbox SET state = 'failed', last_error = $3, updated_at = $4 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'pending' \
+             RETURNING idempotency_key, fingerprint, route",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(reason)
+        .bind(now)
+        .fetch_optional(conn)
+        .await?
+    });
+    let Some((idempotency_key, fingerprint, route)) = withdrawn else {
+        return Ok(false);
+    };
+    if !store::settle_external(tx, account_id, operation_id, OperationState::Failed, None, now).await? {
+        return Err(sqlx::Error::Protocol(format!(
+            "operation {operation_id} is not waiting for its delivery"
+        )));
+    }
+    let failed = Record {
+        account_id: account_id.to_owned(),
+        principal_id: by.to_owned(),
+        operation_id: Some(operation_id.to_owned()),
+        idempotency_key: Some(idempotency_key),
+        fingerprint: Some(fingerprint),
+        route: Some(route),
+        event: AuditEvent::Failed,
+        external_ref: None,
+        at: now,
+    };
+    audit::record(tx, &[failed]).await?;
+    Ok(true)
+}
+
 macro_rules! event_columns {
     () => {
         "event_id, account_id, operation_id, idempotency_key, fingerprint, route, kind, payload, external_key, \

@@ -87,6 +87,16 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "The refunds of a capture would add up to more than it captured (refunds whose outcome is not known yet count). `amount_captured`, `amount_refunded` and `amount_refundable` say what is left.",
     ),
     (
+        "mutable_reference_rejected",
+        400,
+        "A deployment names a release by something that can change: a tag, a branch, `latest`, a short SHA. Send `artifact_digest` as `sha256:` and 64 lowercase hex digits, and `commit_sha` as all 40 hex digits; `field` names which.",
+    ),
+    (
+        "environment_locked",
+        409,
+        "Another deployment or rollback may be changing this environment (queued, running, or unknown). `deployment_id` and `operation_id` name it: poll it, or cancel it.",
+    ),
+    (
         "invalid_state",
         409,
         "The resource's current state does not allow this action.",

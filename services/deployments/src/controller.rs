@@ -1,0 +1,324 @@
+//! The deployment controller, as this service sees it: where rollout events
+//! go ([`Destination`]), how a lost answer is looked up, and how a rollout is
+//! followed ([`Controller::watch_once`]) and cancelled. The controller is a
+//! separate HTTP service (the simulated one in `services/deploy-controller`
+//! in the sandbox) with idempotency keys of its own; every rollout request
+//! carries the event's key, derived from the operation id.
+
+use std::time::Duration;
+
+use idempotency::outbox::{Delivery, Destination, Lookup, OutboxEvent, Settlement};
+use platform::{ApiError, Db, Tx};
+use serde::{Deserialize, Serialize};
+
+use crate::{domain::DeploymentState, store};
+
+/// The event kind of a deployment or rollback: one rollout at the controller.
+pub const ROLLOUT: &str = "rollout";
+
+/// What a rollout's event carries; the deployment's id is the controller's
+/// `reference`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RolloutOrder {
+    pub deployment_id: String,
+    pub kind: String,
+    pub service: String,
+    pub environment: String,
+    pub artifact_digest: String,
+    pub commit_sha: Option<String>,
+}
+
+/// Where the controller is and the key this service calls it with.
+#[derive(Clone)]
+pub struct ControllerConfig {
+    /// `DEPLOYMENTS_CONTROLLER_URL`, default the sandbox's simulated controller.
+    pub url: String,
+    /// `DEPLOYMENTS_CONTROLLER_KEY`: a secret, never printed.
+    pub api_key: String,
+}
+
+/// The sandbox's key at the simulated controller.
+pub const SANDBOX_CONTROLLER_KEY: &str = "sk_sandbox_retrysafe_deployments";
+
+impl std::fmt::Debug for ControllerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerConfig")
+            .field("url", &self.url)
+            .field("api_key", &"[redacted]")
+            .finish()
+    }
+}
+
+impl Default for ControllerConfig {
+    /// The sandbox's simulated controller, with the sandbox's key.
+    fn default() -> Self {
+        ControllerConfig {
+            url: format!("http://127.0.0.1:{}", crate::CONTROLLER_DEFAULT_PORT),
+            api_key: SANDBOX_CONTROLLER_KEY.to_owned(),
+        }
+    }
+}
+
+impl ControllerConfig {
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let sandbox = ControllerConfig::default();
+        ControllerConfig {
+            url: var("DEPLOYMENTS_CONTROLLER_URL").unwrap_or(sandbox.url),
+            api_key: var("DEPLOYMENTS_CONTROLLER_KEY").unwrap_or(sandbox.api_key),
+        }
+    }
+}
+
+/// A rollout as the controller shows it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Rollout {
+    pub id: String,
+    pub state: String,
+    pub reference: String,
+    pub artifact_digest: String,
+    pub failure: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Found {
+    data: Vec<Rollout>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Problem {
+    code: Option<String>,
+}
+
+/// The controller over HTTP.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    config: ControllerConfig,
+    http: reqwest::Client,
+}
+
+impl Controller {
+    pub fn new(config: ControllerConfig) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        Controller { config, http }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.url)
+    }
+
+    async fn rollout(&self, rollout_id: &str) -> Result<Rollout, String> {
+        let response = self
+            .http
+            .get(self.url(&format!("/v1/rollouts/{rollout_id}")))
+            .bearer_auth(&self.config.api_key)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("the controller answered {}", response.status()));
+        }
+        response.json().await.map_err(|e| e.to_string())
+    }
+
+    async fn find(&self, query: &[(&str, &str)]) -> Result<Option<Rollout>, String> {
+        let response = self
+            .http
+            .get(self.url("/v1/rollouts"))
+            .bearer_auth(&self.config.api_key)
+            .query(query)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("lookup answered {}", response.status()));
+        }
+        let found: Found = response.json().await.map_err(|e| e.to_string())?;
+        Ok(found.data.into_iter().next())
+    }
+
+    /// Asks the controller to stop a rollout it has. `Ok(true)`: it is
+    /// cancelled (now or before); `Ok(false)`: it had finished already.
+    pub async fn cancel(&self, rollout_id: &str) -> Result<bool, ApiError> {
+        let response = self
+            .http
+            .post(self.url(&format!("/v1/rollouts/{rollout_id}/cancel")))
+            .bearer_auth(&self.config.api_key)
+            .send()
+            .await
+            .map_err(|e| unreachable_controller(e.to_string()))?;
+        match response.status().as_u16() {
+            200..=299 => Ok(true),
+            409 => Ok(false),
+            status => Err(unreachable_controller(format!("the controller answered {status}"))),
+        }
+    }
+
+    /// Follows every rollout the controller has and that has not finished,
+    /// and moves its deployment along: `running`, then `succeeded` (the
+    /// environment's new current release), `failed` or `cancelled`. Returns
+    /// how many deployments changed.
+    pub async fn watch_once(&self, db: &Db) -> Result<usize, sqlx::Error> {
+        let mut changed = 0;
+        for watched in store::watched(db, 100).await? {
+            let rollout = match self.rollout(&watched.rollout_id).await {
+                Ok(rollout) => rollout,
+                Err(reason) => {
+                    tracing::warn!(deployment_id = %watched.deployment_id, %reason, "could not read the rollout; asking again later");
+                    continue;
+                }
+            };
+            let (from, to, note): (&[DeploymentState], _, _) = match rollout.state.as_str() {
+                "running" => (
+                    &[DeploymentState::Queued],
+                    DeploymentState::Running,
+                    "the controller is rolling it out".to_owned(),
+                ),
+                "succeeded" => (
+                    &[DeploymentState::Queued, DeploymentState::Running],
+                    DeploymentState::Succeeded,
+                    "the controller finished the rollout: the environment's current release".to_owned(),
+                ),
+                "failed" => (
+                    &[DeploymentState::Queued, DeploymentState::Running],
+                    DeploymentState::Failed,
+                    format!(
+                        "the rollout failed: {}",
+                        rollout.failure.as_deref().unwrap_or("the controller gave no reason")
+                    ),
+                ),
+                "cancelled" => (
+                    &[DeploymentState::Queued, DeploymentState::Running],
+                    DeploymentState::Cancelled,
+                    "the controller cancelled the rollout".to_owned(),
+                ),
+                _ => continue,
+            };
+            if from.contains(&watched.state) {
+                let mut tx = db.begin().await?;
+                if store::change_state(&mut tx, &watched.account_id, &watched.deployment_id, from, to, &note).await? {
+                    changed += 1;
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Follows rollouts every `poll` until the returned task is aborted.
+    pub fn spawn_watcher(self, db: Db, poll: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = self.watch_once(&db).await {
+                    tracing::warn!(error = %e, "the rollout watcher failed; trying again");
+                }
+                tokio::time::sleep(poll).await;
+            }
+        })
+    }
+}
+
+fn unreachable_controller(reason: String) -> ApiError {
+    ApiError::internal(format!("controller: {reason}"))
+        .with_detail("the deployment controller could not be asked to cancel; nothing changed. Try again")
+}
+
+fn order(event: &OutboxEvent) -> Result<RolloutOrder, String> {
+    if event.kind != ROLLOUT {
+        return Err(format!("no such deployments event kind `{}`", event.kind));
+    }
+    serde_json::from_value(event.payload.clone()).map_err(|e| format!("event {}: {e}", event.event_id))
+}
+
+#[derive(Serialize)]
+struct RolloutRequest<'a> {
+    service: &'a str,
+    environment: &'a str,
+    artifact_digest: &'a str,
+    commit_sha: Option<&'a str>,
+    kind: &'a str,
+    reference: &'a str,
+}
+
+#[derive(Deserialize)]
+struct Accepted {
+    id: String,
+}
+
+impl Destination for Controller {
+    async fn deliver(&self, event: &OutboxEvent) -> Delivery {
+        let order = match order(event) {
+            Ok(order) => order,
+            Err(reason) => return Delivery::Refused { reason },
+        };
+        let request = RolloutRequest {
+            service: &order.service,
+            environment: &order.environment,
+            artifact_digest: &order.artifact_digest,
+            commit_sha: order.commit_sha.as_deref(),
+            kind: &order.kind,
+            reference: &order.deployment_id,
+        };
+        let sent = self
+            .http
+            .post(self.url("/v1/rollouts"))
+            .bearer_auth(&self.config.api_key)
+            .header("idempotency-key", &event.external_key)
+            .json(&request)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(e) if e.is_connect() => return Delivery::NotAccepted { reason: e.to_string() },
+            Err(e) => return Delivery::AnswerLost { reason: e.to_string() },
+        };
+        let status = response.status();
+        if status.is_success() {
+            return match response.json::<Accepted>().await {
+                Ok(accepted) => Delivery::Accepted {
+                    external_ref: accepted.id,
+                },
+                Err(e) => Delivery::AnswerLost {
+                    reason: format!("accepted, and the answer could not be read: {e}"),
+                },
+            };
+        }
+        let problem = response.text().await.unwrap_or_default();
+        let code = serde_json::from_str::<Problem>(&problem).ok().and_then(|p| p.code);
+        let reason = format!("{status}: {}", problem.chars().take(500).collect::<String>());
+        Delivery::from_refusal(status.as_u16(), code.as_deref(), reason)
+    }
+
+    /// By the key, then by the deployment's id; what is found must be this
+    /// deployment's rollout of this digest.
+    async fn look_up(&self, event: &OutboxEvent) -> Result<Lookup, String> {
+        let order = order(event)?;
+        let found = match self.find(&[("idempotency_key", &event.external_key)]).await? {
+            Some(rollout) => Some(rollout),
+            None => self.find(&[("reference", &order.deployment_id)]).await?,
+        };
+        match found {
+            None => Ok(Lookup::Absent),
+            Some(rollout)
+                if rollout.reference == order.deployment_id && rollout.artifact_digest == order.artifact_digest =>
+            {
+                Ok(Lookup::Found {
+                    external_ref: rollout.id,
+                })
+            }
+            Some(rollout) => Err(format!(
+                "the controller holds {} for `{}` ({}) where {} of {} was asked for: a person must look",
+                rollout.id, rollout.reference, rollout.artifact_digest, order.deployment_id, order.artifact_digest
+            )),
+        }
+    }
+
+    async fn settle(&self, tx: &mut Tx, event: &OutboxEvent, settlement: Settlement<'_>) -> Result<(), sqlx::Error> {
+        let order = order(event).map_err(sqlx::Error::Protocol)?;
+        store::settle_rollout(tx, &event.account_id, &order.deployment_id, settlement).await
+    }
+}

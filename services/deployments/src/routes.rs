@@ -1,0 +1,428 @@
+//! The deployments API (CONTRACT §7 Deployments). Each handler reads:
+//! authenticate, parse into a validated command (immutable references only),
+//! ask the policy whether a human must look, hand the command and its
+//! business write to the idempotency layer, answer what it answers.
+
+use axum::{
+    Json, Router,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use idempotency::{Attempt, Effect, IdempotencyHeaders, OptionalIdempotencyHeaders, outbox};
+use platform::{
+    ApiError, ApiJson, ApiPath, ApiQuery, Principal, Tx,
+    page::{Page, PageRequest},
+};
+use serde::Deserialize;
+
+use crate::{
+    App,
+    controller::{ROLLOUT, RolloutOrder},
+    domain::{
+        CancelDeployment, CreateDeployment, CreateDeploymentBody, Deployment, DeploymentKind, DeploymentState,
+        Environment, RollbackBody,
+    },
+    store::{self, NewDeployment},
+};
+
+pub const CREATE_DEPLOYMENT: &str = "/v1/deployments";
+pub const CANCEL_DEPLOYMENT: &str = "/v1/deployments/{deployment_id}/cancel";
+pub const CREATE_ROLLBACK: &str = "/v1/rollbacks";
+
+pub fn router() -> Router<App> {
+    Router::new()
+        .route(CREATE_DEPLOYMENT, post(create_deployment).get(list_deployments))
+        .route("/v1/deployments/{deployment_id}", get(get_deployment))
+        .route(CANCEL_DEPLOYMENT, post(cancel_deployment))
+        .route(CREATE_ROLLBACK, post(create_rollback))
+        .route("/v1/rollbacks/{deployment_id}", get(get_deployment))
+        .route("/v1/environments/{service}/{environment}", get(get_environment))
+}
+
+/// The 202 of a deployment or rollback: the record, `queued`, and the rollout
+/// handed to the outbox with a controller key derived from the operation.
+fn queued(deployment: &Deployment) -> Effect {
+    let kind = deployment.kind.as_str();
+    let order = RolloutOrder {
+        deployment_id: deployment.id.clone(),
+        kind: kind.to_owned(),
+        service: deployment.service.clone(),
+        environment: deployment.environment.clone(),
+        artifact_digest: deployment.artifact_digest.as_str().to_owned(),
+        commit_sha: deployment.commit_sha.as_ref().map(|c| c.as_str().to_owned()),
+    };
+    Effect::json(StatusCode::ACCEPTED, deployment)
+        .with_resource(kind, &deployment.id, deployment.status_url.clone())
+        .with_outbox(ROLLOUT, &order)
+}
+
+/// Deploy an artifact, by its digest, to an environment. Answers 202 with the
+/// deployment `queued` and its `status_url`; the rollout goes to the
+/// controller through the outbox, and the deployment shows how it goes. One
+/// deployment at a time per environment; a production one waits for a human.
+#[utoipa::path(
+    post,
+    path = "/v1/deployments",
+    tag = "deployments",
+    request_body = CreateDeploymentBody,
+    params(("Idempotency-Key" = String, Header, description = "Made once per intended deployment; the same on every retry")),
+    responses(
+        (status = 202, description = "Accepted: the deployment, `queued`; or, for production, the approval request", body = Deployment),
+        (status = 400, description = "`mutable_reference_rejected` (a tag, a branch, `latest`, a short SHA), or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`environment_locked` (the holder's `deployment_id` and `operation_id`) or `version_mismatch`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`: the same key with another digest, commit or environment", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_deployment(
+    State(app): State<App>,
+    principal: Principal,
+    key: IdempotencyHeaders,
+    ApiJson(body): ApiJson<CreateDeploymentBody>,
+) -> Response {
+    let command = match CreateDeployment::try_from(body) {
+        Ok(command) => command,
+        Err(invalid) => return invalid.into_response(),
+    };
+    // what a human would judge includes the release this one replaces, read
+    // before anything is claimed
+    let approval = if app.policy.wants_approval(&command.environment) {
+        match store::environment(&app.db, &principal.account_id, &command.service, &command.environment).await {
+            Ok(environment) => app
+                .policy
+                .approval_for_deployment(&command, environment.current.as_ref()),
+            Err(error) => return error.into_response(),
+        }
+    } else {
+        None
+    };
+    app.idempotency
+        .execute(
+            Attempt::post(CREATE_DEPLOYMENT, &principal, key).approval(approval),
+            &command,
+            async |tx, operation_id| {
+                let new = NewDeployment {
+                    kind: DeploymentKind::Deployment,
+                    service: &command.service,
+                    environment: &command.environment,
+                    artifact_digest: &command.artifact_digest,
+                    commit_sha: command.commit_sha.as_ref(),
+                    restores: None,
+                    reason: None,
+                    expected_current: command.expected_current_deployment_id.as_deref(),
+                };
+                let deployment = store::create(tx, &principal.account_id, operation_id, &new).await?;
+                Ok(queued(&deployment))
+            },
+        )
+        .await
+}
+
+/// Roll an environment back to a release that succeeded there. A rollback is
+/// a new intention — its own key, its own operation, its own approval, always
+/// — never a retry of the deployment it undoes. It takes the environment's
+/// lock like a deployment, and says what it `replaces` and what it `restores`.
+#[utoipa::path(
+    post,
+    path = "/v1/rollbacks",
+    tag = "deployments",
+    request_body = RollbackBody,
+    params(("Idempotency-Key" = String, Header, description = "Made once per intended rollback")),
+    responses(
+        (status = 202, description = "The approval request; once approved, the retry answers 202 with the rollback, `queued`", body = Deployment),
+        (status = 404, description = "No such target in this account; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the target never succeeded in this environment, or is its current release; `environment_locked`", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_rollback(
+    State(app): State<App>,
+    principal: Principal,
+    key: IdempotencyHeaders,
+    ApiJson(body): ApiJson<RollbackBody>,
+) -> Response {
+    let (target, current) = match rollback_target(&app, &principal, &body).await {
+        Ok(found) => found,
+        Err(refused) => return refused.into_response(),
+    };
+    let approval = app.policy.approval_for_rollback(&body, &target, current.as_ref());
+    app.idempotency
+        .execute(
+            Attempt::post(CREATE_ROLLBACK, &principal, key).approval(Some(approval)),
+            &body,
+            async |tx, operation_id| {
+                let new = NewDeployment {
+                    kind: DeploymentKind::Rollback,
+                    service: &body.service,
+                    environment: &body.environment,
+                    artifact_digest: &target.artifact_digest,
+                    commit_sha: target.commit_sha.as_ref(),
+                    restores: Some(&target.id),
+                    reason: Some(&body.reason),
+                    expected_current: None,
+                };
+                let rollback = store::create(tx, &principal.account_id, operation_id, &new).await?;
+                Ok(queued(&rollback))
+            },
+        )
+        .await
+}
+
+/// The release a rollback restores, and the one it replaces: the target must
+/// have succeeded in that environment and not be its current release. Read
+/// before anything is claimed: a human is never asked to approve a rollback
+/// that cannot run.
+async fn rollback_target(
+    app: &App,
+    principal: &Principal,
+    body: &RollbackBody,
+) -> Result<(Deployment, Option<Deployment>), ApiError> {
+    let account = &principal.account_id;
+    let target = store::get(&app.db, account, &body.to_deployment_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("deployment `{}`", body.to_deployment_id)))?;
+    if target.service != body.service || target.environment != body.environment {
+        return Err(ApiError::invalid_state(format!(
+            "{} was a release of {} in {}, not of {} in {}",
+            target.id, target.service, target.environment, body.service, body.environment
+        )));
+    }
+    if target.state != DeploymentState::Succeeded {
+        return Err(ApiError::invalid_state(format!(
+            "{} never succeeded in {} (it is `{}`): there is nothing of it to restore",
+            target.id,
+            body.environment,
+            target.state.as_str()
+        ))
+        .with("state", target.state));
+    }
+    let current = store::environment(&app.db, account, &body.service, &body.environment)
+        .await?
+        .current;
+    if current.as_ref().is_some_and(|c| c.id == target.id) {
+        return Err(ApiError::invalid_state(format!(
+            "{} is the current release of {} in {} already",
+            target.id, body.service, body.environment
+        )));
+    }
+    Ok((target, current))
+}
+
+/// Cancel a deployment or rollback that has not finished: before the
+/// controller has it, it is withdrawn from the outbox; once the controller
+/// has it, the controller is asked to stop it. A cancel needs no key
+/// (cancelling what is cancelled answers 200, unchanged); with a key, it is an
+/// operation like any other.
+#[utoipa::path(
+    post,
+    path = "/v1/deployments/{deployment_id}/cancel",
+    tag = "deployments",
+    params(
+        ("deployment_id" = String, Path),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: honoured when sent"),
+    ),
+    responses(
+        (status = 200, description = "Cancelled (now, or already)", body = Deployment),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: it has finished, its fate is unknown, or it is being handed to the controller (`Retry-After`)", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn cancel_deployment(
+    State(app): State<App>,
+    principal: Principal,
+    OptionalIdempotencyHeaders(key): OptionalIdempotencyHeaders,
+    ApiPath(deployment_id): ApiPath<String>,
+) -> Response {
+    let command = CancelDeployment { deployment_id };
+    let Some(key) = key else {
+        let cancelled = async {
+            let mut tx = app.db.begin().await?;
+            let deployment = cancel(&app, &mut tx, &principal, &command.deployment_id).await?;
+            tx.commit().await?;
+            Ok::<_, ApiError>(deployment)
+        };
+        return match cancelled.await {
+            Ok(deployment) => Json(deployment).into_response(),
+            Err(error) => error.into_response(),
+        };
+    };
+    app.idempotency
+        .execute(
+            Attempt::post(CANCEL_DEPLOYMENT, &principal, key),
+            &command,
+            async |tx, _| {
+                let deployment = cancel(&app, tx, &principal, &command.deployment_id).await?;
+                let (id, url) = (deployment.id.clone(), deployment.status_url.clone());
+                Ok(Effect::json(StatusCode::OK, &deployment).with_resource(deployment.kind.as_str(), &id, url))
+            },
+        )
+        .await
+}
+
+/// The cancel itself, in `tx`. A cancel at the controller is idempotent there
+/// too, so a transaction that rolls back after it leaves nothing a retry would
+/// not do again.
+async fn cancel(app: &App, tx: &mut Tx, principal: &Principal, deployment_id: &str) -> Result<Deployment, ApiError> {
+    let account = &principal.account_id;
+    let deployment = store::get_in(tx, account, deployment_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("deployment `{deployment_id}`")))?;
+    let active = [DeploymentState::Queued, DeploymentState::Running];
+    match (deployment.state, &deployment.controller_rollout_id) {
+        (DeploymentState::Cancelled, _) => return Ok(deployment),
+        (DeploymentState::Succeeded | DeploymentState::Failed, _) => {
+            return Err(ApiError::invalid_state(format!(
+                "it has {}: there is nothing to cancel",
+                deployment.state.as_str()
+            ))
+            .with("state", deployment.state));
+        }
+        (DeploymentState::Unknown, _) => {
+            return Err(ApiError::invalid_state(
+                "nobody knows yet whether the controller took it: wait for the reconciler, then cancel",
+            )
+            .with("state", deployment.state));
+        }
+        (_, None) => {
+            let withdrawn = outbox::withdraw(
+                tx,
+                account,
+                &deployment.operation_id,
+                &principal.principal_id,
+                "cancelled before it reached the controller",
+            )
+            .await?;
+            if !withdrawn {
+                return Err(ApiError::invalid_state(
+                    "it is being handed to the controller right now: cancel again in a moment",
+                )
+                .with("state", deployment.state)
+                .with_retry_after(1));
+            }
+            let note = format!(
+                "cancelled by {} before it reached the controller",
+                principal.principal_id
+            );
+            store::change_state(tx, account, deployment_id, &active, DeploymentState::Cancelled, &note).await?;
+        }
+        (_, Some(rollout_id)) => {
+            if !app.controller.cancel(rollout_id).await? {
+                return Err(ApiError::invalid_state(
+                    "the controller had finished the rollout already; its state follows shortly",
+                ));
+            }
+            let note = format!("cancelled at the controller by {}", principal.principal_id);
+            store::change_state(tx, account, deployment_id, &active, DeploymentState::Cancelled, &note).await?;
+        }
+    }
+    store::get_in(tx, account, deployment_id)
+        .await?
+        .ok_or_else(|| ApiError::internal("a cancelled deployment disappeared"))
+}
+
+/// A deployment or rollback with every state it went through: what an agent
+/// polls after a timeout.
+#[utoipa::path(
+    get,
+    path = "/v1/deployments/{deployment_id}",
+    tag = "deployments",
+    params(("deployment_id" = String, Path, description = "`dep_…` or `rb_…`")),
+    responses(
+        (status = 200, body = Deployment),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_deployment(
+    State(app): State<App>,
+    principal: Principal,
+    ApiPath(deployment_id): ApiPath<String>,
+) -> Result<Json<Deployment>, ApiError> {
+    store::get(&app.db, &principal.account_id, &deployment_id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("deployment `{deployment_id}`")))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentQuery {
+    pub service: Option<String>,
+    pub environment: Option<String>,
+    /// 1–200, default 50.
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+/// The account's deployments and rollbacks in creation order, without their history.
+#[utoipa::path(
+    get,
+    path = "/v1/deployments",
+    tag = "deployments",
+    params(DeploymentQuery),
+    responses((status = 200, body = Page<Deployment>)),
+    security(("bearer" = []))
+)]
+pub async fn list_deployments(
+    State(app): State<App>,
+    principal: Principal,
+    ApiQuery(query): ApiQuery<DeploymentQuery>,
+) -> Result<Json<Page<Deployment>>, ApiError> {
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
+    let rows = store::list(
+        &app.db,
+        &principal.account_id,
+        query.service.as_deref(),
+        query.environment.as_deref(),
+        page.after_seq,
+        page.fetch_limit(),
+    )
+    .await?;
+    Ok(Json(Page::from_rows(rows, page)))
+}
+
+/// An environment: its current release and who holds its lock.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{service}/{environment}",
+    tag = "deployments",
+    params(("service" = String, Path), ("environment" = String, Path)),
+    responses((status = 200, body = Environment)),
+    security(("bearer" = []))
+)]
+pub async fn get_environment(
+    State(app): State<App>,
+    principal: Principal,
+    ApiPath((service, environment)): ApiPath<(String, String)>,
+) -> Result<Json<Environment>, ApiError> {
+    Ok(Json(
+        store::environment(&app.db, &principal.account_id, &service, &environment).await?,
+    ))
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    paths(
+        create_deployment,
+        create_rollback,
+        cancel_deployment,
+        get_deployment,
+        list_deployments,
+        get_environment
+    ),
+    components(schemas(
+        Deployment,
+        CreateDeploymentBody,
+        RollbackBody,
+        Environment,
+        crate::domain::DeploymentKind,
+        crate::domain::DeploymentState,
+        crate::domain::StateChange,
+        crate::domain::LockHolder
+    ))
+)]
+pub struct DeploymentsApi;

@@ -1,0 +1,519 @@
+//! The deployments tables, on both backends. Handlers never see SQL; the
+//! environment lock is a partial unique index, and every state change is a
+//! compare-and-set on the state it changes from.
+
+use axum::http::StatusCode;
+use idempotency::outbox::{self, Settlement};
+use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
+use sqlx::Row;
+
+use crate::domain::{
+    ArtifactDigest, CommitSha, Deployment, DeploymentKind, DeploymentState, Environment, LockHolder, StateChange,
+    deployment_url, new_id,
+};
+
+macro_rules! columns {
+    () => {
+        "seq, id, kind, service, environment, artifact_digest, commit_sha, state, replaces, restores, reason, \
+         operation_id, controller_idempotency_key, controller_rollout_id, created_at, updated_at"
+    };
+}
+
+/// The states in which a deployment holds its environment's lock: it may be
+/// changing the environment.
+const HOLDS_THE_LOCK: &str = "('queued', 'running', 'unknown')";
+
+/// What a new deployment or rollback is.
+#[derive(Debug)]
+pub struct NewDeployment<'a> {
+    pub kind: DeploymentKind,
+    pub service: &'a str,
+    pub environment: &'a str,
+    pub artifact_digest: &'a ArtifactDigest,
+    pub commit_sha: Option<&'a CommitSha>,
+    /// A rollback's target.
+    pub restores: Option<&'a str>,
+    pub reason: Option<&'a str>,
+    /// The release the caller believes is current, if it said.
+    pub expected_current: Option<&'a str>,
+}
+
+/// Creates a deployment or a rollback, `queued`, in the effect's transaction,
+/// taking the environment's lock: the insert does nothing when another one
+/// holds it (PostgreSQL waits for a concurrent holder to commit; SQLite has one
+/// writer), and the holder is named in the 409. A stale
+/// `expected_current_deployment_id` is 409 `version_mismatch`.
+pub async fn create(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    new: &NewDeployment<'_>,
+) -> Result<Deployment, ApiError> {
+    const INSERT: &str = concat!(
+        "INSERT INTO deployments (id, account_id, kind, service, environment, artifact_digest, commit_sha, state, \
+         replaces, restores, reason, operation_id, controller_idempotency_key, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', $8, $9, $10, $11, $12, $13, $13) \
+         ON CONFLICT (account_id, service, environment) WHERE state IN ('queued', 'running', 'unknown') DO NOTHING \
+         RETURNING ",
+        columns!()
+    );
+    let current = current_release(tx, account_id, new.service, new.environment).await?;
+    if let Some(expected) = new.expected_current
+        && current.as_deref() != Some(expected)
+    {
+        return Err(version_mismatch(expected, current.as_deref()));
+    }
+    // Bounded: the holder that made the insert do nothing can finish before it
+    // is read; the environment is then free, so try again.
+    for _ in 0..3 {
+        let now = Timestamp::now();
+        let created = on_tx!(tx, |conn| {
+            sqlx::query(INSERT)
+                .bind(new_id(new.kind))
+                .bind(account_id)
+                .bind(new.kind.as_str())
+                .bind(new.service)
+                .bind(new.environment)
+                .bind(new.artifact_digest.as_str())
+                .bind(new.commit_sha.map(CommitSha::as_str))
+                .bind(current.as_deref())
+                .bind(new.restores)
+                .bind(new.reason)
+                .bind(operation_id)
+                .bind(outbox::external_key(operation_id))
+                .bind(now)
+                .fetch_optional(conn)
+                .await?
+                .map(|row| decode(&row))
+                .transpose()?
+        });
+        if let Some(mut deployment) = created {
+            let note = format!("asked for by {operation_id}");
+            record_state(tx, &deployment.id, DeploymentState::Queued, &note, now).await?;
+            deployment.history = Some(vec![StateChange {
+                state: DeploymentState::Queued,
+                note,
+                at: now,
+            }]);
+            return Ok(deployment);
+        }
+        if let Some(holder) = lock_holder(tx, account_id, new.service, new.environment).await? {
+            return Err(environment_locked(new.service, new.environment, holder));
+        }
+    }
+    Err(ApiError::internal(
+        "the environment's lock kept changing hands while this deployment was made",
+    ))
+}
+
+fn version_mismatch(expected: &str, current: Option<&str>) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "version_mismatch",
+        "Version mismatch",
+        format!(
+            "`expected_current_deployment_id` is `{expected}`, but the current release is {}; read the environment again",
+            current.map_or("none".to_owned(), |c| format!("`{c}`"))
+        ),
+    )
+    .with("expected_current_deployment_id", expected)
+    .with("current_deployment_id", current)
+}
+
+/// 409: another deployment may be changing the environment; it is named, with
+/// the operation that asked for it, so the caller can poll it or cancel it.
+fn environment_locked(service: &str, environment: &str, holder: LockHolder) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "environment_locked",
+        "Environment locked",
+        format!(
+            "{} ({}) holds {service} in {environment}; wait for it to end, or cancel it",
+            holder.deployment_id,
+            holder.state.as_str()
+        ),
+    )
+    .with("deployment_id", &holder.deployment_id)
+    .with("operation_id", &holder.operation_id)
+    .with("state", holder.state)
+}
+
+async fn current_release(
+    tx: &mut Tx,
+    account_id: &str,
+    service: &str,
+    environment: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    Ok(on_tx!(tx, |conn| {
+        sqlx::query_scalar(
+            "SELECT current_deployment_id FROM environments WHERE account_id = $1 AND service = $2 AND environment = $3",
+        )
+        .bind(account_id)
+        .bind(service)
+        .bind(environment)
+        .fetch_optional(conn)
+        .await?
+    }))
+}
+
+async fn lock_holder(
+    tx: &mut Tx,
+    account_id: &str,
+    service: &str,
+    environment: &str,
+) -> Result<Option<LockHolder>, sqlx::Error> {
+    let sql = format!(
+        "SELECT id, operation_id, state FROM deployments \
+         WHERE account_id = $1 AND service = $2 AND environment = $3 AND state IN {HOLDS_THE_LOCK}"
+    );
+    let row: Option<(String, String, String)> = on_tx!(tx, |conn| {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(service)
+            .bind(environment)
+            .fetch_optional(conn)
+            .await?
+    });
+    Ok(row.and_then(|(deployment_id, operation_id, state)| {
+        Some(LockHolder {
+            deployment_id,
+            operation_id,
+            state: DeploymentState::parse(&state)?,
+        })
+    }))
+}
+
+async fn record_state(
+    tx: &mut Tx,
+    deployment_id: &str,
+    state: DeploymentState,
+    note: &str,
+    at: Timestamp,
+) -> Result<(), sqlx::Error> {
+    on_tx!(tx, |conn| {
+        sqlx::query("INSERT INTO deployment_history (deployment_id, state, note, at) VALUES ($1, $2, $3, $4)")
+            .bind(deployment_id)
+            .bind(state.as_str())
+            .bind(note)
+            .bind(at)
+            .execute(conn)
+            .await?;
+    });
+    Ok(())
+}
+
+/// Moves a deployment from one of `from` to `to`, records why, and — when it
+/// succeeded — makes it the environment's current release, all in `tx`.
+/// `false`: it was in none of `from` (someone else moved it first).
+pub async fn change_state(
+    tx: &mut Tx,
+    account_id: &str,
+    deployment_id: &str,
+    from: &[DeploymentState],
+    to: DeploymentState,
+    note: &str,
+) -> Result<bool, sqlx::Error> {
+    let from = from
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "UPDATE deployments SET state = $3, updated_at = $4 \
+         WHERE account_id = $1 AND id = $2 AND state IN ({from}) RETURNING service, environment"
+    );
+    let now = Timestamp::now();
+    let changed: Option<(String, String)> = on_tx!(tx, |conn| {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(deployment_id)
+            .bind(to.as_str())
+            .bind(now)
+            .fetch_optional(conn)
+            .await?
+    });
+    let Some((service, environment)) = changed else {
+        return Ok(false);
+    };
+    record_state(tx, deployment_id, to, note, now).await?;
+    if to == DeploymentState::Succeeded {
+        on_tx!(tx, |conn| {
+            sqlx::query(
+                "INSERT INTO environments (account_id, service, environment, current_deployment_id, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (account_id, service, environment) \
+                 DO UPDATE SET current_deployment_id = excluded.current_deployment_id, updated_at = excluded.updated_at",
+            )
+            .bind(account_id)
+            .bind(&service)
+            .bind(&environment)
+            .bind(deployment_id)
+            .bind(now)
+            .execute(conn)
+            .await?;
+        });
+    }
+    Ok(true)
+}
+
+/// Records how handing a rollout to the controller ended: taken (with the
+/// controller's id; an unknown deployment is queued again, the watcher follows
+/// it from there), refused (failed, which frees the environment), or unknown
+/// until the reconciler finds out (it keeps the lock: it may be running).
+pub async fn settle_rollout(
+    tx: &mut Tx,
+    account_id: &str,
+    deployment_id: &str,
+    settlement: Settlement<'_>,
+) -> Result<(), sqlx::Error> {
+    let handing = [DeploymentState::Queued, DeploymentState::Unknown];
+    match settlement {
+        Settlement::Accepted { external_ref } => {
+            let now = Timestamp::now();
+            let taken = on_tx!(tx, |conn| {
+                sqlx::query(
+                    "UPDATE deployments SET controller_rollout_id = $3, state = 'queued', updated_at = $4 \
+                     WHERE account_id = $1 AND id = $2 AND state IN ('queued', 'unknown')",
+                )
+                .bind(account_id)
+                .bind(deployment_id)
+                .bind(external_ref)
+                .bind(now)
+                .execute(conn)
+                .await?
+                .rows_affected()
+            });
+            if taken == 1 {
+                let note = format!("the controller took it as {external_ref}");
+                record_state(tx, deployment_id, DeploymentState::Queued, &note, now).await?;
+            }
+        }
+        Settlement::Refused { reason } => {
+            let note = format!("the controller refused it: {reason}");
+            change_state(tx, account_id, deployment_id, &handing, DeploymentState::Failed, &note).await?;
+        }
+        Settlement::Unknown => {
+            let note = "the controller's answer was lost: the reconciler asks it";
+            change_state(tx, account_id, deployment_id, &handing, DeploymentState::Unknown, note).await?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn get(db: &Db, account_id: &str, deployment_id: &str) -> Result<Option<Deployment>, ApiError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM deployments WHERE account_id = $1 AND id = $2"
+    );
+    let deployment = on_pool!(db.read(), |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(deployment_id)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    });
+    let Some(mut deployment) = deployment else {
+        return Ok(None);
+    };
+    deployment.history = Some(history(db, &deployment.id).await?);
+    Ok(Some(deployment))
+}
+
+/// A deployment with its history, read inside `tx` (so it shows what `tx`
+/// changed), the row locked for the rest of it on PostgreSQL.
+pub async fn get_in(tx: &mut Tx, account_id: &str, deployment_id: &str) -> Result<Option<Deployment>, ApiError> {
+    let lock = if matches!(tx, Tx::Postgres(_)) {
+        " FOR UPDATE"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT {} FROM deployments WHERE account_id = $1 AND id = $2{lock}",
+        columns!()
+    );
+    let deployment = on_tx!(tx, |conn| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(deployment_id)
+            .fetch_optional(conn)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    });
+    let Some(mut deployment) = deployment else {
+        return Ok(None);
+    };
+    let rows: Vec<(String, String, Timestamp)> = on_tx!(tx, |conn| {
+        sqlx::query_as(HISTORY).bind(&deployment.id).fetch_all(conn).await?
+    });
+    deployment.history = Some(decode_history(rows)?);
+    Ok(Some(deployment))
+}
+
+const HISTORY: &str = "SELECT state, note, at FROM deployment_history WHERE deployment_id = $1 ORDER BY seq";
+
+async fn history(db: &Db, deployment_id: &str) -> Result<Vec<StateChange>, sqlx::Error> {
+    let rows: Vec<(String, String, Timestamp)> = on_pool!(db.read(), |pool| {
+        sqlx::query_as(HISTORY).bind(deployment_id).fetch_all(pool).await?
+    });
+    decode_history(rows)
+}
+
+fn decode_history(rows: Vec<(String, String, Timestamp)>) -> Result<Vec<StateChange>, sqlx::Error> {
+    rows.into_iter()
+        .map(|(state, note, at)| {
+            let state = DeploymentState::parse(&state)
+                .ok_or_else(|| sqlx::Error::Decode("deployment_history: unknown state".into()))?;
+            Ok(StateChange { state, note, at })
+        })
+        .collect()
+}
+
+/// One page of the account's deployments and rollbacks in creation order,
+/// for one service and environment if given (without their history).
+pub async fn list(
+    db: &Db,
+    account_id: &str,
+    service: Option<&str>,
+    environment: Option<&str>,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<(i64, Deployment)>, ApiError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM deployments WHERE account_id = $1 AND seq > $2 AND ($3 IS NULL OR service = $3) \
+         AND ($4 IS NULL OR environment = $4) ORDER BY seq LIMIT $5"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(after_seq)
+            .bind(service)
+            .bind(environment)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode(row)?)))
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+/// An environment: its current release (with its history) and its lock holder.
+pub async fn environment(db: &Db, account_id: &str, service: &str, environment: &str) -> Result<Environment, ApiError> {
+    let sql = format!(
+        "SELECT (SELECT current_deployment_id FROM environments \
+                 WHERE account_id = $1 AND service = $2 AND environment = $3) AS current_id, \
+                h.id AS holder_id, h.operation_id AS holder_operation_id, h.state AS holder_state \
+         FROM (SELECT 1) AS one LEFT JOIN deployments h \
+           ON h.account_id = $1 AND h.service = $2 AND h.environment = $3 AND h.state IN {HOLDS_THE_LOCK}"
+    );
+    type Row = (Option<String>, Option<String>, Option<String>, Option<String>);
+    let (current_id, holder_id, holder_operation, holder_state): Row = on_pool!(db.read(), |pool| {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(service)
+            .bind(environment)
+            .fetch_one(pool)
+            .await?
+    });
+    let current = match current_id {
+        Some(id) => get(db, account_id, &id).await?,
+        None => None,
+    };
+    let locked_by = match (
+        holder_id,
+        holder_operation,
+        holder_state.as_deref().and_then(DeploymentState::parse),
+    ) {
+        (Some(deployment_id), Some(operation_id), Some(state)) => Some(LockHolder {
+            deployment_id,
+            operation_id,
+            state,
+        }),
+        _ => None,
+    };
+    Ok(Environment {
+        service: service.to_owned(),
+        environment: environment.to_owned(),
+        current,
+        locked_by,
+    })
+}
+
+/// A rollout the controller has and that has not finished: what the watcher follows.
+#[derive(Debug, Clone)]
+pub struct Watched {
+    pub account_id: String,
+    pub deployment_id: String,
+    pub rollout_id: String,
+    pub state: DeploymentState,
+}
+
+/// The rollouts to follow, every account's, the longest unchanged first.
+pub async fn watched(db: &Db, limit: i64) -> Result<Vec<Watched>, sqlx::Error> {
+    let rows: Vec<(String, String, String, String)> = on_pool!(db.read(), |pool| {
+        sqlx::query_as(
+            "SELECT account_id, id, controller_rollout_id, state FROM deployments \
+             WHERE state IN ('queued', 'running') AND controller_rollout_id IS NOT NULL \
+             ORDER BY updated_at LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(pool)
+        .await?
+    });
+    Ok(rows
+        .into_iter()
+        .filter_map(|(account_id, deployment_id, rollout_id, state)| {
+            Some(Watched {
+                account_id,
+                deployment_id,
+                rollout_id,
+                state: DeploymentState::parse(&state)?,
+            })
+        })
+        .collect())
+}
+
+fn decode<R>(row: &R) -> Result<Deployment, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let corrupt = |what: &str| sqlx::Error::Decode(format!("deployments: {what}").into());
+    let id: String = row.try_get("id")?;
+    let kind = match row.try_get::<String, _>("kind")?.as_str() {
+        "deployment" => DeploymentKind::Deployment,
+        "rollback" => DeploymentKind::Rollback,
+        _ => return Err(corrupt("unknown kind")),
+    };
+    let state: String = row.try_get("state")?;
+    Ok(Deployment {
+        status_url: deployment_url(&id),
+        id,
+        kind,
+        service: row.try_get("service")?,
+        environment: row.try_get("environment")?,
+        artifact_digest: ArtifactDigest::from_stored(row.try_get("artifact_digest")?),
+        commit_sha: row
+            .try_get::<Option<String>, _>("commit_sha")?
+            .map(CommitSha::from_stored),
+        state: DeploymentState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        replaces: row.try_get("replaces")?,
+        restores: row.try_get("restores")?,
+        reason: row.try_get("reason")?,
+        operation_id: row.try_get("operation_id")?,
+        controller_idempotency_key: row.try_get("controller_idempotency_key")?,
+        controller_rollout_id: row.try_get("controller_rollout_id")?,
+        history: None,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}

@@ -1,0 +1,140 @@
+//! CONTRACT §6 on deployments: every production deployment and every rollback
+//! waits for a human, who approves that exact release — service, environment,
+//! digest, commit, the release it replaces and whether a rollback is possible.
+
+use axum::http::StatusCode;
+use platform::Backend;
+use serde_json::json;
+
+use crate::support::{ACME_AGENT, COMMIT_A1B2C3, TestApp, digest, release};
+
+async fn a_production_deployment_waits_for_an_approval_of_its_exact_release_and_rolls_out_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let body = release("production", &digest('a'), Some(COMMIT_A1B2C3));
+    let other = app
+        .deploy("deploy-2", &release("production", &digest('b'), Some(COMMIT_A1B2C3)))
+        .await;
+
+    let requested = app.deploy("deploy-1", &body).await;
+    app.deliver().await;
+    let rollouts_before = app.controller.stats().rollouts_started;
+    let request = requested.json();
+    let wrong = app.decide(&request, "approve", &other.str("fingerprint")).await;
+    let approved = app.decide(&request, "approve", &requested.str("fingerprint")).await;
+    let run = app.deploy("deploy-1", &body).await;
+    app.deliver().await;
+    let replay = app.deploy("deploy-1", &body).await;
+    app.deliver().await;
+
+    assert_eq!(requested.status, StatusCode::ACCEPTED, "{:?}", requested.body);
+    assert_eq!(request["state"], "awaiting_approval");
+    let identifiers = &request["summary"]["identifiers"];
+    assert_eq!(identifiers["service"], "checkout");
+    assert_eq!(identifiers["environment"], "production");
+    assert_eq!(identifiers["artifact_digest"], digest('a'));
+    assert_eq!(identifiers["commit_sha"], COMMIT_A1B2C3);
+    assert_eq!(identifiers["replaces"], "none");
+    assert!(identifiers["rollback_possible"].as_str().unwrap().starts_with("no"));
+    assert_eq!(rollouts_before, 0, "nothing rolls out before a human decides");
+    wrong.assert_problem(StatusCode::CONFLICT, "approval_fingerprint_mismatch");
+    assert_eq!(approved.status, StatusCode::OK, "{:?}", approved.body);
+    assert_eq!(run.status, StatusCode::ACCEPTED);
+    assert_eq!(run.replayed.as_deref(), Some("false"), "the approved retry runs it");
+    assert_eq!(run.json()["state"], "queued");
+    assert_eq!(replay.body, run.body);
+    assert_eq!(app.controller.stats().rollouts_started, 1, "exactly one rollout");
+}
+
+async fn a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replaces_and_restores(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let good = app
+        .deployed("deploy-1", &release("staging", &digest('a'), Some(COMMIT_A1B2C3)))
+        .await;
+    let bad = app.deployed("deploy-2", &release("staging", &digest('b'), None)).await;
+    let body = json!({"service": "checkout", "environment": "staging", "to_deployment_id": good,
+                      "reason": "checkout errors since the new release"});
+
+    let requested = app.rollback("rollback-1", &body).await;
+    let approved = app
+        .decide(&requested.json(), "approve", &requested.str("fingerprint"))
+        .await;
+    let run = app.rollback("rollback-1", &body).await;
+    let meanwhile = app.deploy("deploy-3", &release("staging", &digest('c'), None)).await;
+    app.deliver().await;
+    let restored = app.until(&run.str("id"), "succeeded").await;
+    let environment = app.environment("checkout", "staging").await;
+
+    assert_eq!(requested.status, StatusCode::ACCEPTED);
+    assert_eq!(
+        requested.json()["state"],
+        "awaiting_approval",
+        "a rollback waits for a human even in staging"
+    );
+    assert_eq!(
+        requested.replayed.as_deref(),
+        Some("false"),
+        "a new operation, not a replay"
+    );
+    assert_eq!(requested.json()["summary"]["identifiers"]["restores"], good);
+    assert_eq!(requested.json()["summary"]["identifiers"]["replaces"], bad);
+    assert_eq!(approved.status, StatusCode::OK);
+    let rollback = run.json();
+    assert!(rollback["id"].as_str().unwrap().starts_with("rb_"));
+    assert_eq!(rollback["kind"], "rollback");
+    assert_eq!(rollback["replaces"], bad);
+    assert_eq!(rollback["restores"], good);
+    assert_eq!(
+        rollback["artifact_digest"],
+        digest('a'),
+        "the restored release's own digest"
+    );
+    assert_eq!(
+        rollback["status_url"],
+        format!("/v1/rollbacks/{}", rollback["id"].as_str().unwrap())
+    );
+    meanwhile.assert_problem(StatusCode::CONFLICT, "environment_locked");
+    assert_eq!(
+        meanwhile.json()["deployment_id"],
+        rollback["id"],
+        "the rollback holds the lock"
+    );
+    assert_eq!(restored["reason"], "checkout errors since the new release");
+    assert_eq!(environment["current"]["id"], rollback["id"]);
+    assert_eq!(app.controller.stats().rollouts_started, 3);
+}
+
+async fn a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claims_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let current = app.deployed("deploy-1", &release("staging", &digest('a'), None)).await;
+    let elsewhere = app.deployed("deploy-2", &release("qa", &digest('b'), None)).await;
+    let queued = app
+        .deploy("deploy-3", &release("staging", &digest('c'), None))
+        .await
+        .str("id");
+    let to = |target: &str| json!({"service": "checkout", "environment": "staging", "to_deployment_id": target, "reason": "back"});
+
+    let not_finished = app.rollback("rollback-1", &to(&queued)).await;
+    let other_environment = app.rollback("rollback-1", &to(&elsewhere)).await;
+    let already_current = app.rollback("rollback-1", &to(&current)).await;
+    let missing = app.rollback("rollback-1", &to("dep_missing")).await;
+
+    for refused in [&not_finished, &other_environment, &already_current] {
+        refused.assert_problem(StatusCode::CONFLICT, "invalid_state");
+    }
+    missing.assert_problem(StatusCode::NOT_FOUND, "not_found");
+    let operations = app
+        .get("/v1/operations?idempotency_key=rollback-1", ACME_AGENT)
+        .await
+        .json();
+    assert_eq!(
+        operations["data"],
+        json!([]),
+        "no human is asked about a rollback that cannot run"
+    );
+}
+
+platform::both_backends!(
+    a_production_deployment_waits_for_an_approval_of_its_exact_release_and_rolls_out_once,
+    a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replaces_and_restores,
+    a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claims_nothing,
+);

@@ -1,0 +1,302 @@
+//! Deployments: the article's failure sequence, the environment lock, a
+//! changed retry, the rollout followed to its end, cancellation, and the
+//! controller's own count of rollouts saying "exactly once".
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use deploy_controller::Faults;
+use futures::future::join_all;
+use platform::Backend;
+use serde_json::{Value, json};
+
+use crate::support::{ACME_AGENT, COMMIT_A1B2C3, COMMIT_D4E5F6, GLOBEX_AGENT, TestApp, digest, release};
+
+/// The article's sequence: dep-118 for commit a1b2c3 is accepted and its
+/// answer is lost; the agent, thinking it failed, starts a second deployment
+/// for d4e5f6 with a new key. The lock stops the second plan; the retry of the
+/// first with its own key replays; one rollout happens.
+async fn the_article_s_failure_sequence_locks_out_the_second_plan_and_starts_one_rollout(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    // the controller takes the first rollout and its answer never arrives either
+    app.controller.set_faults(Faults {
+        drop_next: 1,
+        ..Faults::default()
+    });
+
+    let dep_118 = app
+        .deploy("dep-118", &release("staging", &digest('a'), Some(COMMIT_A1B2C3)))
+        .await;
+    app.deliver().await;
+    let while_unknown = app.deployment(&dep_118.str("id")).await;
+    let dep_119 = app
+        .deploy("dep-119", &release("staging", &digest('d'), Some(COMMIT_D4E5F6)))
+        .await;
+    let retry_118 = app
+        .deploy("dep-118", &release("staging", &digest('a'), Some(COMMIT_A1B2C3)))
+        .await;
+    app.reconcile().await;
+    let finished = app.until(&dep_118.str("id"), "succeeded").await;
+
+    assert_eq!(dep_118.status, StatusCode::ACCEPTED, "{:?}", dep_118.body);
+    assert_eq!(while_unknown["state"], "unknown", "{while_unknown}");
+    dep_119.assert_problem(StatusCode::CONFLICT, "environment_locked");
+    assert_eq!(dep_119.json()["deployment_id"], dep_118.json()["id"]);
+    assert_eq!(
+        dep_119.json()["operation_id"].as_str(),
+        dep_118.operation_id.as_deref(),
+        "the 409 names the holder's operation, so the agent can poll it"
+    );
+    assert_eq!(retry_118.replayed.as_deref(), Some("true"));
+    assert_eq!(retry_118.body, dep_118.body, "the retry with its own key replays");
+    assert_eq!(finished["commit_sha"], COMMIT_A1B2C3);
+    assert_eq!(app.controller.stats().rollouts_started, 1, "one rollout, not two");
+    let operation = app.operation(dep_118.operation_id.as_deref().unwrap()).await;
+    assert_eq!(operation["state"], "completed");
+    assert_eq!(operation["external_ref"], finished["controller_rollout_id"]);
+}
+
+/// "The claim decides before the lock is looked at": the same key with
+/// another digest is 422 — not 409, and never a second rollout.
+async fn the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let first = app
+        .deploy("deploy-1", &release("staging", &digest('a'), Some(COMMIT_A1B2C3)))
+        .await;
+    app.deliver().await;
+
+    let other_digest = app
+        .deploy("deploy-1", &release("staging", &digest('b'), Some(COMMIT_A1B2C3)))
+        .await;
+    let other_commit = app
+        .deploy("deploy-1", &release("staging", &digest('a'), Some(COMMIT_D4E5F6)))
+        .await;
+    app.deliver().await;
+
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    for changed in [&other_digest, &other_commit] {
+        changed.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
+        assert_eq!(changed.json()["operation_id"].as_str(), first.operation_id.as_deref());
+    }
+    assert_eq!(app.controller.stats().rollouts_started, 1);
+    let listed = app
+        .get("/v1/deployments?service=checkout&environment=staging", ACME_AGENT)
+        .await
+        .json();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1);
+}
+
+async fn a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_current_release(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let accepted = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
+    let id = accepted.str("id");
+    let environment_while_queued = app.environment("checkout", "staging").await;
+    app.deliver().await;
+    app.until(&id, "running").await;
+    let finished = app.until(&id, "succeeded").await;
+    let environment = app.environment("checkout", "staging").await;
+
+    assert_eq!(accepted.status, StatusCode::ACCEPTED);
+    let body = accepted.json();
+    assert!(id.starts_with("dep_"));
+    assert_eq!(body["state"], "queued");
+    assert_eq!(body["status_url"], format!("/v1/deployments/{id}"));
+    assert_eq!(
+        body["controller_idempotency_key"],
+        format!("retrysafe-{}", accepted.operation_id.clone().unwrap())
+    );
+    assert_eq!(environment_while_queued["locked_by"]["deployment_id"], id);
+    assert_eq!(environment_while_queued["current"], Value::Null);
+    let states: Vec<&str> = finished["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|change| change["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["queued", "queued", "running", "succeeded"], "{finished}");
+    assert!(finished["controller_rollout_id"].as_str().unwrap().starts_with("ro_"));
+    assert_eq!(environment["current"]["id"], id);
+    assert_eq!(
+        environment["locked_by"],
+        Value::Null,
+        "a finished deployment frees the environment"
+    );
+}
+
+async fn a_stale_expected_current_deployment_is_409_version_mismatch(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let first = app.deployed("deploy-1", &release("staging", &digest('a'), None)).await;
+    let second = app.deployed("deploy-2", &release("staging", &digest('b'), None)).await;
+
+    let mut stale = release("staging", &digest('c'), None);
+    stale["expected_current_deployment_id"] = json!(first);
+    let refused = app.deploy("deploy-3", &stale).await;
+    let mut fresh = release("staging", &digest('c'), None);
+    fresh["expected_current_deployment_id"] = json!(second);
+    let accepted = app.deploy("deploy-4", &fresh).await;
+
+    refused.assert_problem(StatusCode::CONFLICT, "version_mismatch");
+    assert_eq!(refused.json()["current_deployment_id"], second);
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{:?}", accepted.body);
+    assert_eq!(accepted.json()["replaces"], second);
+}
+
+async fn a_failed_rollout_fails_the_deployment_and_frees_the_environment(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.controller.set_faults(Faults {
+        fail_next_rollout: 1,
+        ..Faults::default()
+    });
+
+    let failing = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
+    app.deliver().await;
+    let failed = app.until(&failing.str("id"), "failed").await;
+    let next = app.deploy("deploy-2", &release("staging", &digest('b'), None)).await;
+
+    let last = failed["history"].as_array().unwrap().last().unwrap().clone();
+    assert!(last["note"].as_str().unwrap().contains("health checks"), "{last}");
+    assert_eq!(next.status, StatusCode::ACCEPTED, "{:?}", next.body);
+    assert_eq!(
+        app.environment("checkout", "staging").await["current"],
+        Value::Null,
+        "a failed release is never current"
+    );
+}
+
+async fn sixteen_racing_deployments_to_one_environment_hold_one_lock(backend: Backend) {
+    let app = Arc::new(TestApp::spawn(backend).await);
+    let digests = "0123456789abcdef";
+
+    let racers = join_all(digests.chars().map(|fill| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.deploy(&format!("deploy-{fill}"), &release("staging", &digest(fill), None))
+                .await
+        })
+    }))
+    .await;
+
+    let answers: Vec<_> = racers.into_iter().map(|r| r.unwrap()).collect();
+    let accepted: Vec<_> = answers.iter().filter(|a| a.status == StatusCode::ACCEPTED).collect();
+    assert_eq!(accepted.len(), 1, "one deployment holds the environment");
+    for locked_out in answers.iter().filter(|a| a.status != StatusCode::ACCEPTED) {
+        locked_out.assert_problem(StatusCode::CONFLICT, "environment_locked");
+        assert_eq!(locked_out.json()["deployment_id"], accepted[0].json()["id"]);
+    }
+}
+
+async fn a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_controller_and_never_after_it_ends(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+
+    // before the hand-over: withdrawn from the outbox, nothing reaches the controller
+    let early = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
+    let early_id = early.str("id");
+    let withdrawn = app
+        .post(
+            &format!("/v1/deployments/{early_id}/cancel"),
+            ACME_AGENT,
+            None,
+            &json!({}),
+        )
+        .await;
+    app.deliver().await;
+    let early_operation = app.operation(early.operation_id.as_deref().unwrap()).await;
+
+    // once the controller has it: the controller is asked to stop it
+    let late = app.deploy("deploy-2", &release("staging", &digest('b'), None)).await;
+    let late_id = late.str("id");
+    app.deliver().await;
+    app.until(&late_id, "running").await;
+    let stopped = app
+        .post(
+            &format!("/v1/deployments/{late_id}/cancel"),
+            ACME_AGENT,
+            Some("cancel-2"),
+            &json!({}),
+        )
+        .await;
+    let again = app
+        .post(
+            &format!("/v1/deployments/{late_id}/cancel"),
+            ACME_AGENT,
+            None,
+            &json!({}),
+        )
+        .await;
+
+    // after it ended: nothing to cancel
+    let done = app.deployed("deploy-3", &release("staging", &digest('c'), None)).await;
+    let too_late = app
+        .post(&format!("/v1/deployments/{done}/cancel"), ACME_AGENT, None, &json!({}))
+        .await;
+    let theirs = app
+        .post(
+            &format!("/v1/deployments/{done}/cancel"),
+            GLOBEX_AGENT,
+            None,
+            &json!({}),
+        )
+        .await;
+
+    assert_eq!(withdrawn.status, StatusCode::OK, "{:?}", withdrawn.body);
+    assert_eq!(withdrawn.json()["state"], "cancelled");
+    assert_eq!(
+        early_operation["state"], "failed",
+        "the deployment it asked for never happened"
+    );
+    assert_eq!(stopped.status, StatusCode::OK, "{:?}", stopped.body);
+    assert_eq!(stopped.json()["state"], "cancelled");
+    assert_eq!(
+        again.status,
+        StatusCode::OK,
+        "cancelling what is cancelled answers it unchanged"
+    );
+    assert_eq!(again.json()["updated_at"], stopped.json()["updated_at"]);
+    too_late.assert_problem(StatusCode::CONFLICT, "invalid_state");
+    theirs.assert_problem(StatusCode::NOT_FOUND, "not_found");
+    assert_eq!(
+        app.controller.stats().rollouts_started,
+        2,
+        "the one cancelled before the hand-over never reached the controller"
+    );
+}
+
+async fn another_account_sees_none_of_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let ours = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
+
+    let seen = app
+        .get(&format!("/v1/deployments/{}", ours.str("id")), GLOBEX_AGENT)
+        .await;
+    let environment = app.get("/v1/environments/checkout/staging", GLOBEX_AGENT).await.json();
+    let theirs = app
+        .post(
+            "/v1/deployments",
+            GLOBEX_AGENT,
+            Some("deploy-1"),
+            &release("staging", &digest('b'), None),
+        )
+        .await;
+
+    seen.assert_problem(StatusCode::NOT_FOUND, "not_found");
+    assert_eq!(environment["locked_by"], Value::Null);
+    assert_eq!(
+        theirs.status,
+        StatusCode::ACCEPTED,
+        "keys and environments belong to their account"
+    );
+}
+
+platform::both_backends!(
+    the_article_s_failure_sequence_locks_out_the_second_plan_and_starts_one_rollout,
+    the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout,
+    a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_current_release,
+    a_stale_expected_current_deployment_is_409_version_mismatch,
+    a_failed_rollout_fails_the_deployment_and_frees_the_environment,
+    sixteen_racing_deployments_to_one_environment_hold_one_lock,
+    a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_controller_and_never_after_it_ends,
+    another_account_sees_none_of_it,
+);

@@ -1,0 +1,9 @@
+//! The deployments API against CONTRACT §3–§7 Deployments, every test on
+//! SQLite and on PostgreSQL, with the simulated deployment controller as a
+//! real HTTP server beside it.
+
+mod support;
+
+mod approvals;
+mod deployments;
+mod references;

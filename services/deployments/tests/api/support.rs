@@ -1,0 +1,251 @@
+//! One deployments service on a fresh database, driven without a socket, and
+//! the simulated deployment controller it hands rollouts to, on a real
+//! loopback port. The outbox and the watcher are driven by hand, so each test
+//! says exactly when a rollout is handed over and when it is followed.
+
+use std::time::Duration;
+
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    http::{Request, StatusCode},
+};
+use deploy_controller::{ControllerConfig as SimulatedConfig, Faults, Stats};
+use deployments::controller::{Controller, ControllerConfig, SANDBOX_CONTROLLER_KEY};
+use http_body_util::BodyExt;
+use idempotency::outbox::{Outbox, OutboxConfig};
+use platform::{Backend, testing::TestDb};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+pub const ACME_AGENT: &str = "demo-acme-agent";
+pub const ACME_APPROVER: &str = "demo-acme-approver";
+pub const GLOBEX_AGENT: &str = "demo-globex-agent";
+
+/// How long each phase of a simulated rollout takes here: long enough for the
+/// watcher (polled every 20 ms) to see each one.
+pub const STEP: Duration = Duration::from_millis(250);
+
+/// The article's two commits, and two releases built from them.
+pub const COMMIT_A1B2C3: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678";
+pub const COMMIT_D4E5F6: &str = "d4e5f60718293a4b5c6d7e8f9012345678a1b2c3";
+
+pub fn digest(fill: char) -> String {
+    format!("sha256:{}", fill.to_string().repeat(64))
+}
+
+pub struct TestApp {
+    pub service: deployments::App,
+    pub router: Router,
+    pub db: TestDb,
+    pub outbox: Outbox<Controller>,
+    pub controller: TestController,
+}
+
+/// The simulated controller, serving on a loopback port for as long as the test runs.
+pub struct TestController {
+    pub url: String,
+    pub state: deploy_controller::Controller,
+}
+
+impl TestController {
+    pub async fn start() -> TestController {
+        let state = deploy_controller::Controller::open(SimulatedConfig {
+            step: STEP,
+            ..SimulatedConfig::default()
+        })
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(deploy_controller::serve(
+            listener,
+            state.clone(),
+            std::future::pending(),
+        ));
+        TestController { url, state }
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.state.stats()
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        self.state.set_faults(faults);
+    }
+}
+
+pub struct Answer {
+    pub status: StatusCode,
+    pub replayed: Option<String>,
+    pub operation_id: Option<String>,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON, got {:?}", self.body))
+    }
+
+    pub fn str(&self, member: &str) -> String {
+        self.json()[member]
+            .as_str()
+            .unwrap_or_else(|| panic!("`{member}` in {:?}", self.body))
+            .to_owned()
+    }
+
+    pub fn assert_problem(&self, status: StatusCode, code: &str) {
+        assert_eq!(self.status, status, "{:?}", self.body);
+        assert_eq!(self.json()["code"], code, "{:?}", self.body);
+    }
+}
+
+/// The test outbox: answers within a second or they are lost, an unknown
+/// outcome may be asked about at once.
+pub fn outbox_config() -> OutboxConfig {
+    OutboxConfig {
+        delivery_timeout: Duration::from_secs(1),
+        lease: Duration::from_secs(3),
+        reconcile_after: Duration::ZERO,
+        backoff: Duration::from_millis(1),
+        ..OutboxConfig::default()
+    }
+}
+
+impl TestApp {
+    /// The sandbox's policy: production deployments and every rollback wait for an approver.
+    pub async fn spawn(backend: Backend) -> TestApp {
+        let db = TestDb::new(backend).await;
+        deployments::migrate(&db.db).await.expect("migrations apply");
+        let controller = TestController::start().await;
+        let config = ControllerConfig {
+            url: controller.url.clone(),
+            api_key: SANDBOX_CONTROLLER_KEY.to_owned(),
+        };
+        let service = deployments::App::new(db.db.clone(), Default::default(), true, config);
+        TestApp {
+            outbox: service.outbox(outbox_config()),
+            router: deployments::build_router(service.clone()),
+            service,
+            db,
+            controller,
+        }
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> Answer {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let header =
+            |headers: &axum::http::HeaderMap, name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+        let replayed = header(response.headers(), "idempotent-replayed");
+        let operation_id = header(response.headers(), "operation-id");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            replayed,
+            operation_id,
+            body,
+        }
+    }
+
+    pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: &Value) -> Answer {
+        let mut request = Request::post(path)
+            .header("authorization", format!("Bearer {bearer}"))
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        self.send(request.body(Body::from(body.to_string())).unwrap()).await
+    }
+
+    pub async fn get(&self, path: &str, bearer: &str) -> Answer {
+        let request = Request::get(path)
+            .header("authorization", format!("Bearer {bearer}"))
+            .body(Body::empty())
+            .unwrap();
+        self.send(request).await
+    }
+
+    /// An agent's deployment request.
+    pub async fn deploy(&self, key: &str, body: &Value) -> Answer {
+        self.post("/v1/deployments", ACME_AGENT, Some(key), body).await
+    }
+
+    pub async fn rollback(&self, key: &str, body: &Value) -> Answer {
+        self.post("/v1/rollbacks", ACME_AGENT, Some(key), body).await
+    }
+
+    pub async fn deployment(&self, id: &str) -> Value {
+        self.get(&format!("/v1/deployments/{id}"), ACME_AGENT).await.json()
+    }
+
+    pub async fn environment(&self, service: &str, environment: &str) -> Value {
+        self.get(&format!("/v1/environments/{service}/{environment}"), ACME_AGENT)
+            .await
+            .json()
+    }
+
+    pub async fn operation(&self, operation_id: &str) -> Value {
+        self.get(&format!("/v1/operations/{operation_id}"), ACME_AGENT)
+            .await
+            .json()
+    }
+
+    /// One round of the outbox worker: every due rollout handed to the controller.
+    pub async fn deliver(&self) -> usize {
+        self.outbox.deliver_due().await.expect("the outbox takes its events")
+    }
+
+    pub async fn reconcile(&self) -> usize {
+        self.outbox
+            .reconcile_due()
+            .await
+            .expect("the reconciler takes its events")
+    }
+
+    /// Follows rollouts until the deployment is in `state` (within ten seconds).
+    pub async fn until(&self, deployment_id: &str, state: &str) -> Value {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                self.service.controller.watch_once(&self.db.db).await.unwrap();
+                let deployment = self.deployment(deployment_id).await;
+                if deployment["state"] == state {
+                    return deployment;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{deployment_id} never became {state}"))
+    }
+
+    /// A deployment asked for, handed over and rolled out; its id.
+    pub async fn deployed(&self, key: &str, body: &Value) -> String {
+        let accepted = self.deploy(key, body).await;
+        assert_eq!(accepted.status, StatusCode::ACCEPTED, "{:?}", accepted.body);
+        self.deliver().await;
+        let id = accepted.str("id");
+        self.until(&id, "succeeded").await;
+        id
+    }
+
+    /// An approver's decision on the approval request `request` (a 202 body).
+    pub async fn decide(&self, request: &Value, decision: &str, fingerprint: &str) -> Answer {
+        self.post(
+            &format!("/v1/approvals/{}/decision", request["approval_id"].as_str().unwrap()),
+            ACME_APPROVER,
+            None,
+            &json!({"decision": decision, "fingerprint": fingerprint}),
+        )
+        .await
+    }
+}
+
+/// A deployment request of `digest` (and `commit`) to `environment` of checkout.
+pub fn release(environment: &str, digest: &str, commit: Option<&str>) -> Value {
+    json!({
+        "service": "checkout",
+        "environment": environment,
+        "artifact_digest": digest,
+        "commit_sha": commit,
+    })
+}
