@@ -1,12 +1,15 @@
 //! `cargo run`: the Retrysafe sandbox. Every service in one process, on an
 //! embedded SQLite database (one file per service under `./.sandbox/`), with
-//! the demo keys of CONTRACT §12. `DATABASE_URL=postgres://…` moves every
-//! service to its own database on that server instead.
+//! the demo keys of CONTRACT §12, the two simulated external systems, and the
+//! approval console. `DATABASE_URL=postgres://…` moves every service to its
+//! own database on that server instead.
+
+use std::{net::SocketAddr, time::Duration};
 
 use idempotency::IdempotencyConfig;
 use platform::{auth::DEMO_KEYS, config::ServiceConfig};
 use sandbox::console::{self, ConsoleConfig, ServiceLink};
-use tokio::sync::watch;
+use tokio::{net::TcpListener, sync::watch};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -18,7 +21,52 @@ async fn main() -> Result<(), Error> {
     let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
     let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
     let payments = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, true)?;
+    let deployments = ServiceConfig::from_env("deployments", deployments::DEFAULT_PORT, true)?;
     let mut payments_settings = payments::Settings::from_env()?;
+    let mut deployments_settings = deployments::Settings::from_env()?;
+    let provider_addr = platform::config::listen_addr("payment_provider", payment_provider::DEFAULT_PORT)?;
+    let controller_addr = platform::config::listen_addr("deploy_controller", deploy_controller::DEFAULT_PORT)?;
+    let console_addr = platform::config::listen_addr("console", console::DEFAULT_PORT)?;
+    // the services call the sandbox's simulators wherever they listen, unless told otherwise
+    if std::env::var_os("PAYMENTS_PROVIDER_URL").is_none() {
+        payments_settings.provider.url = format!("http://{provider_addr}");
+    }
+    if std::env::var_os("DEPLOYMENTS_CONTROLLER_URL").is_none() {
+        deployments_settings.controller.url = format!("http://{controller_addr}");
+    }
+    std::fs::create_dir_all(platform::config::data_dir())?;
+    let controller = deploy_controller::Controller::open(deploy_controller::ControllerConfig {
+        step: controller_step()?,
+        state_file: Some(platform::config::data_dir().join("deploy-controller.json")),
+        // it shares this process with every service: it never takes them down
+        may_exit: false,
+    })?;
+    let console_config = ConsoleConfig {
+        services: [&tickets, &payments, &deployments]
+            .into_iter()
+            .map(|service| ServiceLink {
+                name: service.service.into(),
+                url: format!("http://{}", service.listen),
+            })
+            .collect(),
+        suggested_key: tickets.sandbox.then(|| "demo-acme-approver".to_owned()),
+    };
+
+    // every port first: a port in use stops the sandbox before anything starts
+    let tickets_listener = TcpListener::bind(tickets.listen).await?;
+    let payments_listener = TcpListener::bind(payments.listen).await?;
+    let deployments_listener = TcpListener::bind(deployments.listen).await?;
+    let provider_listener = TcpListener::bind(provider_addr).await?;
+    let controller_listener = TcpListener::bind(controller_addr).await?;
+    let console_listener = TcpListener::bind(console_addr).await?;
+    print_banner(
+        &tickets,
+        &payments,
+        &deployments,
+        console_addr,
+        provider_addr,
+        controller_addr,
+    );
 
     // One Ctrl-C stops every service; each lets its requests under way finish.
     let (stop, stopped) = watch::channel(false);
@@ -28,38 +76,25 @@ async fn main() -> Result<(), Error> {
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
-
-    let tickets_listener = tokio::net::TcpListener::bind(tickets.listen).await?;
-    let payments_listener = tokio::net::TcpListener::bind(payments.listen).await?;
-    let console_addr = platform::config::listen_addr("console", console::DEFAULT_PORT)?;
-    let console_listener = tokio::net::TcpListener::bind(console_addr).await?;
-    let console_config = ConsoleConfig {
-        services: vec![
-            ServiceLink {
-                name: "tickets".into(),
-                url: format!("http://{}", tickets.listen),
-            },
-            ServiceLink {
-                name: "payments".into(),
-                url: format!("http://{}", payments.listen),
-            },
-        ],
-        suggested_key: tickets.sandbox.then(|| "demo-acme-approver".to_owned()),
-    };
-    let provider_addr = platform::config::listen_addr("payment_provider", payment_provider::DEFAULT_PORT)?;
-    // payments charges through the sandbox's provider wherever it listens, unless told otherwise
-    if std::env::var_os("PAYMENTS_PROVIDER_URL").is_none() {
-        payments_settings.provider.url = format!("http://{provider_addr}");
-    }
-    let provider_listener = tokio::net::TcpListener::bind(provider_addr).await?;
-    print_banner(&tickets, &payments, console_addr, provider_addr);
     let mut services = tokio::task::JoinSet::new();
     services.spawn(payment_provider::serve(
         provider_listener,
         payment_provider::Provider::default(),
         until_stopped(),
     ));
+    services.spawn(deploy_controller::serve(
+        controller_listener,
+        controller,
+        until_stopped(),
+    ));
     services.spawn(console::serve(console_listener, console_config, until_stopped()));
+    services.spawn(tickets::serve(
+        tickets,
+        idempotency.clone(),
+        tickets_policy,
+        Some(tickets_listener),
+        until_stopped(),
+    ));
     services.spawn(payments::serve(
         payments,
         idempotency.clone(),
@@ -67,11 +102,11 @@ async fn main() -> Result<(), Error> {
         Some(payments_listener),
         until_stopped(),
     ));
-    services.spawn(tickets::serve(
-        tickets,
+    services.spawn(deployments::serve(
+        deployments,
         idempotency,
-        tickets_policy,
-        Some(tickets_listener),
+        deployments_settings,
+        Some(deployments_listener),
         until_stopped(),
     ));
 
@@ -93,11 +128,25 @@ async fn main() -> Result<(), Error> {
     Ok(())
 }
 
+/// `DEPLOY_CONTROLLER_STEP_MS`: how long each phase of a simulated rollout takes (2000).
+fn controller_step() -> Result<Duration, String> {
+    match std::env::var("DEPLOY_CONTROLLER_STEP_MS") {
+        Ok(ms) => ms
+            .trim()
+            .parse()
+            .map(Duration::from_millis)
+            .map_err(|_| format!("DEPLOY_CONTROLLER_STEP_MS `{ms}` is not a number of milliseconds")),
+        Err(_) => Ok(deploy_controller::ControllerConfig::default().step),
+    }
+}
+
 fn print_banner(
     tickets: &ServiceConfig,
     payments: &ServiceConfig,
-    console: std::net::SocketAddr,
-    provider: std::net::SocketAddr,
+    deployments: &ServiceConfig,
+    console: SocketAddr,
+    provider: SocketAddr,
+    controller: SocketAddr,
 ) {
     let backend = if tickets.database_url.starts_with("postgres") {
         "PostgreSQL"
@@ -106,16 +155,15 @@ fn print_banner(
     };
     println!();
     println!("Retrysafe sandbox ({backend})");
-    println!(
-        "  tickets   http://{}   docs http://{}/docs",
-        tickets.listen, tickets.listen
-    );
-    println!(
-        "  payments  http://{}   docs http://{}/docs",
-        payments.listen, payments.listen
-    );
-    println!("  approvals http://{console}   (the approval console)");
-    println!("  provider  http://{provider}   (the simulated payment provider; faults: PUT /admin/faults)");
+    for service in [tickets, payments, deployments] {
+        println!(
+            "  {:<11} http://{}   docs http://{}/docs",
+            service.service, service.listen, service.listen
+        );
+    }
+    println!("  approvals   http://{console}   (the approval console)");
+    println!("  provider    http://{provider}   (the simulated payment provider; faults: PUT /admin/faults)");
+    println!("  controller  http://{controller}   (the simulated deployment controller; faults: PUT /admin/faults)");
     println!();
     println!("Demo API keys (sandbox only):");
     for key in DEMO_KEYS {
