@@ -9,7 +9,7 @@ use deploy_controller::{Controller, ControllerConfig, Faults};
 use platform::testing::ServiceProcess;
 use serde_json::{Value, json};
 
-const STEP: Duration = Duration::from_millis(100);
+const STEP: Duration = Duration::from_millis(300);
 
 struct Running {
     url: String,

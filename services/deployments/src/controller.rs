@@ -7,7 +7,10 @@
 
 use std::time::Duration;
 
-use idempotency::outbox::{Delivery, Destination, Lookup, OutboxEvent, Settlement};
+use idempotency::{
+    OperationState,
+    outbox::{self, Delivery, Destination, Lookup, OutboxEvent, Settlement},
+};
 use platform::{ApiError, Db, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +18,9 @@ use crate::{domain::DeploymentState, store};
 
 /// The event kind of a deployment or rollback: one rollout at the controller.
 pub const ROLLOUT: &str = "rollout";
+
+/// The principal the journal names for what the watcher sees end.
+pub const WATCHER: &str = "system:rollout-watcher";
 
 /// What a rollout's event carries; the deployment's id is the controller's
 /// `reference`.
@@ -111,7 +117,9 @@ impl Controller {
         format!("{}{path}", self.config.url)
     }
 
-    async fn rollout(&self, rollout_id: &str) -> Result<Rollout, String> {
+    /// A rollout the controller has; `None` when it does not know it (it
+    /// lost its state, say).
+    async fn rollout(&self, rollout_id: &str) -> Result<Option<Rollout>, String> {
         let response = self
             .http
             .get(self.url(&format!("/v1/rollouts/{rollout_id}")))
@@ -119,10 +127,13 @@ impl Controller {
             .send()
             .await
             .map_err(|e| e.to_string())?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
         if !response.status().is_success() {
             return Err(format!("the controller answered {}", response.status()));
         }
-        response.json().await.map_err(|e| e.to_string())
+        response.json().await.map(Some).map_err(|e| e.to_string())
     }
 
     async fn find(&self, query: &[(&str, &str)]) -> Result<Option<Rollout>, String> {
@@ -141,8 +152,9 @@ impl Controller {
         Ok(found.data.into_iter().next())
     }
 
-    /// Asks the controller to stop a rollout it has. `Ok(true)`: it is
-    /// cancelled (now or before); `Ok(false)`: it had finished already.
+    /// Asks the controller to stop a rollout. `Ok(true)`: it is cancelled (now
+    /// or before), or the controller does not know it — nothing runs;
+    /// `Ok(false)`: it had finished already.
     pub async fn cancel(&self, rollout_id: &str) -> Result<bool, ApiError> {
         let response = self
             .http
@@ -152,7 +164,7 @@ impl Controller {
             .await
             .map_err(|e| unreachable_controller(e.to_string()))?;
         match response.status().as_u16() {
-            200..=299 => Ok(true),
+            200..=299 | 404 => Ok(true),
             409 => Ok(false),
             status => Err(unreachable_controller(format!("the controller answered {status}"))),
         }
@@ -160,13 +172,21 @@ impl Controller {
 
     /// Follows every rollout the controller has and that has not finished,
     /// and moves its deployment along: `running`, then `succeeded` (the
-    /// environment's new current release), `failed` or `cancelled`. Returns
-    /// how many deployments changed.
+    /// environment's new current release), `failed` or `cancelled` — and ends
+    /// the operation that asked for it with it. A rollout the controller no
+    /// longer knows has failed. Returns how many deployments changed.
     pub async fn watch_once(&self, db: &Db) -> Result<usize, sqlx::Error> {
         let mut changed = 0;
-        for watched in store::watched(db, 100).await? {
+        for watched in store::watched(db).await? {
             let rollout = match self.rollout(&watched.rollout_id).await {
-                Ok(rollout) => rollout,
+                Ok(Some(rollout)) => rollout,
+                Ok(None) => Rollout {
+                    id: watched.rollout_id.clone(),
+                    state: "failed".into(),
+                    reference: watched.deployment_id.clone(),
+                    artifact_digest: String::new(),
+                    failure: Some("the controller no longer knows the rollout".into()),
+                },
                 Err(reason) => {
                     tracing::warn!(deployment_id = %watched.deployment_id, %reason, "could not read the rollout; asking again later");
                     continue;
@@ -202,6 +222,9 @@ impl Controller {
                 let mut tx = db.begin().await?;
                 if store::change_state(&mut tx, &watched.account_id, &watched.deployment_id, from, to, &note).await? {
                     changed += 1;
+                    if let Some(ended) = operation_ends_with(to) {
+                        outbox::finish(&mut tx, &watched.account_id, &watched.operation_id, ended, WATCHER).await?;
+                    }
                 }
                 tx.commit().await?;
             }
@@ -219,6 +242,16 @@ impl Controller {
                 tokio::time::sleep(poll).await;
             }
         })
+    }
+}
+
+/// How the operation that asked for a deployment ends with it: a rollout
+/// that succeeded completes it; one that failed or was cancelled fails it.
+pub fn operation_ends_with(state: DeploymentState) -> Option<OperationState> {
+    match state {
+        DeploymentState::Succeeded => Some(OperationState::Completed),
+        DeploymentState::Failed | DeploymentState::Cancelled => Some(OperationState::Failed),
+        DeploymentState::Queued | DeploymentState::Running | DeploymentState::Unknown => None,
     }
 }
 
@@ -250,6 +283,12 @@ struct Accepted {
 }
 
 impl Destination for Controller {
+    /// A rollout goes on at the controller after it is accepted: its
+    /// operation ends when the watcher sees the rollout end.
+    fn completes_on_acceptance(&self, _event: &OutboxEvent) -> bool {
+        false
+    }
+
     async fn deliver(&self, event: &OutboxEvent) -> Delivery {
         let order = match order(event) {
             Ok(order) => order,

@@ -322,8 +322,9 @@ pub struct Environment {
     pub locked_by: Option<LockHolder>,
 }
 
-/// Which deployments wait for a human (CONTRACT §6): every rollback, and every
-/// deployment to one of `approval_environments` (production, by default).
+/// Which deployments wait for a human (CONTRACT §6): every rollback, every
+/// deployment to production, and every deployment to one of
+/// `approval_environments`.
 #[derive(Debug, Clone)]
 pub struct DeploymentsPolicy {
     pub approval_environments: Vec<String>,
@@ -338,8 +339,9 @@ impl Default for DeploymentsPolicy {
 }
 
 impl DeploymentsPolicy {
-    /// `DEPLOYMENTS_APPROVAL_ENVIRONMENTS`: a comma-separated list (`production`).
-    /// Rollbacks always wait, whatever it says.
+    /// `DEPLOYMENTS_APPROVAL_ENVIRONMENTS`: a comma-separated list of
+    /// environments that wait besides production. Production and rollbacks
+    /// always wait, whatever it says.
     pub fn from_env() -> Self {
         match std::env::var("DEPLOYMENTS_APPROVAL_ENVIRONMENTS") {
             Ok(list) => DeploymentsPolicy {
@@ -355,7 +357,7 @@ impl DeploymentsPolicy {
 
     /// Whether deployments to `environment` wait for a human.
     pub fn wants_approval(&self, environment: &str) -> bool {
-        self.approval_environments.iter().any(|e| e == environment)
+        environment == "production" || self.approval_environments.iter().any(|e| e == environment)
     }
 
     /// `Some(what the approver judges)` when this deployment needs a human.

@@ -164,6 +164,11 @@ pub async fn serve(
     platform::prepare_sqlite_dir(&config.database_url)?;
     let db = Db::connect(&config.database_url, config.max_connections).await?;
     migrate(&db).await?;
+    if !config.sandbox && settings.controller.api_key == controller::SANDBOX_CONTROLLER_KEY {
+        tracing::warn!(
+            "DEPLOYMENTS_CONTROLLER_KEY is not set: using the sandbox's key, which only the simulated controller accepts"
+        );
+    }
     let app = App::new(db.clone(), idempotency, config.sandbox, settings.controller.clone())
         .with_policy(settings.policy.clone());
     let background = app

@@ -10,7 +10,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{Attempt, Effect, IdempotencyHeaders, OptionalIdempotencyHeaders, outbox};
+use idempotency::{Attempt, Effect, IdempotencyHeaders, OperationState, OptionalIdempotencyHeaders, outbox};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal, Tx,
     page::{Page, PageRequest},
@@ -87,7 +87,8 @@ pub async fn create_deployment(
         Err(invalid) => return invalid.into_response(),
     };
     // what a human would judge includes the release this one replaces, read
-    // before anything is claimed
+    // before anything is claimed (the lock is not: a retry of this very
+    // deployment would find itself holding it)
     let approval = if app.policy.wants_approval(&command.environment) {
         match store::environment(&app.db, &principal.account_id, &command.service, &command.environment).await {
             Ok(environment) => app
@@ -237,10 +238,16 @@ pub async fn cancel_deployment(
     ApiPath(deployment_id): ApiPath<String>,
 ) -> Response {
     let command = CancelDeployment { deployment_id };
+    // the controller is asked first, outside any transaction: its cancel is
+    // idempotent, and no write waits on another service meanwhile
+    let stopped = match stop_at_the_controller(&app, &principal, &command.deployment_id).await {
+        Ok(stopped) => stopped,
+        Err(error) => return error.into_response(),
+    };
     let Some(key) = key else {
         let cancelled = async {
             let mut tx = app.db.begin().await?;
-            let deployment = cancel(&app, &mut tx, &principal, &command.deployment_id).await?;
+            let deployment = cancel(&mut tx, &principal, &command.deployment_id, stopped).await?;
             tx.commit().await?;
             Ok::<_, ApiError>(deployment)
         };
@@ -254,7 +261,7 @@ pub async fn cancel_deployment(
             Attempt::post(CANCEL_DEPLOYMENT, &principal, key),
             &command,
             async |tx, _| {
-                let deployment = cancel(&app, tx, &principal, &command.deployment_id).await?;
+                let deployment = cancel(tx, &principal, &command.deployment_id, stopped).await?;
                 let (id, url) = (deployment.id.clone(), deployment.status_url.clone());
                 Ok(Effect::json(StatusCode::OK, &deployment).with_resource(deployment.kind.as_str(), &id, url))
             },
@@ -262,10 +269,37 @@ pub async fn cancel_deployment(
         .await
 }
 
-/// The cancel itself, in `tx`. A cancel at the controller is idempotent there
-/// too, so a transaction that rolls back after it leaves nothing a retry would
-/// not do again.
-async fn cancel(app: &App, tx: &mut Tx, principal: &Principal, deployment_id: &str) -> Result<Deployment, ApiError> {
+/// If the controller has the deployment's rollout and it has not ended, asks
+/// the controller to stop it: `Some(true)` stopped, `Some(false)` it had
+/// finished, `None` not asked. [`cancel`] then reads the deployment again and
+/// decides.
+async fn stop_at_the_controller(
+    app: &App,
+    principal: &Principal,
+    deployment_id: &str,
+) -> Result<Option<bool>, ApiError> {
+    let Some(deployment) = store::get(&app.db, &principal.account_id, deployment_id).await? else {
+        return Ok(None);
+    };
+    match (deployment.state, &deployment.controller_rollout_id) {
+        (DeploymentState::Queued | DeploymentState::Running, Some(rollout_id)) => {
+            Ok(Some(app.controller.cancel(rollout_id).await?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The cancel itself, in `tx`: before the controller has the rollout, its
+/// outbox event is withdrawn; once the controller has it (and was asked to
+/// stop it), the deployment is cancelled — unless the controller had finished
+/// it, which the watcher then records. Either way the operation that asked
+/// for it fails with it.
+async fn cancel(
+    tx: &mut Tx,
+    principal: &Principal,
+    deployment_id: &str,
+    stopped_at_the_controller: Option<bool>,
+) -> Result<Deployment, ApiError> {
     let account = &principal.account_id;
     let deployment = store::get_in(tx, account, deployment_id)
         .await?
@@ -282,9 +316,10 @@ async fn cancel(app: &App, tx: &mut Tx, principal: &Principal, deployment_id: &s
         }
         (DeploymentState::Unknown, _) => {
             return Err(ApiError::invalid_state(
-                "nobody knows yet whether the controller took it: wait for the reconciler, then cancel",
+                "nobody knows yet whether the controller took it: the reconciler is asking; cancel again after `Retry-After`",
             )
-            .with("state", deployment.state));
+            .with("state", deployment.state)
+            .with_retry_after(5));
         }
         (_, None) => {
             let withdrawn = outbox::withdraw(
@@ -297,7 +332,7 @@ async fn cancel(app: &App, tx: &mut Tx, principal: &Principal, deployment_id: &s
             .await?;
             if !withdrawn {
                 return Err(ApiError::invalid_state(
-                    "it is being handed to the controller right now: cancel again in a moment",
+                    "it is being handed to the controller right now: cancel again after `Retry-After`",
                 )
                 .with("state", deployment.state)
                 .with_retry_after(1));
@@ -308,14 +343,33 @@ async fn cancel(app: &App, tx: &mut Tx, principal: &Principal, deployment_id: &s
             );
             store::change_state(tx, account, deployment_id, &active, DeploymentState::Cancelled, &note).await?;
         }
-        (_, Some(rollout_id)) => {
-            if !app.controller.cancel(rollout_id).await? {
-                return Err(ApiError::invalid_state(
-                    "the controller had finished the rollout already; its state follows shortly",
-                ));
-            }
+        (_, Some(_)) if stopped_at_the_controller == Some(false) => {
+            return Err(ApiError::invalid_state(
+                "the controller had finished the rollout already; its state follows shortly",
+            )
+            .with("state", deployment.state));
+        }
+        // the controller took it after this request looked: it was not asked to stop it yet
+        (_, Some(_)) if stopped_at_the_controller.is_none() => {
+            return Err(
+                ApiError::invalid_state("the controller has just taken it: cancel again after `Retry-After`")
+                    .with("state", deployment.state)
+                    .with_retry_after(1),
+            );
+        }
+        (_, Some(_)) => {
             let note = format!("cancelled at the controller by {}", principal.principal_id);
-            store::change_state(tx, account, deployment_id, &active, DeploymentState::Cancelled, &note).await?;
+            if !store::change_state(tx, account, deployment_id, &active, DeploymentState::Cancelled, &note).await? {
+                return Err(ApiError::internal("the deployment changed while it was cancelled"));
+            }
+            outbox::finish(
+                tx,
+                account,
+                &deployment.operation_id,
+                OperationState::Failed,
+                &principal.principal_id,
+            )
+            .await?;
         }
     }
     store::get_in(tx, account, deployment_id)

@@ -41,8 +41,10 @@ pub struct NewDeployment<'a> {
 /// Creates a deployment or a rollback, `queued`, in the effect's transaction,
 /// taking the environment's lock: the insert does nothing when another one
 /// holds it (PostgreSQL waits for a concurrent holder to commit; SQLite has one
-/// writer), and the holder is named in the 409. A stale
-/// `expected_current_deployment_id` is 409 `version_mismatch`.
+/// writer), and the holder is named in the 409. The current release is read
+/// only once the lock is taken — no other deployment can change it then — so
+/// `replaces` is exact and a stale `expected_current_deployment_id` is always
+/// 409 `version_mismatch`, on both backends.
 pub async fn create(
     tx: &mut Tx,
     account_id: &str,
@@ -51,18 +53,12 @@ pub async fn create(
 ) -> Result<Deployment, ApiError> {
     const INSERT: &str = concat!(
         "INSERT INTO deployments (id, account_id, kind, service, environment, artifact_digest, commit_sha, state, \
-         replaces, restores, reason, operation_id, controller_idempotency_key, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', $8, $9, $10, $11, $12, $13, $13) \
+         restores, reason, operation_id, controller_idempotency_key, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', $8, $9, $10, $11, $12, $12) \
          ON CONFLICT (account_id, service, environment) WHERE state IN ('queued', 'running', 'unknown') DO NOTHING \
          RETURNING ",
         columns!()
     );
-    let current = current_release(tx, account_id, new.service, new.environment).await?;
-    if let Some(expected) = new.expected_current
-        && current.as_deref() != Some(expected)
-    {
-        return Err(version_mismatch(expected, current.as_deref()));
-    }
     // Bounded: the holder that made the insert do nothing can finish before it
     // is read; the environment is then free, so try again.
     for _ in 0..3 {
@@ -76,7 +72,6 @@ pub async fn create(
                 .bind(new.environment)
                 .bind(new.artifact_digest.as_str())
                 .bind(new.commit_sha.map(CommitSha::as_str))
-                .bind(current.as_deref())
                 .bind(new.restores)
                 .bind(new.reason)
                 .bind(operation_id)
@@ -88,6 +83,21 @@ pub async fn create(
                 .transpose()?
         });
         if let Some(mut deployment) = created {
+            // a statement of its own: on PostgreSQL it sees what the lock's last holder committed
+            let current = current_release(tx, account_id, new.service, new.environment).await?;
+            if let Some(expected) = new.expected_current
+                && current.as_deref() != Some(expected)
+            {
+                return Err(version_mismatch(expected, current.as_deref()));
+            }
+            on_tx!(tx, |conn| {
+                sqlx::query("UPDATE deployments SET replaces = $2 WHERE id = $1")
+                    .bind(&deployment.id)
+                    .bind(current.as_deref())
+                    .execute(conn)
+                    .await?;
+            });
+            deployment.replaces = current;
             let note = format!("asked for by {operation_id}");
             record_state(tx, &deployment.id, DeploymentState::Queued, &note, now).await?;
             deployment.history = Some(vec![StateChange {
@@ -128,7 +138,7 @@ fn environment_locked(service: &str, environment: &str, holder: LockHolder) -> A
         "environment_locked",
         "Environment locked",
         format!(
-            "{} ({}) holds {service} in {environment}; wait for it to end, or cancel it",
+            "{} ({}) holds {service} in {environment}: poll it, or cancel it; once it has ended, deploy with a new key",
             holder.deployment_id,
             holder.state.as_str()
         ),
@@ -450,28 +460,29 @@ pub async fn environment(db: &Db, account_id: &str, service: &str, environment: 
 pub struct Watched {
     pub account_id: String,
     pub deployment_id: String,
+    pub operation_id: String,
     pub rollout_id: String,
     pub state: DeploymentState,
 }
 
-/// The rollouts to follow, every account's, the longest unchanged first.
-pub async fn watched(db: &Db, limit: i64) -> Result<Vec<Watched>, sqlx::Error> {
-    let rows: Vec<(String, String, String, String)> = on_pool!(db.read(), |pool| {
+/// The rollouts to follow, every account's. The lock bounds them: at most one
+/// per environment.
+pub async fn watched(db: &Db) -> Result<Vec<Watched>, sqlx::Error> {
+    let rows: Vec<(String, String, String, String, String)> = on_pool!(db.read(), |pool| {
         sqlx::query_as(
-            "SELECT account_id, id, controller_rollout_id, state FROM deployments \
-             WHERE state IN ('queued', 'running') AND controller_rollout_id IS NOT NULL \
-             ORDER BY updated_at LIMIT $1",
+            "SELECT account_id, id, operation_id, controller_rollout_id, state FROM deployments \
+             WHERE state IN ('queued', 'running') AND controller_rollout_id IS NOT NULL ORDER BY updated_at",
         )
-        .bind(limit)
         .fetch_all(pool)
         .await?
     });
     Ok(rows
         .into_iter()
-        .filter_map(|(account_id, deployment_id, rollout_id, state)| {
+        .filter_map(|(account_id, deployment_id, operation_id, rollout_id, state)| {
             Some(Watched {
                 account_id,
                 deployment_id,
+                operation_id,
                 rollout_id,
                 state: DeploymentState::parse(&state)?,
             })

@@ -219,6 +219,14 @@ pub trait Destination: Send + Sync + 'static {
     /// service's own reference. `Err`: it could not be asked.
     fn look_up(&self, event: &OutboxEvent) -> impl Future<Output = Result<Lookup, String>> + Send;
 
+    /// Whether the external system's acceptance ends the operation: `true`
+    /// for a charge (accepted is done), `false` for work that goes on there
+    /// (a rollout): the operation then stays `in_progress`, with the external
+    /// reference, until the service ends it with [`finish`].
+    fn completes_on_acceptance(&self, _event: &OutboxEvent) -> bool {
+        true
+    }
+
     /// The service's business writes for how `event` ended (a capture
     /// succeeded, a refund failed…), in the transaction that settles the event
     /// and its operation.
@@ -353,11 +361,12 @@ pub(crate) async fn enqueue(
     Ok(())
 }
 
-/// Withdraws an operation's event that no worker has taken yet — a cancel
-/// that came before the delivery — in `tx`: the event fails with `reason`,
-/// and its operation with it (journaled `failed`, by `by`). `false`: a worker
-/// has taken it, or it was sent: the external system has it (or may have it),
-/// so it must be cancelled there.
+/// Withdraws an operation's event that was never handed to the external
+/// system — a cancel that came before the delivery — in `tx`: the event fails
+/// with `reason`, and its operation with it (journaled `failed`, by `by`).
+/// `false`: a worker has it, or it was sent at least once (even if it is due
+/// to be sent again, the external system may have it): it must be cancelled
+/// there.
 pub async fn withdraw(
     tx: &mut Tx,
     account_id: &str,
@@ -369,7 +378,7 @@ pub async fn withdraw(
     let withdrawn: Option<(String, String, String)> = on_tx!(tx, |conn| {
         sqlx::query_as(
             "UPDATE idempotency_outbox SET state = 'failed', last_error = $3, updated_at = $4 \
-             WHERE account_id = $1 AND operation_id = $2 AND state = 'pending' \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'pending' AND deliveries = 0 \
              RETURNING idempotency_key, fingerprint, route",
         )
         .bind(account_id)
@@ -382,24 +391,92 @@ pub async fn withdraw(
     let Some((idempotency_key, fingerprint, route)) = withdrawn else {
         return Ok(false);
     };
-    if !store::settle_external(tx, account_id, operation_id, OperationState::Failed, None, now).await? {
-        return Err(sqlx::Error::Protocol(format!(
-            "operation {operation_id} is not waiting for its delivery"
-        )));
-    }
-    let failed = Record {
-        account_id: account_id.to_owned(),
-        principal_id: by.to_owned(),
-        operation_id: Some(operation_id.to_owned()),
-        idempotency_key: Some(idempotency_key),
-        fingerprint: Some(fingerprint),
-        route: Some(route),
-        event: AuditEvent::Failed,
+    let operation = Ended {
+        account_id,
+        operation_id,
+        idempotency_key,
+        fingerprint,
+        route,
         external_ref: None,
-        at: now,
     };
-    audit::record(tx, &[failed]).await?;
+    operation.end(tx, OperationState::Failed, by, now).await?;
     Ok(true)
+}
+
+/// Ends an operation whose work went on at the external system after it
+/// accepted it ([`Destination::completes_on_acceptance`]): `completed` or
+/// `failed`, journaled by `by`, in `tx` (the one that records how the work
+/// ended in the service's own rows). `false`: it had ended already.
+pub async fn finish(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    ended: OperationState,
+    by: &str,
+) -> Result<bool, sqlx::Error> {
+    let found: Option<(String, String, String, Option<String>)> = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "SELECT o.idempotency_key, o.fingerprint, o.route, o.external_ref FROM idempotency_outbox o \
+             JOIN idempotency_operations op ON op.operation_id = o.operation_id \
+             WHERE o.account_id = $1 AND o.operation_id = $2 AND o.state = 'delivered' AND op.state = 'in_progress'",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .fetch_optional(conn)
+        .await?
+    });
+    let Some((idempotency_key, fingerprint, route, external_ref)) = found else {
+        return Ok(false);
+    };
+    let operation = Ended {
+        account_id,
+        operation_id,
+        idempotency_key,
+        fingerprint,
+        route,
+        external_ref,
+    };
+    operation.end(tx, ended, by, Timestamp::now()).await?;
+    Ok(true)
+}
+
+/// An operation whose outbox work is being ended by the service (withdrawn,
+/// or finished at the external system).
+struct Ended<'a> {
+    account_id: &'a str,
+    operation_id: &'a str,
+    idempotency_key: String,
+    fingerprint: String,
+    route: String,
+    external_ref: Option<String>,
+}
+
+impl Ended<'_> {
+    async fn end(self, tx: &mut Tx, state: OperationState, by: &str, now: Timestamp) -> Result<(), sqlx::Error> {
+        if !store::settle_external(tx, self.account_id, self.operation_id, state, None, now).await? {
+            return Err(sqlx::Error::Protocol(format!(
+                "operation {} is not waiting for its outbox work",
+                self.operation_id
+            )));
+        }
+        let event = if state == OperationState::Completed {
+            AuditEvent::Completed
+        } else {
+            AuditEvent::Failed
+        };
+        let ended = Record {
+            account_id: self.account_id.to_owned(),
+            principal_id: by.to_owned(),
+            operation_id: Some(self.operation_id.to_owned()),
+            idempotency_key: Some(self.idempotency_key),
+            fingerprint: Some(self.fingerprint),
+            route: Some(self.route),
+            event,
+            external_ref: self.external_ref,
+            at: now,
+        };
+        audit::record(tx, &[ended]).await
+    }
 }
 
 macro_rules! event_columns {
@@ -768,10 +845,16 @@ impl<D: Destination> Outbox<D> {
     /// lost, and whoever holds the event now settles it.
     async fn settle(&self, event: &OutboxEvent, outcome: Outcome) -> Result<bool, sqlx::Error> {
         let now = Timestamp::now();
+        // work that goes on at the external system after it accepted keeps its operation in progress
+        let completes = self.destination.completes_on_acceptance(event);
         let (event_state, operation_state, external_ref, last_error) = match &outcome {
             Outcome::Accepted { external_ref, .. } => (
                 EventState::Delivered,
-                OperationState::Completed,
+                if completes {
+                    OperationState::Completed
+                } else {
+                    OperationState::InProgress
+                },
                 Some(external_ref.as_str()),
                 None,
             ),
@@ -793,13 +876,11 @@ impl<D: Destination> Outbox<D> {
                 } else {
                     (AuditEvent::Accepted, WORKER)
                 };
-                (
-                    Settlement::Accepted { external_ref },
-                    vec![
-                        event.audit(found, by, Some(external_ref), now),
-                        event.audit(AuditEvent::Completed, by, Some(external_ref), now),
-                    ],
-                )
+                let mut journaled = vec![event.audit(found, by, Some(external_ref), now)];
+                if completes {
+                    journaled.push(event.audit(AuditEvent::Completed, by, Some(external_ref), now));
+                }
+                (Settlement::Accepted { external_ref }, journaled)
             }
             Outcome::Refused { reason } => (
                 Settlement::Refused { reason },

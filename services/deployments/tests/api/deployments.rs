@@ -10,7 +10,9 @@ use futures::future::join_all;
 use platform::Backend;
 use serde_json::{Value, json};
 
-use crate::support::{ACME_AGENT, COMMIT_A1B2C3, COMMIT_D4E5F6, GLOBEX_AGENT, TestApp, digest, release};
+use crate::support::{
+    ACME_AGENT, ACME_APPROVER, COMMIT_A1B2C3, COMMIT_D4E5F6, GLOBEX_AGENT, SLOW_STEP, TestApp, digest, release,
+};
 
 /// The article's sequence: dep-118 for commit a1b2c3 is accepted and its
 /// answer is lost; the agent, thinking it failed, starts a second deployment
@@ -87,15 +89,22 @@ async fn the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout
 }
 
 async fn a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_current_release(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestApp::spawn_with_step(backend, SLOW_STEP).await;
 
     let accepted = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
     let id = accepted.str("id");
+    let operation_id = accepted.operation_id.clone().unwrap();
     let environment_while_queued = app.environment("checkout", "staging").await;
     app.deliver().await;
     app.until(&id, "running").await;
+    let operation_while_running = app.operation(&operation_id).await;
     let finished = app.until(&id, "succeeded").await;
     let environment = app.environment("checkout", "staging").await;
+    let operation = app.operation(&operation_id).await;
+    let journal = app
+        .get(&format!("/v1/audit?operation_id={operation_id}"), ACME_APPROVER)
+        .await
+        .json();
 
     assert_eq!(accepted.status, StatusCode::ACCEPTED);
     let body = accepted.json();
@@ -121,6 +130,26 @@ async fn a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_cur
         environment["locked_by"],
         Value::Null,
         "a finished deployment frees the environment"
+    );
+    assert_eq!(
+        operation_while_running["state"], "in_progress",
+        "the operation ends with the rollout, not when the controller takes it"
+    );
+    assert_eq!(
+        operation_while_running["external_ref"],
+        finished["controller_rollout_id"]
+    );
+    assert_eq!(operation["state"], "completed");
+    let events: Vec<&str> = journal["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        ["attempted", "claimed", "dispatched", "accepted", "completed"],
+        "{journal}"
     );
 }
 
@@ -152,7 +181,10 @@ async fn a_failed_rollout_fails_the_deployment_and_frees_the_environment(backend
     let failing = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
     app.deliver().await;
     let failed = app.until(&failing.str("id"), "failed").await;
+    let operation = app.operation(failing.operation_id.as_deref().unwrap()).await;
     let next = app.deploy("deploy-2", &release("staging", &digest('b'), None)).await;
+
+    assert_eq!(operation["state"], "failed", "the operation fails with its rollout");
 
     let last = failed["history"].as_array().unwrap().last().unwrap().clone();
     assert!(last["note"].as_str().unwrap().contains("health checks"), "{last}");
@@ -189,7 +221,7 @@ async fn sixteen_racing_deployments_to_one_environment_hold_one_lock(backend: Ba
 async fn a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_controller_and_never_after_it_ends(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestApp::spawn_with_step(backend, SLOW_STEP).await;
 
     // before the hand-over: withdrawn from the outbox, nothing reaches the controller
     let early = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
@@ -250,6 +282,10 @@ async fn a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_contro
     assert_eq!(stopped.status, StatusCode::OK, "{:?}", stopped.body);
     assert_eq!(stopped.json()["state"], "cancelled");
     assert_eq!(
+        app.operation(late.operation_id.as_deref().unwrap()).await["state"],
+        "failed"
+    );
+    assert_eq!(
         again.status,
         StatusCode::OK,
         "cancelling what is cancelled answers it unchanged"
@@ -262,6 +298,40 @@ async fn a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_contro
         2,
         "the one cancelled before the hand-over never reached the controller"
     );
+}
+
+/// A cancel that finds the rollout on its way to the controller cannot know
+/// whether the controller has it: it asks to be sent again shortly (so it is
+/// not stored against its key), and then cancels it at the controller.
+async fn a_cancel_while_the_rollout_is_being_handed_over_asks_to_be_sent_again(backend: Backend) {
+    let app = Arc::new(TestApp::spawn_with_step(backend, SLOW_STEP).await);
+    app.controller.set_faults(Faults {
+        latency_ms: 600,
+        ..Faults::default()
+    });
+    let accepted = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
+    let id = accepted.str("id");
+    let cancel = format!("/v1/deployments/{id}/cancel");
+
+    let handing_over = {
+        let app = app.clone();
+        tokio::spawn(async move { app.deliver().await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let too_soon = app.post(&cancel, ACME_AGENT, Some("cancel-1"), &json!({})).await;
+    handing_over.await.unwrap();
+    let later = app.post(&cancel, ACME_AGENT, Some("cancel-1"), &json!({})).await;
+
+    too_soon.assert_problem(StatusCode::CONFLICT, "invalid_state");
+    assert!(too_soon.json()["detail"].as_str().unwrap().contains("Retry-After"));
+    assert_eq!(
+        later.status,
+        StatusCode::OK,
+        "the same key works once the controller has it: {:?}",
+        later.body
+    );
+    assert_eq!(later.json()["state"], "cancelled");
+    assert_eq!(app.controller.stats().rollouts_started, 1);
 }
 
 async fn another_account_sees_none_of_it(backend: Backend) {
@@ -299,4 +369,5 @@ platform::both_backends!(
     sixteen_racing_deployments_to_one_environment_hold_one_lock,
     a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_controller_and_never_after_it_ends,
     another_account_sees_none_of_it,
+    a_cancel_while_the_rollout_is_being_handed_over_asks_to_be_sent_again,
 );

@@ -22,9 +22,11 @@ pub const ACME_AGENT: &str = "demo-acme-agent";
 pub const ACME_APPROVER: &str = "demo-acme-approver";
 pub const GLOBEX_AGENT: &str = "demo-globex-agent";
 
-/// How long each phase of a simulated rollout takes here: long enough for the
-/// watcher (polled every 20 ms) to see each one.
+/// How long each phase of a simulated rollout takes here.
 pub const STEP: Duration = Duration::from_millis(250);
+/// A controller slow enough that a test can act while a rollout runs,
+/// however loaded the machine.
+pub const SLOW_STEP: Duration = Duration::from_secs(2);
 
 /// The article's two commits, and two releases built from them.
 pub const COMMIT_A1B2C3: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678";
@@ -49,9 +51,9 @@ pub struct TestController {
 }
 
 impl TestController {
-    pub async fn start() -> TestController {
+    pub async fn start(step: Duration) -> TestController {
         let state = deploy_controller::Controller::open(SimulatedConfig {
-            step: STEP,
+            step,
             ..SimulatedConfig::default()
         })
         .unwrap();
@@ -114,9 +116,14 @@ pub fn outbox_config() -> OutboxConfig {
 impl TestApp {
     /// The sandbox's policy: production deployments and every rollback wait for an approver.
     pub async fn spawn(backend: Backend) -> TestApp {
+        TestApp::spawn_with_step(backend, STEP).await
+    }
+
+    /// With a controller whose rollout phases take `step` each.
+    pub async fn spawn_with_step(backend: Backend, step: Duration) -> TestApp {
         let db = TestDb::new(backend).await;
         deployments::migrate(&db.db).await.expect("migrations apply");
-        let controller = TestController::start().await;
+        let controller = TestController::start(step).await;
         let config = ControllerConfig {
             url: controller.url.clone(),
             api_key: SANDBOX_CONTROLLER_KEY.to_owned(),
@@ -202,9 +209,9 @@ impl TestApp {
             .expect("the reconciler takes its events")
     }
 
-    /// Follows rollouts until the deployment is in `state` (within ten seconds).
+    /// Follows rollouts until the deployment is in `state` (within twenty seconds).
     pub async fn until(&self, deployment_id: &str, state: &str) -> Value {
-        tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::time::timeout(Duration::from_secs(20), async {
             loop {
                 self.service.controller.watch_once(&self.db.db).await.unwrap();
                 let deployment = self.deployment(deployment_id).await;
