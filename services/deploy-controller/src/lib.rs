@@ -35,7 +35,7 @@ use axum::{
 };
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
-    simulated::{Tenant, idempotency_key, request_hash},
+    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash},
 };
 use serde::{Deserialize, Serialize};
 use validator::Validate;
@@ -106,6 +106,16 @@ pub enum RolloutState {
 }
 
 impl RolloutState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutState::Queued => "queued",
+            RolloutState::Running => "running",
+            RolloutState::Succeeded => "succeeded",
+            RolloutState::Failed => "failed",
+            RolloutState::Cancelled => "cancelled",
+        }
+    }
+
     fn is_finished(self) -> bool {
         matches!(
             self,
@@ -179,6 +189,7 @@ impl Default for ControllerConfig {
 pub struct Controller {
     ledger: Arc<Mutex<Ledger>>,
     config: Arc<ControllerConfig>,
+    events: EventLog,
 }
 
 impl Controller {
@@ -207,6 +218,7 @@ impl Controller {
         let controller = Controller {
             ledger: Arc::new(Mutex::new(ledger)),
             config: Arc::new(config),
+            events: EventLog::default(),
         };
         controller.save(&controller.lock())?;
         Ok(controller)
@@ -214,6 +226,11 @@ impl Controller {
 
     pub fn stats(&self) -> Stats {
         self.lock().stats
+    }
+
+    /// What it did since it started, in order (`GET /admin/events`).
+    pub fn events(&self) -> Vec<SimulatedEvent> {
+        self.events.all()
     }
 
     pub fn set_faults(&self, faults: Faults) {
@@ -250,8 +267,15 @@ impl Controller {
         if let Some(&at) = ledger.index.get(&(tenant.clone(), key.clone())) {
             let keyed = &ledger.keys[at].2;
             return if keyed.request_hash == hash {
-                Ok((ledger.rollouts[keyed.rollout].1.clone(), true, false))
+                let rollout = ledger.rollouts[keyed.rollout].1.clone();
+                self.events.record(
+                    format!("replayed {}: the same key, nothing started again", rollout.id),
+                    Some(&key),
+                );
+                Ok((rollout, true, false))
             } else {
+                self.events
+                    .record("422: the key names another rollout, nothing started", Some(&key));
                 Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "idempotency_key_reused",
@@ -288,6 +312,18 @@ impl Controller {
             },
         ));
         ledger.stats.rollouts_started += 1;
+        self.events.record(
+            format!(
+                "started {} ({} of {} to {} in {}, reference {})",
+                rollout.id,
+                rollout.kind,
+                rollout.artifact_digest,
+                rollout.service,
+                rollout.environment,
+                rollout.reference
+            ),
+            Some(&rollout.idempotency_key),
+        );
         let drop_answer = ledger.faults.drop_next > 0;
         if drop_answer {
             ledger.faults.drop_next -= 1;
@@ -340,6 +376,10 @@ impl Controller {
         }
         rollout.state = state;
         rollout.updated_at = Timestamp::now();
+        self.events.record(
+            format!("{} is {}", rollout.id, state.as_str()),
+            Some(&rollout.idempotency_key),
+        );
         let crash = state == RolloutState::Running && self.config.may_exit && ledger.faults.crash_next_rollout > 0;
         if crash {
             ledger.faults.crash_next_rollout -= 1;
@@ -357,6 +397,7 @@ pub fn router(controller: Controller) -> Router {
             .route("/v1/rollouts/{rollout_id}/cancel", post(cancel_rollout))
             .route("/admin/faults", get(get_faults).put(put_faults))
             .route("/admin/stats", get(get_stats))
+            .route("/admin/events", get(get_events))
             .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
             .with_state(controller),
     )
@@ -391,6 +432,9 @@ async fn create_rollout(
     };
     tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     if faults.fail_next > 0 {
+        controller
+            .events
+            .record("503 before accepting (fault fail_next): nothing started", Some(&key));
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "controller_unavailable",
@@ -398,9 +442,12 @@ async fn create_rollout(
             "the controller failed before accepting the rollout; nothing was started",
         ));
     }
-    let (rollout, replayed, drop_answer) = controller.start(tenant, key, request)?;
+    let (rollout, replayed, drop_answer) = controller.start(tenant, key.clone(), request)?;
     if drop_answer {
         tracing::warn!("fault: accepted, and the answer is dropped");
+        controller
+            .events
+            .record("the answer is dropped (fault drop_next)", Some(&key));
         tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
     }
     let mut response = (StatusCode::ACCEPTED, Json(rollout)).into_response();
@@ -443,6 +490,9 @@ async fn cancel_rollout(
             let rollout = &mut ledger.rollouts[at].1;
             rollout.state = RolloutState::Cancelled;
             rollout.updated_at = Timestamp::now();
+            controller
+                .events
+                .record(format!("cancelled {}", rollout.id), Some(&rollout.idempotency_key));
             controller.saved(&ledger);
         }
         RolloutState::Cancelled => {}
@@ -524,4 +574,9 @@ async fn put_faults(
 
 async fn get_stats(State(controller): State<Controller>) -> Json<Stats> {
     Json(controller.stats())
+}
+
+/// What the controller did since it started, in order: for timelines.
+async fn get_events(State(controller): State<Controller>) -> Json<Vec<SimulatedEvent>> {
+    Json(controller.events())
 }

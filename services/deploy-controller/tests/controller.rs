@@ -115,6 +115,10 @@ async fn the_same_key_and_body_is_one_rollout_and_a_changed_body_starts_nothing(
         (422, Some("idempotency_key_reused"))
     );
     assert_eq!(controller.controller.stats().rollouts_started, 1);
+    let events: Vec<String> = controller.controller.events().into_iter().map(|e| e.what).collect();
+    assert!(events[0].starts_with("started ro_"), "{events:?}");
+    assert!(events[1].starts_with("replayed ro_"), "{events:?}");
+    assert!(events[2].starts_with("422"), "{events:?}");
 }
 
 impl Running {

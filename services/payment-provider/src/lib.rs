@@ -34,7 +34,7 @@ use axum::{
 };
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
-    simulated::{Tenant, idempotency_key, request_hash},
+    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash},
 };
 use serde::{Deserialize, Serialize};
 use validator::Validate;
@@ -153,11 +153,17 @@ struct Ledger {
 #[derive(Debug, Clone, Default)]
 pub struct Provider {
     ledger: Arc<Mutex<Ledger>>,
+    events: EventLog,
 }
 
 impl Provider {
     pub fn stats(&self) -> Stats {
         self.lock().stats
+    }
+
+    /// What it did, in order (`GET /admin/events`).
+    pub fn events(&self) -> Vec<SimulatedEvent> {
+        self.events.all()
     }
 
     pub fn set_faults(&self, faults: Faults) {
@@ -180,6 +186,7 @@ fn routes(provider: Provider) -> Router {
         .route("/v1/refunds", post(create_refund).get(find_refunds))
         .route("/admin/faults", get(get_faults).put(put_faults))
         .route("/admin/stats", get(get_stats))
+        .route("/admin/events", get(get_events))
         .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
         .with_state(provider)
 }
@@ -196,7 +203,7 @@ pub async fn serve(
 
 /// What the faults do to a charge or refund request before it is accepted:
 /// latency, a failure before accepting, slow acceptance.
-async fn before_accepting(provider: &Provider) -> Result<(), ApiError> {
+async fn before_accepting(provider: &Provider, key: &str) -> Result<(), ApiError> {
     let faults = {
         let mut ledger = provider.lock();
         ledger.stats.requests += 1;
@@ -208,6 +215,9 @@ async fn before_accepting(provider: &Provider) -> Result<(), ApiError> {
     };
     tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     if faults.fail_next > 0 {
+        provider
+            .events
+            .record("503 before accepting (fault fail_next): nothing charged", Some(key));
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "provider_unavailable",
@@ -221,12 +231,14 @@ async fn before_accepting(provider: &Provider) -> Result<(), ApiError> {
 
 impl Provider {
     /// The `decline_next` fault: this charge is declined, and nothing stored.
-    fn decline_if_asked(&self) -> Result<(), ApiError> {
+    fn decline_if_asked(&self, key: &str) -> Result<(), ApiError> {
         let mut ledger = self.lock();
         if ledger.faults.decline_next == 0 {
             return Ok(());
         }
         ledger.faults.decline_next -= 1;
+        self.events
+            .record("402 declined (fault decline_next): nothing charged", Some(key));
         Err(ApiError::new(
             StatusCode::PAYMENT_REQUIRED,
             "charge_declined",
@@ -250,9 +262,12 @@ impl Ledger {
 
 /// The answer, or — under the `drop_next` fault — no answer at all: the
 /// request was accepted, and its caller waits until it gives up.
-async fn answer(drop_answer: bool, response: Response) -> Response {
+async fn answer(provider: &Provider, key: &str, drop_answer: bool, response: Response) -> Response {
     if drop_answer {
         tracing::warn!("fault: accepted, and the answer is dropped");
+        provider
+            .events
+            .record("the answer is dropped (fault drop_next)", Some(key));
         tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
     }
     response
@@ -283,10 +298,16 @@ async fn create_charge(
     ApiJson(request): ApiJson<ChargeRequest>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    before_accepting(&provider).await?;
-    provider.decline_if_asked()?;
-    let (charge, replayed, drop_answer) = provider.charge(merchant, key, request)?;
-    Ok(answer(drop_answer, made(StatusCode::CREATED, replayed, &charge)).await)
+    before_accepting(&provider, &key).await?;
+    provider.decline_if_asked(&key)?;
+    let (charge, replayed, drop_answer) = provider.charge(merchant, key.clone(), request)?;
+    Ok(answer(
+        &provider,
+        &key,
+        drop_answer,
+        made(StatusCode::CREATED, replayed, &charge),
+    )
+    .await)
 }
 
 async fn create_refund(
@@ -296,9 +317,15 @@ async fn create_refund(
     ApiJson(request): ApiJson<RefundRequest>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    before_accepting(&provider).await?;
-    let (refund, replayed, drop_answer) = provider.refund(merchant, key, request)?;
-    Ok(answer(drop_answer, made(StatusCode::CREATED, replayed, &refund)).await)
+    before_accepting(&provider, &key).await?;
+    let (refund, replayed, drop_answer) = provider.refund(merchant, key.clone(), request)?;
+    Ok(answer(
+        &provider,
+        &key,
+        drop_answer,
+        made(StatusCode::CREATED, replayed, &refund),
+    )
+    .await)
 }
 
 impl Provider {
@@ -316,10 +343,18 @@ impl Provider {
         let hash = request_hash(&request);
         let mut ledger = self.lock();
         if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
-            return match keyed.made {
+            let answer = match keyed.made {
                 Made::Charge(i) if keyed.request_hash == hash => Ok((ledger.charges[i].1.clone(), true, false)),
                 _ => Err(key_reused()),
             };
+            self.events.record(
+                match &answer {
+                    Ok((charge, ..)) => format!("replayed {}: the same key, nothing charged again", charge.id),
+                    Err(_) => "422: the key names another request, nothing charged".to_owned(),
+                },
+                Some(&key),
+            );
+            return answer;
         }
         let charge = Charge {
             id: format!("ch_{}", uuid::Uuid::now_v7().simple()),
@@ -342,6 +377,13 @@ impl Provider {
             },
         );
         ledger.stats.charges_made += 1;
+        self.events.record(
+            format!(
+                "charged {} ({} minor units {}, reference {})",
+                charge.id, charge.amount_minor, charge.currency, charge.merchant_reference
+            ),
+            Some(&charge.idempotency_key),
+        );
         Ok((charge, false, ledger.drop_this_answer()))
     }
 
@@ -393,6 +435,13 @@ impl Provider {
             },
         );
         ledger.stats.refunds_made += 1;
+        self.events.record(
+            format!(
+                "refunded {} ({} minor units of {})",
+                refund.id, refund.amount_minor, refund.charge_id
+            ),
+            Some(&refund.idempotency_key),
+        );
         Ok((refund, false, ledger.drop_this_answer()))
     }
 }
@@ -488,4 +537,9 @@ async fn put_faults(State(provider): State<Provider>, ApiJson(faults): ApiJson<F
 
 async fn get_stats(State(provider): State<Provider>) -> Json<Stats> {
     Json(provider.stats())
+}
+
+/// What the provider did, in order: for timelines.
+async fn get_events(State(provider): State<Provider>) -> Json<Vec<SimulatedEvent>> {
+    Json(provider.events())
 }

@@ -175,6 +175,13 @@ async fn an_accepted_charge_whose_answer_is_dropped_is_found_by_lookup_and_repla
     assert_eq!((retried, replayed.as_deref()), (201, Some("true")));
     assert_eq!(charge["id"], found["data"][0]["id"]);
     assert_eq!(provider.provider.stats().charges_made, 1);
+    let events: Vec<String> = provider.provider.events().into_iter().map(|e| e.what).collect();
+    assert!(events.iter().any(|e| e.starts_with("charged ch_")), "{events:?}");
+    assert!(
+        events.iter().any(|e| e.starts_with("the answer is dropped")),
+        "{events:?}"
+    );
+    assert!(events.iter().any(|e| e.starts_with("replayed ch_")), "{events:?}");
 }
 
 #[tokio::test]

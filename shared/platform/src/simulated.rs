@@ -52,3 +52,42 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
 pub fn request_hash(request: &impl Serialize) -> String {
     hex::encode(Sha256::digest(serde_json::to_vec(request).unwrap_or_default()))
 }
+
+/// Something a simulated external system did, for a timeline a person reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimulatedEvent {
+    pub at: crate::Timestamp,
+    /// What happened, in words: "charged ch_… (1250 minor units)", "answer dropped (fault)".
+    pub what: String,
+    /// The caller's idempotency key, when the event is about a request.
+    pub key: Option<String>,
+}
+
+/// What a simulated system did, in order: the last [`EventLog::KEPT`] events.
+#[derive(Debug, Clone, Default)]
+pub struct EventLog(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<SimulatedEvent>>>);
+
+impl EventLog {
+    pub const KEPT: usize = 10_000;
+
+    pub fn record(&self, what: impl Into<String>, key: Option<&str>) {
+        let mut events = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if events.len() == Self::KEPT {
+            events.pop_front();
+        }
+        events.push_back(SimulatedEvent {
+            at: crate::Timestamp::now(),
+            what: what.into(),
+            key: key.map(str::to_owned),
+        });
+    }
+
+    pub fn all(&self) -> Vec<SimulatedEvent> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
