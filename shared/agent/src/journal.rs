@@ -115,6 +115,26 @@ impl Journal {
         Ok(entry)
     }
 
+    /// Records operation `name` under a key made elsewhere (a workflow
+    /// engine that owns the keys hands one over), instead of making one.
+    /// Refused like [`Journal::begin`] if the name is known with another payload.
+    pub async fn adopt(&self, name: &str, key: &str, request: &Request) -> Result<Entry, AgentError> {
+        let at = now();
+        sqlx::query(
+            "INSERT INTO agent_operations (name, idempotency_key, payload_digest, method, target, state, \
+             created_at, updated_at) VALUES ($1, $2, $3, 'POST', $4, 'pending', $5, $5) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(key)
+        .bind(payload_digest(request))
+        .bind(request.target())
+        .bind(&at)
+        .execute(&self.pool)
+        .await?;
+        self.begin(name, request).await
+    }
+
     pub async fn entry(&self, name: &str) -> Result<Option<Entry>, AgentError> {
         let row: Option<EntryRow> = sqlx::query_as(
             "SELECT name, idempotency_key, payload_digest, method, target, state, operation_id, result_status, \

@@ -327,7 +327,12 @@ impl Run<'_> {
                 Next::SendAgain(wait, why) => {
                     let wait = wait.max(self.backoff());
                     journal
-                        .record_attempt(self.name, "wait", None, &format!("{why}; waiting {wait:?}"))
+                        .record_attempt(
+                            self.name,
+                            "wait",
+                            None,
+                            &format!("{why}; waiting {} ms", wait.as_millis()),
+                        )
                         .await?;
                     tokio::time::sleep(wait).await;
                 }

@@ -1,0 +1,254 @@
+//! A scenario file, as a newcomer reads it: a title, the lesson it teaches,
+//! the sandbox's settings, the steps of the story (each says in words what
+//! happens, then does one thing), and what must be true at the end —
+//! checked against the services' own records.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Story {
+    pub title: String,
+    /// The one-line lesson it teaches.
+    pub lesson: String,
+    #[serde(default)]
+    pub sandbox: Sandbox,
+    #[serde(rename = "step")]
+    pub steps: Vec<Step>,
+    pub expect: Expectations,
+    /// The file's name, without `.toml`.
+    #[serde(skip)]
+    pub name: String,
+}
+
+/// How the sandbox runs for this story: environment variables of its own
+/// (an approval policy, a claim mode, fail points…).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sandbox {
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// One step: what happens, in words, and the one thing it does.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub say: String,
+    pub fault: Option<Fault>,
+    pub agent: Option<AgentStep>,
+    pub agent_process: Option<AgentProcess>,
+    pub burst: Option<Burst>,
+    pub approve: Option<Approve>,
+    pub restart: Option<Restart>,
+    pub poll: Option<Poll>,
+    pub expect: Option<StepExpect>,
+}
+
+/// Faults switched on (or off, with zeros) for the next steps.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// The network between the agent and a service (see `fault-proxy`).
+    pub network: Option<NetworkFault>,
+    /// The payment provider's `PUT /admin/faults` body.
+    pub provider: Option<Value>,
+    /// The deployment controller's `PUT /admin/faults` body.
+    pub controller: Option<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkFault {
+    pub service: String,
+    #[serde(default)]
+    pub drop_next_answers: u32,
+    #[serde(default)]
+    pub fail_next: u32,
+    #[serde(default)]
+    pub delay_ms: u64,
+}
+
+/// The agent (the library, in this process) runs one operation by name.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentStep {
+    pub name: String,
+    pub service: String,
+    /// May name an earlier operation's answer: `/v1/payment_intents/{intent.id}/capture`.
+    pub path: String,
+    pub body: Value,
+    /// Another agent, with a journal of its own (`main` by default).
+    pub journal: Option<String>,
+    /// Use the key of this earlier operation instead of a new one: an agent
+    /// that copied a key it should not have.
+    pub key_of: Option<String>,
+    /// How long one request may take (2000 ms).
+    pub timeout_ms: Option<u64>,
+    /// Sends in this run, at most (6).
+    pub max_sends: Option<u32>,
+    /// Follow work that goes on after its answer for this long.
+    pub follow_seconds: Option<f64>,
+}
+
+/// The `agent` command line as its own process, killed (or not) while it waits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentProcess {
+    pub name: String,
+    pub service: String,
+    pub path: String,
+    pub body: Value,
+    /// SIGKILL the process this long after it started.
+    pub kill_after_ms: Option<u64>,
+    pub timeout_ms: Option<u64>,
+}
+
+/// Many copies of one request with one key, all at once, not through the agent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Burst {
+    pub copies: usize,
+    pub key: String,
+    pub service: String,
+    pub path: String,
+    pub body: Value,
+}
+
+/// An approver approves what an operation asked for, echoing its fingerprint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approve {
+    /// The agent operation whose approval request is approved.
+    pub operation: String,
+    pub service: String,
+}
+
+/// The agent polls an operation's status (`GET /v1/operations/{id}`) until
+/// it is in one of `until`, as an agent does after a timeout.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Poll {
+    pub operation: String,
+    pub service: String,
+    pub until: Vec<String>,
+    /// How long to keep asking (30 s).
+    pub seconds: Option<f64>,
+}
+
+/// The sandbox is killed (SIGKILL) and started again, with `env` changed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Restart {
+    /// Variables to set (a value) or remove (an empty string).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Wait this long for the agent meanwhile (after the kill, before the start).
+    pub wait_ms: Option<u64>,
+}
+
+/// What a step must come to.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepExpect {
+    /// The agent's outcome: one of these.
+    pub outcome: Option<Vec<String>>,
+    /// The problem `code` of the last answer.
+    pub code: Option<String>,
+    /// The agent used the same key as this earlier operation.
+    pub same_key_as: Option<String>,
+    /// A burst: how many copies were answered as the first (`Idempotent-Replayed: false`) with a 2xx.
+    pub first_answers: Option<usize>,
+    /// A burst: the statuses every copy may have.
+    pub statuses: Option<Vec<u16>>,
+    /// An agent process: its exit code.
+    pub exit_code: Option<i32>,
+}
+
+/// What must be true at the end, read from the services' own records.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expectations {
+    /// Tickets in the tickets service.
+    pub tickets: Option<usize>,
+    /// Charges the payment provider really made.
+    pub provider_charges: Option<u64>,
+    /// Rollouts the deployment controller really started.
+    pub controller_rollouts: Option<u64>,
+    /// Pending approvals at a service.
+    pub pending_approvals: Option<PendingApprovals>,
+    /// Events in a service's audit journal for an agent operation.
+    #[serde(default)]
+    pub journal: Vec<JournalExpect>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PendingApprovals {
+    pub service: String,
+    pub count: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalExpect {
+    /// The agent operation (by name) whose journal entries are read.
+    pub operation: String,
+    pub service: String,
+    /// Events that must be there.
+    #[serde(default)]
+    pub includes: Vec<String>,
+    /// Events that must not.
+    #[serde(default)]
+    pub excludes: Vec<String>,
+}
+
+impl Step {
+    /// How many things the step does; a story says one thing per step.
+    pub fn actions(&self) -> usize {
+        [
+            self.fault.is_some(),
+            self.agent.is_some(),
+            self.agent_process.is_some(),
+            self.burst.is_some(),
+            self.approve.is_some(),
+            self.restart.is_some(),
+            self.poll.is_some(),
+        ]
+        .into_iter()
+        .filter(|a| *a)
+        .count()
+    }
+}
+
+/// Every story in `dir`, by name.
+pub fn load_all(dir: &Path) -> Result<Vec<Story>, String> {
+    let mut stories = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut story: Story = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        story.name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(step) = story.steps.iter().find(|s| s.actions() != 1) {
+            return Err(format!(
+                "{}: the step \"{}\" must do exactly one thing",
+                path.display(),
+                step.say
+            ));
+        }
+        stories.push(story);
+    }
+    Ok(stories)
+}

@@ -1,0 +1,280 @@
+//! The world a story plays in: the real sandbox as its own process (every
+//! service, the simulated provider and controller) on fresh databases and
+//! free ports, a fault proxy in front of each service, and the agent's
+//! journals. Killed and started again when a story says so; cleaned up after.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use fault_proxy::FaultProxy;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+/// Which database the services run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// The services an agent talks to, each behind its proxy.
+pub const SERVICES: [&str; 3] = ["tickets", "payments", "deployments"];
+
+/// The sandbox's settings for every story: an outbox and a controller fast
+/// enough that a story takes seconds.
+const FAST: [(&str, &str); 5] = [
+    ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", "1"),
+    ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "3"),
+    ("RETRYSAFE_RECONCILE_AFTER_SECONDS", "0.5"),
+    ("RETRYSAFE_LEASE_SECONDS", "3"),
+    ("DEPLOY_CONTROLLER_STEP_MS", "300"),
+];
+
+pub struct World {
+    sandbox_binary: PathBuf,
+    pub agent_binary: PathBuf,
+    sandbox: Option<Child>,
+    env: BTreeMap<String, String>,
+    /// `tickets` → `http://127.0.0.1:<port>`: the services themselves.
+    pub services: HashMap<&'static str, String>,
+    /// The proxies agents go through, by service.
+    pub proxies: HashMap<&'static str, FaultProxy>,
+    pub provider: String,
+    pub controller: String,
+    /// Where this world keeps its files: SQLite databases, the agents' journals, the sandbox's log.
+    pub dir: tempfile::TempDir,
+    postgres: Option<(String, String)>,
+    http: reqwest::Client,
+}
+
+impl World {
+    /// Starts a fresh sandbox with the story's `env`.
+    pub async fn start(backend: Backend, binaries: &Path, env: &BTreeMap<String, String>) -> Result<World, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let mut ports = Vec::new();
+        for _ in 0..6 {
+            ports.push(free_port()?);
+        }
+        let address = |port: u16| format!("127.0.0.1:{port}");
+        let mut settings: BTreeMap<String, String> = [
+            ("TICKETS_ADDR", address(ports[0])),
+            ("PAYMENTS_ADDR", address(ports[1])),
+            ("DEPLOYMENTS_ADDR", address(ports[2])),
+            ("CONSOLE_ADDR", address(ports[3])),
+            ("PAYMENT_PROVIDER_ADDR", address(ports[4])),
+            ("DEPLOY_CONTROLLER_ADDR", address(ports[5])),
+            ("RETRYSAFE_DATA_DIR", dir.path().display().to_string()),
+            ("LOG_FORMAT", "json".into()),
+            ("RUST_LOG", "info".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain(FAST.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
+        .collect();
+        let postgres = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => {
+                let name = format!("rs_scn_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+                let admin = postgres_admin_url();
+                settings.insert("DATABASE_URL".into(), with_database(&admin, &name));
+                Some((admin, name))
+            }
+        };
+        settings.extend(env.clone());
+        let services: HashMap<&'static str, String> = SERVICES
+            .iter()
+            .zip(&ports)
+            .map(|(service, port)| (*service, format!("http://{}", address(*port))))
+            .collect();
+        let mut proxies = HashMap::new();
+        for service in SERVICES {
+            let proxy = FaultProxy::start(services[service].clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            proxies.insert(service, proxy);
+        }
+        let mut world = World {
+            sandbox_binary: binaries.join("sandbox"),
+            agent_binary: binaries.join("agent"),
+            sandbox: None,
+            env: settings,
+            services,
+            proxies,
+            provider: format!("http://{}", address(ports[4])),
+            controller: format!("http://{}", address(ports[5])),
+            dir,
+            postgres,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .map_err(|e| e.to_string())?,
+        };
+        world.launch().await?;
+        Ok(world)
+    }
+
+    /// Starts the sandbox process and waits until every part answers.
+    async fn launch(&mut self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("sandbox.log"))
+            .map_err(|e| e.to_string())?;
+        let mut command = Command::new(&self.sandbox_binary);
+        command
+            .env_remove("DATABASE_URL")
+            .env_remove("FAILPOINTS")
+            .envs(self.env.iter().filter(|(_, v)| !v.is_empty()))
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .map_err(|e| format!("{}: {e} (is it built?)", self.sandbox_binary.display()))?;
+        self.sandbox = Some(child);
+        let parts: Vec<String> = self
+            .services
+            .values()
+            .cloned()
+            .chain([self.provider.clone(), self.controller.clone()])
+            .collect();
+        let ready = async {
+            for url in &parts {
+                loop {
+                    if let Some(child) = self.sandbox.as_mut()
+                        && let Ok(Some(status)) = child.try_wait()
+                    {
+                        return Err(format!(
+                            "the sandbox exited ({status}); see {}",
+                            self.dir.path().join("sandbox.log").display()
+                        ));
+                    }
+                    if self
+                        .http
+                        .get(format!("{url}/healthz"))
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success())
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(Duration::from_secs(60), ready)
+            .await
+            .map_err(|_| "the sandbox did not answer within a minute".to_owned())?
+    }
+
+    /// SIGKILL: no clean-up, no graceful shutdown.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.sandbox.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Kills the sandbox and starts it again with `changes` to its environment
+    /// (an empty value removes a variable).
+    pub async fn restart(&mut self, changes: &BTreeMap<String, String>, wait: Duration) -> Result<(), String> {
+        self.kill().await;
+        for (name, value) in changes {
+            if value.is_empty() {
+                self.env.remove(name);
+            } else {
+                self.env.insert(name.clone(), value.clone());
+            }
+        }
+        tokio::time::sleep(wait).await;
+        self.launch().await
+    }
+
+    pub fn service(&self, name: &str) -> Result<&'static str, String> {
+        SERVICES
+            .into_iter()
+            .find(|s| *s == name)
+            .ok_or_else(|| format!("no service `{name}`: tickets, payments or deployments"))
+    }
+
+    /// A GET as `bearer`, its JSON.
+    pub async fn get(&self, url: &str, bearer: &str) -> Result<Value, String> {
+        let response = self
+            .http
+            .get(url)
+            .bearer_auth(bearer)
+            .send()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        response.json().await.map_err(|e| format!("GET {url}: {e}"))
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Stops the sandbox and drops the story's PostgreSQL databases.
+    pub async fn finish(mut self) {
+        self.kill().await;
+        if let Some((admin, name)) = &self.postgres {
+            let drop = async {
+                use sqlx::{Connection, Executor};
+                let mut connection = sqlx::PgConnection::connect(admin).await?;
+                for service in SERVICES {
+                    let sql = format!("DROP DATABASE IF EXISTS \"{name}_{service}\" WITH (FORCE)");
+                    connection.execute(sqlx::AssertSqlSafe(sql)).await?;
+                }
+                Ok::<_, sqlx::Error>(())
+            };
+            if let Err(e) = drop.await {
+                eprintln!("could not drop the story's databases {name}_*: {e}");
+            }
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// `TEST_DATABASE_URL`, else `DATABASE_URL`, else the local server.
+pub fn postgres_admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .ok()
+        .filter(|u| u.starts_with("postgres"))
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// `url` with its database replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let server = match base.rfind('/') {
+        Some(i) if i > "postgres://".len() => &base[..i],
+        _ => base,
+    };
+    match query {
+        Some(query) => format!("{server}/{name}?{query}"),
+        None => format!("{server}/{name}"),
+    }
+}
