@@ -107,6 +107,9 @@ pub async fn play(story: Story, backend: Backend, binaries: &Path) -> Played {
             stage.approve(approve).await
         } else if let Some(poll) = &step.poll {
             stage.poll(poll).await
+        } else if let Some(ms) = step.pause_ms {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(())
         } else if let Some(restart) = &step.restart {
             stage.note("story", "the sandbox is killed (SIGKILL)");
             let wait = Duration::from_millis(restart.wait_ms.unwrap_or(0));

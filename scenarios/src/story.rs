@@ -45,6 +45,8 @@ pub struct Step {
     pub approve: Option<Approve>,
     pub restart: Option<Restart>,
     pub poll: Option<Poll>,
+    /// Nothing happens for this many milliseconds (the network catches up).
+    pub pause_ms: Option<u64>,
     pub expect: Option<StepExpect>,
 }
 
@@ -217,6 +219,7 @@ impl Step {
             self.approve.is_some(),
             self.restart.is_some(),
             self.poll.is_some(),
+            self.pause_ms.is_some(),
         ]
         .into_iter()
         .filter(|a| *a)

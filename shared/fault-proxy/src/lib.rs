@@ -108,7 +108,17 @@ impl FaultProxy {
     }
 }
 
+/// A request on the wire reaches the service even if the agent that sent it
+/// dies meanwhile: the forwarding runs as a task of its own, which the agent
+/// hanging up does not cancel.
 async fn forward(State(proxy): State<FaultProxy>, request: Request) -> Response {
+    match tokio::spawn(pass(proxy, request)).await {
+        Ok(response) => response,
+        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+    }
+}
+
+async fn pass(proxy: FaultProxy, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let path = parts
         .uri
