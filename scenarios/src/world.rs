@@ -159,9 +159,11 @@ impl World {
                     if let Some(child) = self.sandbox.as_mut()
                         && let Ok(Some(status)) = child.try_wait()
                     {
+                        let log = std::fs::read_to_string(self.dir.path().join("sandbox.log")).unwrap_or_default();
+                        let last: Vec<&str> = log.lines().rev().take(5).collect();
                         return Err(format!(
-                            "the sandbox exited ({status}); see {}",
-                            self.dir.path().join("sandbox.log").display()
+                            "the sandbox exited ({status}); its last words: {}",
+                            last.into_iter().rev().collect::<Vec<_>>().join(" | ")
                         ));
                     }
                     if self
@@ -249,9 +251,17 @@ impl World {
     }
 }
 
+/// A port free now, below Linux's ephemeral range (32768 and up): a port
+/// from that range can be taken by any outgoing connection while the sandbox
+/// is down between a kill and its restart.
 fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+    for _ in 0..200 {
+        let port = fastrand::u16(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no free port between 20000 and 32000".into())
 }
 
 /// `TEST_DATABASE_URL`, else `DATABASE_URL`, else the local server.
