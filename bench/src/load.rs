@@ -171,6 +171,28 @@ impl Load {
         }
     }
 
+    /// Creates at `path` of another service, each with a key of its own and
+    /// the body `body(n)` made unique by `n` (an order, a service name…).
+    pub fn writes(
+        &self,
+        addr: std::net::SocketAddr,
+        path: &'static str,
+        tag: &str,
+        body: fn(u64) -> String,
+        expect: fn(&http::response::Parts) -> bool,
+    ) -> Workload {
+        let next_key = self.next_key.clone();
+        let prefix = format!("{tag}-{}", std::process::id());
+        Workload::Http {
+            addr,
+            request: Arc::new(move |_, _| {
+                let n = next_key.fetch_add(1, Ordering::Relaxed);
+                post_to(path, &format!("{prefix}-{n}"), body(n))
+            }),
+            expect,
+        }
+    }
+
     /// Makes `count` tickets and returns their keys, for [`Load::replays`].
     pub async fn prepare_replays(&self, addr: std::net::SocketAddr, count: usize) -> Arc<Vec<String>> {
         let keys: Vec<String> = (0..count)
@@ -274,7 +296,11 @@ async fn send(
 }
 
 fn post(key: &str, body: String) -> http::Request<Full<Bytes>> {
-    http::Request::post("/v1/tickets")
+    post_to("/v1/tickets", key, body)
+}
+
+fn post_to(path: &str, key: &str, body: String) -> http::Request<Full<Bytes>> {
+    http::Request::post(path)
         .header("host", "127.0.0.1")
         .header("authorization", "Bearer demo-acme-agent")
         .header("content-type", "application/json")

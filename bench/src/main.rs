@@ -25,12 +25,13 @@ use std::{
 use idempotency::{ClaimMode, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey};
 use platform::{Backend, Db, Principal, Role, Timestamp, on_pool};
 use report::{
-    BackendReport, CreateComparison, DbOnly, Figure, Machine, ReplayComparison, Report, Storm, TableSize, TargetCheck,
+    BackendReport, CreateComparison, DbOnly, Figure, Machine, OtherWrite, ReplayComparison, Report, Storm, TableSize,
+    TargetCheck,
 };
 use tickets::{App, domain::CreateTicket};
 use tokio::runtime::Runtime;
 
-use crate::load::{Load, Workload, median_figure};
+use crate::load::{Load, Sample, Workload, median_figure};
 
 const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
 
@@ -179,7 +180,12 @@ struct Service {
 
 fn start_service(services: &Runtime, db: Db, config: IdempotencyConfig) -> Service {
     let app = App::new(db.clone(), config, true);
-    let router = tickets::build_router(app.clone());
+    let (addr, stop) = serve_router(services, tickets::build_router(app.clone()));
+    Service { addr, app, db, stop }
+}
+
+/// Another service's router on loopback: its address, and what stops it.
+fn serve_router(services: &Runtime, router: axum::Router) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let listener = free_listener();
     let addr = listener.local_addr().unwrap();
@@ -190,7 +196,7 @@ fn start_service(services: &Runtime, db: Db, config: IdempotencyConfig) -> Servi
         })
         .await;
     });
-    Service { addr, app, db, stop }
+    (addr, stop)
 }
 
 /// A loopback listener on a free port, to hand to the services' runtime.
@@ -201,12 +207,18 @@ fn free_listener() -> std::net::TcpListener {
 }
 
 /// Opens a fresh database `name` for `backend` (dropped and made anew).
+/// A new, empty tickets database.
 async fn fresh_db(backend: Backend, name: &str) -> Db {
-    let db = Db::connect(&database_url(backend, name, true).await, 16)
-        .await
-        .expect("a benchmark database");
+    let db = empty_db(backend, name).await;
     tickets::migrate(&db).await.expect("migrations apply");
     db
+}
+
+/// A new database with no tables yet, for any service's migrations.
+async fn empty_db(backend: Backend, name: &str) -> Db {
+    Db::connect(&database_url(backend, name, true).await, 16)
+        .await
+        .expect("a benchmark database")
 }
 
 async fn database_url(backend: Backend, name: &str, fresh: bool) -> String {
@@ -352,12 +364,14 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         throughput_ratio: direct_on.rps / direct_off.rps,
         http_on,
     };
+    // 5. The other services' writes, at the same concurrency.
+    let other_writes = other_writes(backend, plan, &services, &load, concurrency, &on).await;
     let _ = on.stop.send(());
     let _ = off.stop.send(());
     on.db.close().await;
     off.db.close().await;
 
-    // 5. The claim's cost against the size of the operations table.
+    // 6. The claim's cost against the size of the operations table.
     eprintln!(
         "table size: {} vs {} stored operations",
         plan.small_table, plan.large_table
@@ -404,8 +418,120 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         storm,
         table_size,
         db_only,
+        other_writes,
         targets,
     })
+}
+
+/// A payment intent, idempotent vs layer off; a deployment (claim, record and
+/// outbox event in one transaction; nothing delivers the events here) vs the
+/// tickets create.
+async fn other_writes(
+    backend: Backend,
+    plan: &Plan,
+    services: &Runtime,
+    load: &Load,
+    concurrency: usize,
+    tickets: &Service,
+) -> Vec<OtherWrite> {
+    fn intent(n: u64) -> String {
+        format!(
+            r#"{{"order_id":"order-{n}","amount":"12.50","currency":"EUR","payee":{{"name":"Acme","account":"DE89370400440532013000"}}}}"#
+        )
+    }
+    fn deployment(n: u64) -> String {
+        format!(
+            r#"{{"service":"svc-{n}","environment":"staging","artifact_digest":"sha256:{}"}}"#,
+            "a".repeat(64)
+        )
+    }
+    let (pay_on_db, pay_off_db, dep_db) = (
+        empty_db(backend, "payments_on").await,
+        empty_db(backend, "payments_off").await,
+        empty_db(backend, "deployments").await,
+    );
+    for db in [&pay_on_db, &pay_off_db] {
+        payments::migrate(db).await.expect("payments migrations apply");
+    }
+    deployments::migrate(&dep_db)
+        .await
+        .expect("deployments migrations apply");
+    let (pay_on, stop_on) = serve_router(
+        services,
+        payments::build_router(payments::App::new(pay_on_db.clone(), config(true), true)),
+    );
+    let (pay_off, stop_off) = serve_router(
+        services,
+        payments::build_router(payments::App::new(pay_off_db.clone(), config(false), true)),
+    );
+    let (dep, stop_dep) = serve_router(
+        services,
+        deployments::build_router(deployments::App::new(
+            dep_db.clone(),
+            config(true),
+            true,
+            Default::default(),
+        )),
+    );
+    let mut writes = Vec::new();
+    eprintln!("payment intents, idempotent vs layer off, {concurrency} clients");
+    let (on, off) = load
+        .side_by_side(
+            plan.rounds,
+            concurrency,
+            &load.writes(pay_on, "/v1/payment_intents", "pi-on", intent, |r| r.status == 201),
+            &load.writes(pay_off, "/v1/payment_intents", "pi-off", intent, |r| r.status == 201),
+        )
+        .await;
+    writes.push(other_write(
+        "payment intent, idempotent",
+        "payment intent, layer off",
+        concurrency,
+        &on,
+        &off,
+    ));
+    eprintln!("deployments (with their outbox event) vs ticket creates, {concurrency} clients");
+    let (deployed, created) = load
+        .side_by_side(
+            plan.rounds,
+            concurrency,
+            &load.writes(dep, "/v1/deployments", "dep", deployment, |r| r.status == 202),
+            &load.creates(tickets.addr, "vs-deployments"),
+        )
+        .await;
+    writes.push(other_write(
+        "deployment + outbox event",
+        "ticket create, idempotent",
+        concurrency,
+        &deployed,
+        &created,
+    ));
+    for stop in [stop_on, stop_off, stop_dep] {
+        let _ = stop.send(());
+    }
+    for db in [pay_on_db, pay_off_db, dep_db] {
+        db.close().await;
+    }
+    writes
+}
+
+fn other_write(
+    name: &str,
+    baseline_name: &str,
+    concurrency: usize,
+    write: &[Sample],
+    baseline: &[Sample],
+) -> OtherWrite {
+    let (write, baseline) = (median_figure(write), median_figure(baseline));
+    OtherWrite {
+        name: name.into(),
+        baseline_name: baseline_name.into(),
+        concurrency,
+        write,
+        baseline,
+        throughput_ratio: write.rps / baseline.rps,
+        p50_ratio: write.p50_ms / baseline.p50_ms,
+    }
 }
 
 fn check(name: &str, op: &str, threshold: f64, measured: f64) -> TargetCheck {
@@ -606,6 +732,14 @@ fn print_table(report: &Report) {
             format!("no HTTP: create, layer off,  c={}", b.db_only.concurrency),
             &b.db_only.off,
         );
+        for w in &b.other_writes {
+            row(format!("{}, c={}", w.name, w.concurrency), &w.write);
+            row(format!("  beside: {}", w.baseline_name), &w.baseline);
+            println!(
+                "  {:<34} {:>10.2} {:>10.2}",
+                "  ratio (throughput, p50)", w.throughput_ratio, w.p50_ratio
+            );
+        }
         println!(
             "  storm: {} × {} copies, tickets per storm {:?}, answers {:?}, p50 {:.2} ms, p99 {:.2} ms",
             b.storm.storms, b.storm.copies, b.storm.effects_per_storm, b.storm.statuses, b.storm.p50_ms, b.storm.p99_ms

@@ -42,7 +42,27 @@ pub struct BackendReport {
     pub storm: Storm,
     pub table_size: TableSize,
     pub db_only: DbOnly,
+    /// The other services' write paths, beside the tickets create.
+    #[serde(default)]
+    pub other_writes: Vec<OtherWrite>,
     pub targets: Vec<TargetCheck>,
+}
+
+/// Another service's write, measured against a baseline side by side: a
+/// payment intent against itself with the layer off; a deployment (its claim,
+/// its record and its outbox event in one transaction) against the tickets
+/// create, to show what the outbox adds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OtherWrite {
+    pub name: String,
+    pub baseline_name: String,
+    pub concurrency: usize,
+    pub write: Figure,
+    pub baseline: Figure,
+    /// write.rps / baseline.rps
+    pub throughput_ratio: f64,
+    /// write.p50 / baseline.p50
+    pub p50_ratio: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
