@@ -150,7 +150,40 @@ pub fn status_url(operation_id: &str) -> String {
     format!("/v1/operations/{operation_id}")
 }
 
-/// A new public operation id: `op_` and a time-ordered UUID.
+/// A new public operation id: `op_` and a time-ordered UUID (v7), so ids
+/// sort by creation time to the millisecond.
 pub fn new_operation_id() -> String {
     format!("op_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// The least operation id of `at`'s millisecond: every operation created
+/// before `at`'s millisecond has a smaller id.
+pub fn first_operation_id_at(at: Timestamp) -> String {
+    let millis = u64::try_from(at.as_datetime().timestamp_millis()).unwrap_or(0);
+    format!(
+        "op_{}",
+        uuid::Builder::from_unix_timestamp_millis(millis, &[0; 10])
+            .into_uuid()
+            .simple()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_first_operation_id_of_a_time_sorts_above_earlier_ids_and_below_later_ones() {
+        let now = Timestamp::now();
+        let id = new_operation_id();
+        let (earlier, later) = (
+            first_operation_id_at(now.minus(Duration::from_secs(1))),
+            first_operation_id_at(now.plus(Duration::from_secs(1))),
+        );
+        assert!(earlier < id, "{earlier} < {id}");
+        assert!(id < later, "{id} < {later}");
+        assert_eq!(earlier.len(), id.len());
+    }
 }

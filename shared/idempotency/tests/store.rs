@@ -400,12 +400,17 @@ async fn the_reaper_removes_finished_operations_past_retention_and_never_running
         .execute(pool)
         .await
         .unwrap();
-        sqlx::query("UPDATE idempotency_operations SET updated_at = $1 WHERE idempotency_key <> 'finished-new'")
-            .bind(two_days_ago)
-            .execute(pool)
-            .await
-            .unwrap()
-            .rows_affected()
+        // made two days ago: its time-ordered id too (`op_` and 12 hex digits of milliseconds)
+        sqlx::query(
+            "UPDATE idempotency_operations SET updated_at = $1, operation_id = $2 || substr(operation_id, 16) \
+             WHERE idempotency_key <> 'finished-new'",
+        )
+        .bind(two_days_ago)
+        .bind(&idempotency::operation::first_operation_id_at(two_days_ago)[..15])
+        .execute(pool)
+        .await
+        .unwrap()
+        .rows_affected()
     });
 
     let reaped = f.idempotency.reap_once().await.unwrap();
