@@ -46,6 +46,8 @@ struct Plan {
     storms: usize,
     small_table: u64,
     large_table: u64,
+    /// Only the idempotent-vs-off create comparison, printed: for iterating on the hot path.
+    creates_only: bool,
 }
 
 impl Plan {
@@ -59,6 +61,7 @@ impl Plan {
             storms: 5,
             small_table: 10_000,
             large_table: 10_000_000,
+            creates_only: false,
         }
     }
 
@@ -72,6 +75,7 @@ impl Plan {
             storms: 1,
             small_table: 1_000,
             large_table: 10_000,
+            creates_only: false,
         }
     }
 }
@@ -90,6 +94,13 @@ fn parse_args() -> Result<Args, String> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => plan = Plan::quick(),
+            "--creates-only" => plan.creates_only = true,
+            "--clients" => {
+                plan.concurrency = args
+                    .next()
+                    .and_then(|list| list.split(',').map(|n| n.trim().parse().ok()).collect())
+                    .ok_or("--clients takes a comma-separated list of client counts")?
+            }
             "--backend" => {
                 backends = match args.next().as_deref() {
                     Some("sqlite") => vec![Backend::Sqlite],
@@ -115,7 +126,7 @@ fn parse_args() -> Result<Args, String> {
             other => {
                 return Err(format!(
                     "unknown argument `{other}`; usage: bench [--quick] [--backend sqlite|postgres|both] [--out DIR] \
-                     [--large OPERATIONS] [--seconds PER_RUN]"
+                     [--large OPERATIONS] [--seconds PER_RUN] [--clients 1,16,64] [--creates-only]"
                 ));
             }
         }
@@ -137,6 +148,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let services = Arc::new(services);
 
+    if args.plan.creates_only {
+        for backend in &args.backends {
+            eprintln!("== {} ==", backend.name());
+            clients.block_on(print_creates(*backend, &args.plan, services.clone()))?;
+        }
+        return Ok(());
+    }
     let mut backends = Vec::new();
     let mut broken = Vec::new();
     for backend in &args.backends {
@@ -270,27 +288,7 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
     let load = Load::new(plan.run);
 
     // 1. Idempotent create vs the same create with the layer off.
-    let mut create = Vec::new();
-    for &concurrency in &plan.concurrency {
-        eprintln!("create, {concurrency} clients");
-        let (a, b) = load
-            .side_by_side(
-                plan.rounds,
-                concurrency,
-                &load.creates(on.addr, "on"),
-                &load.creates(off.addr, "off"),
-            )
-            .await;
-        let (on_figure, off_figure) = (median_figure(&a), median_figure(&b));
-        create.push(CreateComparison {
-            concurrency,
-            on: on_figure,
-            off: off_figure,
-            throughput_ratio: on_figure.rps / off_figure.rps,
-            p50_ratio: on_figure.p50_ms / off_figure.p50_ms,
-            p99_ratio: on_figure.p99_ms / off_figure.p99_ms,
-        });
-    }
+    let create = compare_creates(plan, &load, &on, &off).await;
 
     // 2. Replays vs creates, on the same service.
     let concurrency = 16.min(*plan.concurrency.last().unwrap());
@@ -421,6 +419,59 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         other_writes,
         targets,
     })
+}
+
+/// The idempotent create vs the same create with the layer off, at each concurrency.
+async fn compare_creates(plan: &Plan, load: &Load, on: &Service, off: &Service) -> Vec<CreateComparison> {
+    let mut create = Vec::new();
+    for &concurrency in &plan.concurrency {
+        eprintln!("create, {concurrency} clients");
+        let (a, b) = load
+            .side_by_side(
+                plan.rounds,
+                concurrency,
+                &load.creates(on.addr, "on"),
+                &load.creates(off.addr, "off"),
+            )
+            .await;
+        let (on_figure, off_figure) = (median_figure(&a), median_figure(&b));
+        create.push(CreateComparison {
+            concurrency,
+            on: on_figure,
+            off: off_figure,
+            throughput_ratio: on_figure.rps / off_figure.rps,
+            p50_ratio: on_figure.p50_ms / off_figure.p50_ms,
+            p99_ratio: on_figure.p99_ms / off_figure.p99_ms,
+        });
+    }
+    create
+}
+
+/// `--creates-only`: the create comparison alone, printed, with no report written.
+async fn print_creates(backend: Backend, plan: &Plan, services: Arc<Runtime>) -> Result<(), String> {
+    if backend == Backend::Postgres && !platform::testing::backend_available(Backend::Postgres).await {
+        return Err("PostgreSQL is unreachable; set TEST_DATABASE_URL or pass --backend sqlite".into());
+    }
+    let on = start_service(&services, fresh_db(backend, "on").await, config(true));
+    let off = start_service(&services, fresh_db(backend, "off").await, config(false));
+    for c in compare_creates(plan, &Load::new(plan.run), &on, &off).await {
+        println!(
+            "{:<8} c={:<3} on {:>7.0}/s p50 {:>6.2} ms | off {:>7.0}/s p50 {:>6.2} ms | throughput {:.2} p50 {:.2}",
+            backend.name(),
+            c.concurrency,
+            c.on.rps,
+            c.on.p50_ms,
+            c.off.rps,
+            c.off.p50_ms,
+            c.throughput_ratio,
+            c.p50_ratio
+        );
+    }
+    let _ = on.stop.send(());
+    let _ = off.stop.send(());
+    on.db.close().await;
+    off.db.close().await;
+    Ok(())
 }
 
 /// A payment intent, idempotent vs layer off; a deployment (claim, record and
