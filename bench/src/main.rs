@@ -198,21 +198,32 @@ struct Service {
 
 fn start_service(services: &Runtime, db: Db, config: IdempotencyConfig) -> Service {
     let app = App::new(db.clone(), config, true);
-    let (addr, stop) = serve_router(services, tickets::build_router(app.clone()));
+    let (addr, stop) = serve_router(services, tickets::build_router(app.clone()), &app.idempotency);
     Service { addr, app, db, stop }
 }
 
-/// Another service's router on loopback: its address, and what stops it.
-fn serve_router(services: &Runtime, router: axum::Router) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+/// A service's router on loopback, with its idempotency layer's background
+/// work running beside it as in the service's own process (the journal's
+/// chainer, the attempt writer, the reaper): its address, and what stops it.
+fn serve_router(
+    services: &Runtime,
+    router: axum::Router,
+    idempotency: &idempotency::Idempotency,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let listener = free_listener();
     let addr = listener.local_addr().unwrap();
+    let background = {
+        let _on_the_services_runtime = services.enter();
+        idempotency.spawn_background()
+    };
     services.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         let _ = platform::serve(listener, router, async {
             let _ = stopped.await;
         })
         .await;
+        background.stop().await;
     });
     (addr, stop)
 }
@@ -507,22 +518,25 @@ async fn other_writes(
     deployments::migrate(&dep_db)
         .await
         .expect("deployments migrations apply");
+    let (pay_on_app, pay_off_app) = (
+        payments::App::new(pay_on_db.clone(), config(true), true),
+        payments::App::new(pay_off_db.clone(), config(false), true),
+    );
+    let dep_app = deployments::App::new(dep_db.clone(), config(true), true, Default::default());
     let (pay_on, stop_on) = serve_router(
         services,
-        payments::build_router(payments::App::new(pay_on_db.clone(), config(true), true)),
+        payments::build_router(pay_on_app.clone()),
+        &pay_on_app.idempotency,
     );
     let (pay_off, stop_off) = serve_router(
         services,
-        payments::build_router(payments::App::new(pay_off_db.clone(), config(false), true)),
+        payments::build_router(pay_off_app.clone()),
+        &pay_off_app.idempotency,
     );
     let (dep, stop_dep) = serve_router(
         services,
-        deployments::build_router(deployments::App::new(
-            dep_db.clone(),
-            config(true),
-            true,
-            Default::default(),
-        )),
+        deployments::build_router(dep_app.clone()),
+        &dep_app.idempotency,
     );
     let mut writes = Vec::new();
     eprintln!("payment intents, idempotent vs layer off, {concurrency} clients");

@@ -239,25 +239,56 @@ async fn lock_chain(tx: &mut Tx) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// Rows per INSERT: 12 parameters each stays far below both backends' limits.
-const APPEND_CHUNK: usize = 500;
+/// Rows per INSERT, largest first. A statement's text fixes its row count,
+/// and a statement is prepared once per text and connection, so entries go in
+/// a handful of fixed shapes (every batch a sum of them) rather than one
+/// statement sized to each batch, which both backends would prepare anew
+/// every round (on SQLite, milliseconds the one writer is held for).
+const APPEND_SHAPES: [usize; 4] = [64, 16, 4, 1];
+
+/// `entries` cut into runs of [`APPEND_SHAPES`] rows, largest first.
+fn in_shapes<T>(mut entries: &[T]) -> Vec<&[T]> {
+    let mut runs = Vec::new();
+    for shape in APPEND_SHAPES {
+        while entries.len() >= shape {
+            let (run, rest) = entries.split_at(shape);
+            runs.push(run);
+            entries = rest;
+        }
+    }
+    runs
+}
 
 async fn append_locked(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    let last: Option<(i64, String)> = on_tx!(tx, |conn| {
-        sqlx::query_as("SELECT seq, hash FROM audit_journal ORDER BY seq DESC LIMIT 1")
-            .fetch_optional(conn)
-            .await?
-    });
-    let (mut seq, mut prev_hash) = last.unwrap_or((0, GENESIS.to_owned()));
+    let head = head_or_genesis(on_tx!(tx, |conn| sqlx::query_as(HEAD).fetch_optional(conn).await?));
+    let entries = chained(head, records.to_vec());
+    insert_entries(tx, &entries).await?;
+    Ok(entries)
+}
+
+/// The chain's last entry, `(seq, hash)` (none while the chain is empty).
+const HEAD: &str = "SELECT seq, hash FROM audit_journal ORDER BY seq DESC LIMIT 1";
+
+/// What the next entry follows: the last entry's `(seq, hash)`, or `(0, GENESIS)`.
+fn head_or_genesis(last: Option<(i64, String)>) -> (i64, String) {
+    last.unwrap_or((0, GENESIS.to_owned()))
+}
+
+/// `records` as the entries that follow `head`, each hashed onto the one before.
+fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Record>) -> Vec<AuditEntry> {
     let mut entries = Vec::with_capacity(records.len());
     for record in records {
         seq += 1;
-        let mut entry = AuditEntry::of(record.clone(), seq, std::mem::take(&mut prev_hash), String::new());
+        let mut entry = AuditEntry::of(record, seq, std::mem::take(&mut prev_hash), String::new());
         entry.hash = entry.computed_hash();
         prev_hash = entry.hash.clone();
         entries.push(entry);
     }
-    for chunk in entries.chunks(APPEND_CHUNK) {
+    entries
+}
+
+async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
+    for chunk in in_shapes(entries) {
         let sql = format!(
             "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, \
              route, event, external_ref, at, prev_hash, hash) VALUES {}",
@@ -283,7 +314,7 @@ async fn append_locked(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry
             query.execute(conn).await?;
         });
     }
-    Ok(entries)
+    Ok(())
 }
 
 /// `($first, …), (…)`: `rows` groups of `cols` numbered placeholders.
@@ -359,50 +390,74 @@ impl Journal {
     }
 }
 
+/// How many times a round prepares its batch again when another process
+/// chained first, before it leaves the batch to the next round.
+const ROUND_ATTEMPTS: usize = 3;
+
+/// One round. Everything that takes time is done before the chain is locked:
+/// the waiting records are read from committed state and hashed onto the
+/// current head. The transaction then only checks that the head has not moved
+/// (had another process chained meanwhile, it would have taken the rows read
+/// here), writes, and commits: on SQLite it holds the one writer that long,
+/// and every create waits behind it.
 async fn link(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
-    let mut tx = db.begin().await?;
-    // before reading the inbox, so that two processes' rounds never interleave
-    lock_chain(&mut tx).await?;
-    let inbox = read_inbox(&mut tx).await?;
-    if inbox.is_empty() && observed.is_empty() {
-        tx.rollback().await?;
-        return Ok(0);
-    }
-    let ids: Vec<i64> = inbox.iter().map(|(id, _)| *id).collect();
-    let mut batch: Vec<Record> = inbox
-        .into_iter()
-        .map(|(_, r)| r)
-        .chain(observed.iter().cloned())
-        .collect();
-    // stable: events of one transaction share a time and keep their order
-    batch.sort_by_key(|r| r.at);
-    append_locked(&mut tx, &batch).await?;
-    match &mut tx {
-        Tx::Postgres(pg) => {
-            sqlx::query("DELETE FROM audit_inbox WHERE id = ANY($1)")
-                .bind(&ids)
-                .execute(&mut **pg)
-                .await?;
+    for _ in 0..ROUND_ATTEMPTS {
+        let inbox = read_inbox(db).await?;
+        if inbox.is_empty() && observed.is_empty() {
+            return Ok(0);
         }
-        // SQLite's one writer is this transaction: no row can have arrived since the read
-        Tx::Sqlite(lite) => {
-            sqlx::query("DELETE FROM audit_inbox WHERE id <= $1")
-                .bind(ids.iter().max().copied().unwrap_or(0))
-                .execute(&mut **lite)
-                .await?;
+        let ids: Vec<i64> = inbox.iter().map(|(id, _)| *id).collect();
+        let mut batch: Vec<Record> = inbox
+            .into_iter()
+            .map(|(_, r)| r)
+            .chain(observed.iter().cloned())
+            .collect();
+        // stable: events of one transaction share a time and keep their order
+        batch.sort_by_key(|r| r.at);
+        let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
+            .fetch_optional(pool)
+            .await?));
+        let entries = chained(head.clone(), batch);
+
+        let mut tx = db.begin().await?;
+        lock_chain(&mut tx).await?;
+        let current = head_or_genesis(on_tx!(&mut tx, |conn| sqlx::query_as(HEAD)
+            .fetch_optional(conn)
+            .await?));
+        if current != head {
+            tx.rollback().await?;
+            continue;
         }
+        insert_entries(&mut tx, &entries).await?;
+        match &mut tx {
+            Tx::Postgres(pg) => {
+                sqlx::query("DELETE FROM audit_inbox WHERE id = ANY($1)")
+                    .bind(&ids)
+                    .execute(&mut **pg)
+                    .await?;
+            }
+            Tx::Sqlite(lite) => {
+                sqlx::query("DELETE FROM audit_inbox WHERE id IN (SELECT value FROM json_each($1))")
+                    .bind(serde_json::to_string(&ids).unwrap_or_default())
+                    .execute(&mut **lite)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        return Ok(entries.len());
     }
-    tx.commit().await?;
-    Ok(batch.len())
+    Err(sqlx::Error::Protocol(
+        "another process kept chaining first; the batch waits for the next round".into(),
+    ))
 }
 
-async fn read_inbox(tx: &mut Tx) -> Result<Vec<(i64, Record)>, sqlx::Error> {
-    Ok(on_tx!(tx, |conn| {
+async fn read_inbox(db: &Db) -> Result<Vec<(i64, Record)>, sqlx::Error> {
+    Ok(on_pool!(db.read(), |pool| {
         sqlx::query(
             "SELECT id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
              external_ref, at FROM audit_inbox ORDER BY id",
         )
-        .fetch_all(conn)
+        .fetch_all(pool)
         .await?
         .iter()
         .map(|row| Ok::<_, sqlx::Error>((row.try_get("id")?, decode_record(row)?)))
@@ -637,4 +692,18 @@ pub fn from_json_lines(text: &str) -> Result<Vec<AuditEntry>, String> {
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(n, line)| serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_of_entries_is_appended_in_the_fixed_statement_shapes_each_entry_once_in_order() {
+        let batch: Vec<usize> = (0..87).collect();
+        let runs = in_shapes(&batch);
+        let sizes: Vec<usize> = runs.iter().map(|run| run.len()).collect();
+        assert_eq!(sizes, [64, 16, 4, 1, 1, 1]);
+        assert_eq!(runs.concat(), batch);
+    }
 }
