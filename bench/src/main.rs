@@ -87,13 +87,18 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut plan = Plan::full();
+    // `--quick` chooses the plan; the other flags adjust it, wherever they stand
+    let mut plan = if std::env::args().any(|arg| arg == "--quick") {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
     let mut backends = vec![Backend::Sqlite, Backend::Postgres];
     let mut out = PathBuf::from("bench/results");
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--quick" => plan = Plan::quick(),
+            "--quick" => {}
             "--creates-only" => plan.creates_only = true,
             "--clients" => {
                 plan.concurrency = args

@@ -350,7 +350,8 @@ const CHAIN_EVERY: Duration = Duration::from_millis(100);
 #[derive(Debug, Default)]
 pub struct Journal {
     observed: Mutex<Vec<Record>>,
-    /// One round at a time in this process (the chain lock orders processes).
+    /// One round at a time in this process (across processes, a round
+    /// that finds the head moved starts again; see `link`).
     round: tokio::sync::Mutex<()>,
 }
 
@@ -395,13 +396,19 @@ impl Journal {
 const ROUND_ATTEMPTS: usize = 3;
 
 /// One round. Everything that takes time is done before the chain is locked:
-/// the waiting records are read from committed state and hashed onto the
-/// current head. The transaction then only checks that the head has not moved
-/// (had another process chained meanwhile, it would have taken the rows read
-/// here), writes, and commits: on SQLite it holds the one writer that long,
-/// and every create waits behind it.
+/// the head is read, then the waiting records (both from committed state),
+/// and the records are hashed onto the head. The transaction then only
+/// checks that the head has not moved, writes, deletes exactly the records it
+/// linked, and commits: on SQLite it holds the one writer that long, and
+/// every create waits behind it. The head is read *first*, so any other
+/// round that could have linked (and deleted) a record read here committed
+/// after it, and moved it; such a round starts again. Deleting fewer records
+/// than were read means the same, and rolls back too.
 async fn link(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
     for _ in 0..ROUND_ATTEMPTS {
+        let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
+            .fetch_optional(pool)
+            .await?));
         let inbox = read_inbox(db).await?;
         if inbox.is_empty() && observed.is_empty() {
             return Ok(0);
@@ -414,9 +421,6 @@ async fn link(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
             .collect();
         // stable: events of one transaction share a time and keep their order
         batch.sort_by_key(|r| r.at);
-        let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
-            .fetch_optional(pool)
-            .await?));
         let entries = chained(head.clone(), batch);
 
         let mut tx = db.begin().await?;
@@ -429,19 +433,21 @@ async fn link(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
             continue;
         }
         insert_entries(&mut tx, &entries).await?;
-        match &mut tx {
-            Tx::Postgres(pg) => {
-                sqlx::query("DELETE FROM audit_inbox WHERE id = ANY($1)")
-                    .bind(&ids)
-                    .execute(&mut **pg)
-                    .await?;
-            }
-            Tx::Sqlite(lite) => {
-                sqlx::query("DELETE FROM audit_inbox WHERE id IN (SELECT value FROM json_each($1))")
-                    .bind(serde_json::to_string(&ids).unwrap_or_default())
-                    .execute(&mut **lite)
-                    .await?;
-            }
+        let deleted = match &mut tx {
+            Tx::Postgres(pg) => sqlx::query("DELETE FROM audit_inbox WHERE id = ANY($1)")
+                .bind(&ids)
+                .execute(&mut **pg)
+                .await?
+                .rows_affected(),
+            Tx::Sqlite(lite) => sqlx::query("DELETE FROM audit_inbox WHERE id IN (SELECT value FROM json_each($1))")
+                .bind(serde_json::to_string(&ids).expect("a list of integers is JSON"))
+                .execute(&mut **lite)
+                .await?
+                .rows_affected(),
+        };
+        if deleted != ids.len() as u64 {
+            tx.rollback().await?;
+            continue;
         }
         tx.commit().await?;
         return Ok(entries.len());
