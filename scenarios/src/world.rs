@@ -254,10 +254,15 @@ impl World {
 /// A port free now, below Linux's ephemeral range (32768 and up): a port
 /// from that range can be taken by any outgoing connection while the sandbox
 /// is down between a kill and its restart.
+/// Never the same port twice in one run: a port is only tried, not held, so
+/// two picks of one number would both look free.
 fn free_port() -> Result<u16, String> {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
     for _ in 0..200 {
         let port = fastrand::u16(20_000..32_000);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.push(port);
             return Ok(port);
         }
     }
