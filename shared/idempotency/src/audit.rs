@@ -168,7 +168,9 @@ impl AuditEntry {
 /// Records the events of a transition inside the transaction that makes it
 /// (the claim, the completion, a decision), so they commit — or not — with
 /// what they record. They wait in `audit_inbox` until the [`Journal`]'s
-/// chainer links them; no writer waits for another on the chain.
+/// chainer links them; no writer waits for another on the chain. (The one
+/// exception, a new operation's first entries on SQLite, is
+/// `store::claim_finished`'s.)
 pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
     if records.is_empty() {
         return Ok(());
@@ -259,7 +261,7 @@ fn in_shapes<T>(mut entries: &[T]) -> Vec<&[T]> {
     runs
 }
 
-async fn append_locked(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
+pub(crate) async fn append_locked(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
     let head = head_or_genesis(on_tx!(tx, |conn| sqlx::query_as(HEAD).fetch_optional(conn).await?));
     let entries = chained(head, records.to_vec());
     insert_entries(tx, &entries).await?;
@@ -275,7 +277,7 @@ fn head_or_genesis(last: Option<(i64, String)>) -> (i64, String) {
 }
 
 /// `records` as the entries that follow `head`, each hashed onto the one before.
-fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Record>) -> Vec<AuditEntry> {
+pub(crate) fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Record>) -> Vec<AuditEntry> {
     let mut entries = Vec::with_capacity(records.len());
     for record in records {
         seq += 1;
@@ -290,32 +292,53 @@ fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Record>) -> Vec
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
     for chunk in in_shapes(entries) {
         let sql = format!(
-            "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, \
-             route, event, external_ref, at, prev_hash, hash) VALUES {}",
-            placeholders(1, chunk.len(), 12)
+            "{JOURNAL_INSERT} VALUES {}",
+            placeholders(1, chunk.len(), JOURNAL_COLUMNS)
         );
         on_tx!(tx, |conn| {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
-            for e in chunk {
-                query = query
-                    .bind(e.seq)
-                    .bind(&e.account_id)
-                    .bind(&e.principal_id)
-                    .bind(e.operation_id.as_deref())
-                    .bind(e.idempotency_key.as_deref())
-                    .bind(e.fingerprint.as_deref())
-                    .bind(e.route.as_deref())
-                    .bind(e.event.as_str())
-                    .bind(e.external_ref.as_deref())
-                    .bind(e.at)
-                    .bind(&e.prev_hash)
-                    .bind(&e.hash);
-            }
-            query.execute(conn).await?;
+            bind_entries!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), chunk)
+                .execute(conn)
+                .await?;
         });
     }
     Ok(())
 }
+
+pub(crate) const JOURNAL_INSERT: &str = "INSERT INTO audit_journal \
+     (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
+      prev_hash, hash)";
+/// Parameters per journal row.
+pub(crate) const JOURNAL_COLUMNS: usize = 12;
+
+/// A condition that holds while the chain's head is the entry whose hash is
+/// bound at `$param` (or the chain is empty and that is [`GENESIS`]).
+pub(crate) fn head_is(param: usize) -> String {
+    format!("coalesce((SELECT hash FROM audit_journal ORDER BY seq DESC LIMIT 1), '{GENESIS}') = ${param}")
+}
+
+/// Binds each entry's columns, in [`JOURNAL_INSERT`]'s order.
+macro_rules! bind_entries {
+    ($query:expr, $entries:expr) => {{
+        let mut query = $query;
+        for e in $entries {
+            query = query
+                .bind(e.seq)
+                .bind(&e.account_id)
+                .bind(&e.principal_id)
+                .bind(e.operation_id.as_deref())
+                .bind(e.idempotency_key.as_deref())
+                .bind(e.fingerprint.as_deref())
+                .bind(e.route.as_deref())
+                .bind(e.event.as_str())
+                .bind(e.external_ref.as_deref())
+                .bind(e.at)
+                .bind(&e.prev_hash)
+                .bind(&e.hash);
+        }
+        query
+    }};
+}
+pub(crate) use bind_entries;
 
 /// `($first, …), (…)`: `rows` groups of `cols` numbered placeholders.
 pub(crate) fn placeholders(first: usize, rows: usize, cols: usize) -> String {
@@ -351,8 +374,33 @@ const CHAIN_EVERY: Duration = Duration::from_millis(100);
 pub struct Journal {
     observed: Mutex<Vec<Record>>,
     /// One round at a time in this process (across processes, a round
-    /// that finds the head moved starts again; see `link`).
+    /// that finds the head moved prepares its batch again under the lock; see `link`).
     round: tokio::sync::Mutex<()>,
+    /// The head as this process last chained it.
+    pub(crate) head: HeadHint,
+}
+
+/// The chain's head as this process last chained it, for SQLite's hot path:
+/// a create hashes its entries onto it without reading the chain, and its
+/// insert writes only while the head really is that one (see
+/// `store::claim_finished`). Another process's round, or a transaction that
+/// chained and then rolled back, makes it wrong; a wrong hint costs a read of
+/// the head and a second hashing, never a fork or a lost entry.
+#[derive(Debug, Default)]
+pub struct HeadHint(Mutex<Option<(i64, String)>>);
+
+impl HeadHint {
+    /// The head to hash onto: the hint, or the empty chain's.
+    pub(crate) fn get(&self) -> (i64, String) {
+        head_or_genesis(self.0.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// `entries` were just chained: their last is the head.
+    pub(crate) fn chained(&self, entries: &[AuditEntry]) {
+        if let Some(last) = entries.last() {
+            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((last.seq, last.hash.clone()));
+        }
+    }
 }
 
 impl Journal {
@@ -366,13 +414,18 @@ impl Journal {
     pub async fn chain_pending(&self, db: &Db) -> Result<usize, sqlx::Error> {
         let _one_round = self.round.lock().await;
         let observed = std::mem::take(&mut *self.observed.lock().unwrap_or_else(|p| p.into_inner()));
-        let linked = link(db, &observed).await;
-        if linked.is_err() {
-            let mut queue = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-            let newer = std::mem::replace(&mut *queue, observed);
-            queue.extend(newer);
+        match link(db, &observed).await {
+            Ok(entries) => {
+                self.head.chained(&entries);
+                Ok(entries.len())
+            }
+            Err(e) => {
+                let mut queue = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+                let newer = std::mem::replace(&mut *queue, observed);
+                queue.extend(newer);
+                Err(e)
+            }
         }
-        linked
     }
 
     /// A round every [`CHAIN_EVERY`], whatever arrives meanwhile: the
@@ -391,29 +444,78 @@ impl Journal {
     }
 }
 
-/// How many times a round prepares its batch again when another process
-/// chained first, before it leaves the batch to the next round.
-const ROUND_ATTEMPTS: usize = 3;
-
 /// One round. Everything that takes time is done before the chain is locked:
 /// the head is read, then the waiting records (both from committed state),
 /// and the records are hashed onto the head. The transaction then only
 /// checks that the head has not moved, writes, deletes exactly the records it
 /// linked, and commits: on SQLite it holds the one writer that long, and
-/// every create waits behind it. The head is read *first*, so any other
-/// round that could have linked (and deleted) a record read here committed
-/// after it, and moved it; such a round starts again. Deleting fewer records
-/// than were read means the same, and rolls back too.
-async fn link(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
-    for _ in 0..ROUND_ATTEMPTS {
-        let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
-            .fetch_optional(pool)
-            .await?));
-        let inbox = read_inbox(db).await?;
-        if inbox.is_empty() && observed.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<i64> = inbox.iter().map(|(id, _)| *id).collect();
+/// every create waits behind it.
+///
+/// The head is read *first*: if it has not moved by the time the chain is
+/// locked, no other round committed since, so every record read is still
+/// waiting (and on SQLite, which reuses the ids of an emptied inbox, still
+/// the record read). If it has moved — another process's round, or a new
+/// operation's claim chained on SQLite (`store::claim_finished`) — the round
+/// reads the inbox again and hashes under the lock, where nothing moves.
+async fn link(db: &Db, observed: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
+        .fetch_optional(pool)
+        .await?));
+    let inbox = on_pool!(db.read(), |pool| {
+        let rows = sqlx::query(READ_INBOX).fetch_all(pool).await?;
+        rows.iter().map(waiting).collect::<Result<Vec<_>, _>>()?
+    });
+    if inbox.is_empty() && observed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut round = Round::of(head.clone(), inbox, observed);
+
+    let mut tx = db.begin().await?;
+    lock_chain(&mut tx).await?;
+    let current = head_or_genesis(on_tx!(&mut tx, |conn| sqlx::query_as(HEAD)
+        .fetch_optional(conn)
+        .await?));
+    if current != head {
+        let inbox = on_tx!(&mut tx, |conn| {
+            let rows = sqlx::query(READ_INBOX).fetch_all(conn).await?;
+            rows.iter().map(waiting).collect::<Result<Vec<_>, _>>()?
+        });
+        round = Round::of(current, inbox, observed);
+    }
+    insert_entries(&mut tx, &round.entries).await?;
+    let deleted = match &mut tx {
+        Tx::Postgres(pg) => sqlx::query("DELETE FROM audit_inbox WHERE id = ANY($1)")
+            .bind(&round.inbox_ids)
+            .execute(&mut **pg)
+            .await?
+            .rows_affected(),
+        Tx::Sqlite(lite) => sqlx::query("DELETE FROM audit_inbox WHERE id IN (SELECT value FROM json_each($1))")
+            .bind(serde_json::to_string(&round.inbox_ids).expect("a list of integers is JSON"))
+            .execute(&mut **lite)
+            .await?
+            .rows_affected(),
+    };
+    if deleted != round.inbox_ids.len() as u64 {
+        // cannot happen while rounds lock the chain; if it does, nothing is linked twice
+        tx.rollback().await?;
+        return Err(sqlx::Error::Protocol(
+            "the audit inbox changed under a locked round".into(),
+        ));
+    }
+    tx.commit().await?;
+    Ok(round.entries)
+}
+
+/// What one round links: the waiting records and the observations, in the
+/// order they happened, hashed onto a head.
+struct Round {
+    inbox_ids: Vec<i64>,
+    entries: Vec<AuditEntry>,
+}
+
+impl Round {
+    fn of(head: (i64, String), inbox: Vec<(i64, Record)>, observed: &[Record]) -> Round {
+        let inbox_ids = inbox.iter().map(|(id, _)| *id).collect();
         let mut batch: Vec<Record> = inbox
             .into_iter()
             .map(|(_, r)| r)
@@ -421,54 +523,27 @@ async fn link(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
             .collect();
         // stable: events of one transaction share a time and keep their order
         batch.sort_by_key(|r| r.at);
-        let entries = chained(head.clone(), batch);
-
-        let mut tx = db.begin().await?;
-        lock_chain(&mut tx).await?;
-        let current = head_or_genesis(on_tx!(&mut tx, |conn| sqlx::query_as(HEAD)
-            .fetch_optional(conn)
-            .await?));
-        if current != head {
-            tx.rollback().await?;
-            continue;
+        Round {
+            inbox_ids,
+            entries: chained(head, batch),
         }
-        insert_entries(&mut tx, &entries).await?;
-        let deleted = match &mut tx {
-            Tx::Postgres(pg) => sqlx::query("DELETE FROM audit_inbox WHERE id = ANY($1)")
-                .bind(&ids)
-                .execute(&mut **pg)
-                .await?
-                .rows_affected(),
-            Tx::Sqlite(lite) => sqlx::query("DELETE FROM audit_inbox WHERE id IN (SELECT value FROM json_each($1))")
-                .bind(serde_json::to_string(&ids).expect("a list of integers is JSON"))
-                .execute(&mut **lite)
-                .await?
-                .rows_affected(),
-        };
-        if deleted != ids.len() as u64 {
-            tx.rollback().await?;
-            continue;
-        }
-        tx.commit().await?;
-        return Ok(entries.len());
     }
-    Err(sqlx::Error::Protocol(
-        "another process kept chaining first; the batch waits for the next round".into(),
-    ))
 }
 
-async fn read_inbox(db: &Db) -> Result<Vec<(i64, Record)>, sqlx::Error> {
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(
-            "SELECT id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
-             external_ref, at FROM audit_inbox ORDER BY id",
-        )
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(|row| Ok::<_, sqlx::Error>((row.try_get("id")?, decode_record(row)?)))
-        .collect::<Result<Vec<_>, _>>()?
-    }))
+/// The waiting records, oldest first, with their ids (decoded by [`waiting`]).
+const READ_INBOX: &str = "SELECT id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
+     event, external_ref, at FROM audit_inbox ORDER BY id";
+
+fn waiting<R>(row: &R) -> Result<(i64, Record), sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok((row.try_get("id")?, decode_record(row)?))
 }
 
 fn unknown_event(event: &str) -> sqlx::Error {

@@ -273,7 +273,7 @@ impl Idempotency {
                     if completion.state == OperationState::Completed {
                         journaled.push(new.audit(AuditEvent::Completed, completion.now));
                     }
-                    match store::claim_finished(&mut tx, &new, &completion, &journaled).await {
+                    match store::claim_finished(&mut tx, &new, &completion, &journaled, &self.journal.head).await {
                         Ok(true) => {}
                         Ok(false) => {
                             // The key was taken (PostgreSQL waited for its holder to commit): ours is undone.
@@ -391,7 +391,7 @@ impl Idempotency {
         journaled: &[Record],
     ) -> Result<bool, sqlx::Error> {
         let mut tx = self.db.begin().await?;
-        if !store::claim_finished(&mut tx, new, completion, journaled).await? {
+        if !store::claim_finished(&mut tx, new, completion, journaled, &self.journal.head).await? {
             tx.rollback().await?;
             return Ok(false);
         }

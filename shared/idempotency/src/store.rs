@@ -7,7 +7,7 @@ use platform::{Db, Timestamp, Tx, on_pool, on_tx};
 use sqlx::Row;
 
 use crate::{
-    audit::{self, AuditEvent, Record},
+    audit::{self, AuditEvent, HeadHint, Record},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse},
@@ -311,15 +311,19 @@ macro_rules! bind_claim_finished {
 ///
 /// The claim and its journal records travel in *one* round trip, because
 /// every round trip inside a write transaction is time the transaction holds
-/// its locks (on SQLite, the one writer): a writable CTE on PostgreSQL, which
-/// writes the records only if the claim inserted its row; on SQLite, which
-/// has no writable CTE, two statements in one call, the second writing the
-/// records only if the claim's row is there.
+/// its locks (on SQLite, the one writer); the records are written only if
+/// the claim inserted its row:
+/// - PostgreSQL: a writable CTE puts them in the inbox (see [`audit::record`]);
+/// - SQLite, which has no writable CTE: a second statement in the same call
+///   chains them, hashed onto this process's `head` hint, and writes only if
+///   the chain's head is still that one. When it is not (another process
+///   chained since), the head is read and the records chained again.
 pub async fn claim_finished(
     tx: &mut Tx,
     new: &NewOperation<'_>,
     completion: &Completion<'_>,
     journaled: &[Record],
+    head: &HeadHint,
 ) -> Result<bool, sqlx::Error> {
     if journaled.is_empty() {
         let inserted = on_tx!(tx, |conn| {
@@ -330,31 +334,59 @@ pub async fn claim_finished(
         });
         return Ok(inserted == 1);
     }
-    let (inbox, values) = (
-        audit::INBOX_INSERT,
-        audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS),
-    );
-    let sql = match tx {
-        Tx::Postgres(_) => format!(
+    if let Tx::Postgres(pg) = tx {
+        let (inbox, values) = (
+            audit::INBOX_INSERT,
+            audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS),
+        );
+        let sql = format!(
             "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) \
              {inbox} SELECT * FROM (VALUES {values}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)"
-        ),
-        Tx::Sqlite(_) => format!(
-            "{CLAIM_FINISHED_SQL}; \
-             {inbox} SELECT * FROM (VALUES {values}) WHERE EXISTS (SELECT 1 FROM idempotency_operations \
-             WHERE account_id = $1 AND idempotency_key = $2 AND operation_id = $3)"
-        ),
-    };
-    // Either way nothing is written when the key is taken, and rows are
-    // written (the claim's, and on SQLite the records too) when it is not.
+        );
+        let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
+        let written = audit::bind_records!(query, journaled)
+            .execute(&mut **pg)
+            .await?
+            .rows_affected();
+        return Ok(written > 0);
+    }
+
+    let entries = audit::chained(head.get(), journaled.to_vec());
+    let (journal, values, head_is) = (
+        audit::JOURNAL_INSERT,
+        audit::placeholders(18, entries.len(), audit::JOURNAL_COLUMNS),
+        audit::head_is(18 + entries.len() * audit::JOURNAL_COLUMNS),
+    );
+    let sql = format!(
+        "{CLAIM_FINISHED_SQL}; \
+         {journal} SELECT * FROM (VALUES {values}) WHERE EXISTS (SELECT 1 FROM idempotency_operations \
+         WHERE account_id = $1 AND idempotency_key = $2 AND operation_id = $3) AND {head_is}"
+    );
     let written = on_tx!(tx, |conn| {
         let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
-        audit::bind_records!(query, journaled)
+        audit::bind_entries!(query, &entries)
+            .bind(&entries[0].prev_hash)
             .execute(conn)
             .await?
             .rows_affected()
     });
-    Ok(written > 0)
+    // the rows of both statements: the claim's one, then one per entry
+    match written {
+        0 => Ok(false),
+        1 => {
+            // claimed, but the hint was behind: the head is read under the writer this transaction holds
+            head.chained(&audit::append_locked(tx, journaled).await?);
+            Ok(true)
+        }
+        rows if rows == 1 + entries.len() as u64 => {
+            head.chained(&entries);
+            Ok(true)
+        }
+        rows => Err(sqlx::Error::Protocol(format!(
+            "a claim with {} journal entries wrote {rows} rows",
+            entries.len()
+        ))),
+    }
 }
 
 /// Claims the key for an operation that waits for a human: stored as

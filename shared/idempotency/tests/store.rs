@@ -73,8 +73,18 @@ impl Fixture {
 
     /// Runs an operation whose effect inserts one row into `effects` and counts its runs.
     async fn run(&self, key: &str, command: serde_json::Value, runs: &AtomicUsize) -> (StatusCode, Parts, Bytes) {
-        let response = self
-            .idempotency
+        self.run_in(&self.idempotency, key, command, runs).await
+    }
+
+    /// [`Self::run`] by the layer of another process.
+    async fn run_in(
+        &self,
+        idempotency: &Idempotency,
+        key: &str,
+        command: serde_json::Value,
+        runs: &AtomicUsize,
+    ) -> (StatusCode, Parts, Bytes) {
+        let response = idempotency
             .execute(self.attempt(key), &command, async |tx, _| {
                 runs.fetch_add(1, Ordering::SeqCst);
                 insert_effect(tx).await?;
@@ -460,6 +470,50 @@ async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
     }
 }
 
+/// Two processes on one database, each creating, replaying the other's
+/// creates and running chain rounds while the other writes: each chains onto
+/// the head it last saw, which the other keeps moving. Every entry must still
+/// land, once, in one chain that verifies.
+async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    let other = Arc::new(Idempotency::new(
+        platform::Db::connect(&f.db.url, 4).await.unwrap(),
+        IdempotencyConfig::default(),
+    ));
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let answers = join_all((0..40).map(|n| {
+        let (f, other, runs) = (f.clone(), other.clone(), runs.clone());
+        tokio::spawn(async move {
+            let (creator, replayer) = if n % 2 == 0 {
+                (&f.idempotency, &*other)
+            } else {
+                (&*other, &f.idempotency)
+            };
+            let (key, command) = (format!("k-{n}"), json!({"n": n}));
+            let created = f.run_in(creator, &key, command.clone(), &runs).await;
+            let replayed = f.run_in(replayer, &key, command, &runs).await;
+            replayer.flush_journal().await;
+            (created.0, header(&replayed.1, "idempotent-replayed").map(str::to_owned))
+        })
+    }))
+    .await;
+    f.idempotency.flush_journal().await;
+    other.flush_journal().await;
+
+    for answer in answers {
+        assert_eq!(answer.unwrap(), (StatusCode::CREATED, Some("true".to_owned())));
+    }
+    assert_eq!(f.effects().await, 40);
+    let entries = idempotency::audit::entries(&f.db.db, 0, 1000).await.unwrap();
+    let verified = idempotency::audit::verify(&entries, None).expect("one chain that verifies");
+    assert_eq!(
+        verified.entries,
+        40 * (3 + 2),
+        "attempted, claimed and completed for each create; attempted and replayed for each replay"
+    );
+}
+
 async fn an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key(backend: Backend) {
     let mut f = fixture(backend).await;
     let config = IdempotencyConfig {
@@ -499,6 +553,7 @@ platform::both_backends!(
     a_business_failure_rolls_its_writes_back_and_is_replayed,
     the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones,
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
+    two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
 );
 
 /// A takeover in a transaction of its own, as an attempt makes it.
