@@ -4,9 +4,10 @@
 //! Each entry carries `prev_hash` and `hash = sha256(prev_hash ‖
 //! canonical_json(entry))`, the entry being every field but `hash`. The
 //! database refuses UPDATE, DELETE and TRUNCATE on the table (triggers), and
-//! `UNIQUE (prev_hash)` means an entry can have one successor only, so two
-//! writers can never fork the chain; appends are serialised (PostgreSQL: an
-//! advisory lock held to the end of the transaction; SQLite: its one writer).
+//! an entry whose `prev_hash` is not the hash of the entry before it (`seq`
+//! is the primary key): no writer can fork the chain or leave a gap in it.
+//! Appends are serialised (PostgreSQL: an advisory lock held to the end of
+//! the transaction; SQLite: its one writer).
 //! [`verify`] checks a chain offline and names the first broken entry.
 //!
 //! How events reach the chain without serialising every write on it: see
@@ -216,8 +217,8 @@ pub(crate) use bind_records;
 /// Appends `records` to the chain inside `tx`, in the order given: each
 /// entry's `prev_hash` is the hash of the one before. Appenders are
 /// serialised (PostgreSQL: an advisory lock held to the end of `tx`;
-/// SQLite: its one writer), and `UNIQUE (prev_hash)` refuses a fork even if
-/// they were not.
+/// SQLite: its one writer), and the database refuses a fork even if they
+/// were not.
 pub async fn append(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
     lock_chain(tx).await?;
     append_locked(tx, records).await

@@ -135,29 +135,58 @@ async fn the_database_refuses_to_update_delete_or_truncate_the_journal(backend: 
     );
 }
 
-async fn a_second_successor_of_one_entry_is_refused_by_the_database(backend: Backend) {
+async fn an_entry_that_does_not_link_onto_the_entry_before_it_is_refused_by_the_database(backend: Backend) {
     let db = journal(backend).await;
     let first = audit::append_now(&db.db, &record(AuditEvent::Attempted, "op_1"))
         .await
         .unwrap()
         .remove(0);
-    audit::append_now(&db.db, &record(AuditEvent::Claimed, "op_1"))
+    let second = audit::append_now(&db.db, &record(AuditEvent::Claimed, "op_1"))
         .await
-        .unwrap();
+        .unwrap()
+        .remove(0);
+    // a writer that skipped the lock: (seq, prev_hash) of each entry it tries
+    let insert = async |seq: i64, prev_hash: &str| {
+        on_pool!(db.db.write(), |pool| sqlx::query(
+            "INSERT INTO audit_journal (seq, account_id, principal_id, event, at, prev_hash, hash) \
+             VALUES ($1, 'acme', 'mallory', 'completed', $2, $3, $4)"
+        )
+        .bind(seq)
+        .bind(first.at)
+        .bind(prev_hash)
+        .bind("f".repeat(64))
+        .execute(pool)
+        .await
+        .map(|r| r.rows_affected()))
+    };
 
-    // a writer that skipped the lock and linked to the same predecessor
-    let fork = on_pool!(db.db.write(), |pool| sqlx::query(
-        "INSERT INTO audit_journal (seq, account_id, principal_id, event, at, prev_hash, hash) \
-         VALUES (99, 'acme', 'mallory', 'completed', $1, $2, $3)"
-    )
-    .bind(first.at)
-    .bind(&first.hash)
-    .bind("f".repeat(64))
-    .execute(pool)
-    .await
-    .map(|r| r.rows_affected()));
+    let fork = insert(3, &first.hash).await;
+    let second_successor = insert(2, &first.hash).await;
+    let gap = insert(4, &second.hash).await;
+    let new_genesis = insert(3, audit::GENESIS).await;
 
-    assert!(platform::db::is_unique_violation(&fork.unwrap_err()));
+    assert!(
+        fork.unwrap_err()
+            .to_string()
+            .contains("must link onto the entry before it")
+    );
+    assert!(platform::db::is_unique_violation(&second_successor.unwrap_err()));
+    assert!(
+        gap.unwrap_err()
+            .to_string()
+            .contains("must link onto the entry before it")
+    );
+    assert!(
+        new_genesis
+            .unwrap_err()
+            .to_string()
+            .contains("must link onto the entry before it")
+    );
+    assert_eq!(
+        insert(3, &second.hash).await.unwrap(),
+        1,
+        "the entry that follows is taken"
+    );
 }
 
 async fn an_exported_journal_verifies_offline_and_a_tampered_line_is_named(backend: Backend) {
@@ -235,5 +264,5 @@ platform::both_backends!(
     a_changed_or_missing_entry_is_named_by_verification,
     concurrent_writers_never_fork_the_chain,
     the_database_refuses_to_update_delete_or_truncate_the_journal,
-    a_second_successor_of_one_entry_is_refused_by_the_database,
+    an_entry_that_does_not_link_onto_the_entry_before_it_is_refused_by_the_database,
 );
