@@ -316,8 +316,8 @@ macro_rules! bind_claim_finished {
 /// - PostgreSQL: a writable CTE puts them in the inbox (see [`audit::record`]);
 /// - SQLite, which has no writable CTE: a second statement in the same call
 ///   chains them, hashed onto this process's `head` hint, and writes only if
-///   the chain's head is still that one. When it is not (another process
-///   chained since), the head is read and the records chained again.
+///   the chain's head is still that one. When it is not (see [`HeadHint`]),
+///   the head is read and the records chained again.
 pub async fn claim_finished(
     tx: &mut Tx,
     new: &NewOperation<'_>,

@@ -160,17 +160,18 @@ async fn an_entry_that_does_not_link_onto_the_entry_before_it_is_refused_by_the_
         .map(|r| r.rows_affected()))
     };
 
-    let fork = insert(3, &first.hash).await;
-    let second_successor = insert(2, &first.hash).await;
+    let fork_at_the_next_seq = insert(3, &first.hash).await;
+    let fork_at_a_taken_seq = insert(2, &first.hash).await;
     let gap = insert(4, &second.hash).await;
     let new_genesis = insert(3, audit::GENESIS).await;
 
     assert!(
-        fork.unwrap_err()
+        fork_at_the_next_seq
+            .unwrap_err()
             .to_string()
             .contains("must link onto the entry before it")
     );
-    assert!(platform::db::is_unique_violation(&second_successor.unwrap_err()));
+    assert!(platform::db::is_unique_violation(&fork_at_a_taken_seq.unwrap_err()));
     assert!(
         gap.unwrap_err()
             .to_string()
