@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use idempotency::{
     Attempt, ClaimMode, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey,
     OperationState,
+    audit::AuditEvent,
     store::{self, NewOperation},
 };
 use platform::{ApiError, Backend, Principal, Role, Timestamp, on_pool, on_tx, testing::TestDb};
@@ -514,6 +515,78 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
     );
 }
 
+/// A claim whose transaction chained its entries and then rolled back leaves
+/// the head hint pointing at entries that never committed; the next claim
+/// must notice and chain onto the real head.
+async fn a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_real_head(backend: Backend) {
+    let f = fixture(backend).await;
+    let head = idempotency::audit::HeadHint::default();
+    let answer = idempotency::StoredResponse {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        content_type: "application/problem+json".into(),
+        location: None,
+        body: b"{}".to_vec(),
+    };
+    let claim_finished = async |key: &str| {
+        let key = IdempotencyKey::parse(key).unwrap();
+        let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1}));
+        let new = NewOperation {
+            account_id: "acme",
+            key: &key,
+            operation_id: idempotency::operation::new_operation_id(),
+            principal_id: "acme-agent",
+            method: "POST",
+            route: ROUTE,
+            fingerprint: &fingerprint,
+            lease_token: uuid_token(),
+            locked_until: Timestamp::now(),
+            now: Timestamp::now(),
+        };
+        let journaled: Vec<idempotency::audit::Record> =
+            [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Failed]
+                .into_iter()
+                .map(|event| idempotency::audit::Record {
+                    account_id: "acme".into(),
+                    principal_id: "acme-agent".into(),
+                    operation_id: Some(new.operation_id.clone()),
+                    idempotency_key: Some(key.as_str().into()),
+                    fingerprint: Some(fingerprint.as_str().into()),
+                    route: Some(ROUTE.into()),
+                    event,
+                    external_ref: None,
+                    at: Timestamp::now(),
+                })
+                .collect();
+        let mut tx = f.db.db.begin().await.unwrap();
+        let claimed = store::claim_finished(&mut tx, &new, &store::Completion::failed(&answer), &journaled, &head)
+            .await
+            .unwrap();
+        (tx, claimed)
+    };
+
+    let (first, claimed) = claim_finished("rolled-back").await;
+    assert!(claimed);
+    first.rollback().await.unwrap();
+    let (second, claimed) = claim_finished("committed").await;
+    assert!(claimed);
+    second.commit().await.unwrap();
+    f.idempotency.flush_journal().await;
+
+    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
+    assert_eq!(idempotency::audit::verify(&entries, None).map(|v| v.entries), Ok(3));
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.idempotency_key.as_deref() == Some("committed"))
+    );
+    assert!(
+        store::find_by_key(&f.db.db, "acme", "rolled-back")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
 async fn an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key(backend: Backend) {
     let mut f = fixture(backend).await;
     let config = IdempotencyConfig {
@@ -554,6 +627,7 @@ platform::both_backends!(
     the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones,
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
     two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
+    a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_real_head,
 );
 
 /// A takeover in a transaction of its own, as an attempt makes it.
