@@ -473,13 +473,19 @@ async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
 
 /// Two processes on one database, each creating, replaying the other's
 /// creates and running chain rounds while the other writes: each chains onto
-/// the head it last saw, which the other keeps moving. Every entry must still
+/// the head it last saw, which the other keeps moving, and one's rounds link
+/// inbox records while the other chains its claims. Every entry must still
 /// land, once, in one chain that verifies.
 async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain(backend: Backend) {
     let f = Arc::new(fixture(backend).await);
+    // the other process claims with a lease: its transitions wait in the
+    // inbox, for chain rounds that race this process's chained claims
     let other = Arc::new(Idempotency::new(
         platform::Db::connect(&f.db.url, 4).await.unwrap(),
-        IdempotencyConfig::default(),
+        IdempotencyConfig {
+            claim: ClaimMode::Leased,
+            ..IdempotencyConfig::default()
+        },
     ));
     let runs = Arc::new(AtomicUsize::new(0));
 
