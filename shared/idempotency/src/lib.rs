@@ -203,9 +203,17 @@ impl Idempotency {
     /// Links every journal event recorded or observed so far into the chain,
     /// so a read of the journal shows them. A failure is logged: the events
     /// wait for the next round.
+    ///
+    /// The round runs as a task of its own. A round takes the queued
+    /// observations out of memory, so a caller that went away mid-round (a
+    /// client that hung up on `GET /v1/audit`, dropping its handler) would
+    /// otherwise take them with it.
     pub async fn flush_journal(&self) {
-        if let Err(e) = self.journal.chain_pending(&self.db).await {
-            tracing::warn!(error = %e, "could not link audit events; they wait for the next round");
+        let (journal, db) = (self.journal.clone(), self.db.clone());
+        match tokio::spawn(async move { journal.chain_pending(&db).await }).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not link audit events; they wait for the next round"),
+            Err(e) => tracing::warn!(error = %e, "a journal round panicked or was cancelled"),
         }
     }
 

@@ -593,6 +593,35 @@ async fn a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_rea
     );
 }
 
+/// A reader of the journal runs a chain round first. If it goes away
+/// mid-round (a client hung up on `GET /v1/audit`), the observations the round
+/// took out of memory must still reach the chain.
+async fn a_journal_round_whose_caller_went_away_still_links_what_it_took(backend: Backend) {
+    let f = fixture(backend).await;
+    let runs = AtomicUsize::new(0);
+    f.run("k", json!({"n": 1}), &runs).await;
+    let (_, replay, _) = f.run("k", json!({"n": 1}), &runs).await;
+    assert_eq!(header(&replay, "idempotent-replayed"), Some("true"));
+
+    // polled once (it takes the queued observations), then dropped
+    let hung_up = tokio::time::timeout(Duration::ZERO, f.idempotency.flush_journal()).await;
+    assert!(hung_up.is_err(), "the round was cut short");
+    f.idempotency.flush_journal().await;
+
+    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
+    let events: Vec<AuditEvent> = entries.iter().map(|e| e.event).collect();
+    assert_eq!(
+        events,
+        [
+            AuditEvent::Attempted,
+            AuditEvent::Claimed,
+            AuditEvent::Completed,
+            AuditEvent::Attempted,
+            AuditEvent::Replayed
+        ]
+    );
+}
+
 async fn an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key(backend: Backend) {
     let mut f = fixture(backend).await;
     let config = IdempotencyConfig {
@@ -634,6 +663,7 @@ platform::both_backends!(
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
     two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
     a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_real_head,
+    a_journal_round_whose_caller_went_away_still_links_what_it_took,
 );
 
 /// A takeover in a transaction of its own, as an attempt makes it.
