@@ -193,21 +193,30 @@ pub(crate) const INBOX_INSERT: &str = "INSERT INTO audit_inbox \
 /// Parameters per inbox row.
 pub(crate) const INBOX_COLUMNS: usize = 9;
 
+/// Binds the columns an inbox row and a journal entry share (a [`Record`]'s
+/// fields, which an [`AuditEntry`] has too), in [`INBOX_INSERT`]'s order.
+macro_rules! bind_record_columns {
+    ($query:expr, $r:expr) => {
+        $query
+            .bind(&$r.account_id)
+            .bind(&$r.principal_id)
+            .bind($r.operation_id.as_deref())
+            .bind($r.idempotency_key.as_deref())
+            .bind($r.fingerprint.as_deref())
+            .bind($r.route.as_deref())
+            .bind($r.event.as_str())
+            .bind($r.external_ref.as_deref())
+            .bind($r.at)
+    };
+}
+pub(crate) use bind_record_columns;
+
 /// Binds each record's inbox columns, in [`INBOX_INSERT`]'s order.
 macro_rules! bind_records {
     ($query:expr, $records:expr) => {{
         let mut query = $query;
         for r in $records {
-            query = query
-                .bind(&r.account_id)
-                .bind(&r.principal_id)
-                .bind(r.operation_id.as_deref())
-                .bind(r.idempotency_key.as_deref())
-                .bind(r.fingerprint.as_deref())
-                .bind(r.route.as_deref())
-                .bind(r.event.as_str())
-                .bind(r.external_ref.as_deref())
-                .bind(r.at);
+            query = $crate::audit::bind_record_columns!(query, r);
         }
         query
     }};
@@ -307,8 +316,8 @@ async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx:
 }
 
 pub(crate) const JOURNAL_INSERT: &str = "INSERT INTO audit_journal \
-     (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
-      prev_hash, hash)";
+     (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
+      seq, prev_hash, hash)";
 /// Parameters per journal row.
 pub(crate) const JOURNAL_COLUMNS: usize = 12;
 
@@ -323,17 +332,8 @@ macro_rules! bind_entries {
     ($query:expr, $entries:expr) => {{
         let mut query = $query;
         for e in $entries {
-            query = query
+            query = $crate::audit::bind_record_columns!(query, e)
                 .bind(e.seq)
-                .bind(&e.account_id)
-                .bind(&e.principal_id)
-                .bind(e.operation_id.as_deref())
-                .bind(e.idempotency_key.as_deref())
-                .bind(e.fingerprint.as_deref())
-                .bind(e.route.as_deref())
-                .bind(e.event.as_str())
-                .bind(e.external_ref.as_deref())
-                .bind(e.at)
                 .bind(&e.prev_hash)
                 .bind(&e.hash);
         }
