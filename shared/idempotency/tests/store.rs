@@ -113,23 +113,9 @@ impl Fixture {
         let key = IdempotencyKey::parse(key).unwrap();
         let fingerprint = Fingerprint::of("POST", ROUTE, "acme", command);
         let mut tx = self.db.db.begin().await.unwrap();
-        let claimed = store::claim(
-            &mut tx,
-            &NewOperation {
-                account_id: "acme",
-                key: &key,
-                operation_id: idempotency::operation::new_operation_id(),
-                principal_id: "acme-agent",
-                method: "POST",
-                route: ROUTE,
-                fingerprint: &fingerprint,
-                lease_token: uuid_token(),
-                locked_until,
-                now: Timestamp::now(),
-            },
-        )
-        .await
-        .unwrap();
+        let claimed = store::claim(&mut tx, &new_operation(&key, &fingerprint, locked_until))
+            .await
+            .unwrap();
         tx.commit().await.unwrap();
         claimed
     }
@@ -143,6 +129,26 @@ async fn insert_effect(tx: &mut platform::Tx) -> Result<(), ApiError> {
         .await?
         .rows_affected());
     Ok(())
+}
+
+/// A new operation of acme's agent on [`ROUTE`], leased until `locked_until`.
+fn new_operation<'a>(
+    key: &'a IdempotencyKey,
+    fingerprint: &'a Fingerprint,
+    locked_until: Timestamp,
+) -> NewOperation<'a> {
+    NewOperation {
+        account_id: "acme",
+        key,
+        operation_id: idempotency::operation::new_operation_id(),
+        principal_id: "acme-agent",
+        method: "POST",
+        route: ROUTE,
+        fingerprint,
+        lease_token: uuid_token(),
+        locked_until,
+        now: Timestamp::now(),
+    }
 }
 
 fn uuid_token() -> String {
@@ -536,18 +542,7 @@ async fn a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_rea
     let claim_finished = async |key: &str| {
         let key = IdempotencyKey::parse(key).unwrap();
         let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1}));
-        let new = NewOperation {
-            account_id: "acme",
-            key: &key,
-            operation_id: idempotency::operation::new_operation_id(),
-            principal_id: "acme-agent",
-            method: "POST",
-            route: ROUTE,
-            fingerprint: &fingerprint,
-            lease_token: uuid_token(),
-            locked_until: Timestamp::now(),
-            now: Timestamp::now(),
-        };
+        let new = new_operation(&key, &fingerprint, Timestamp::now());
         let journaled: Vec<idempotency::audit::Record> =
             [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Failed]
                 .into_iter()
