@@ -26,7 +26,7 @@ use idempotency::{ClaimMode, IdempotencyConfig, IdempotencyHeaders, IdempotencyK
 use platform::{Backend, Db, Principal, Role, Timestamp, on_pool};
 use report::{
     BackendReport, CreateComparison, DbOnly, Figure, Machine, OtherWrite, ReplayComparison, Report, Storm, TableSize,
-    TargetCheck,
+    TargetCheck, WalPerCreate,
 };
 use tickets::{App, domain::CreateTicket};
 use tokio::runtime::Runtime;
@@ -378,6 +378,8 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         throughput_ratio: direct_on.rps / direct_off.rps,
         http_on,
     };
+    eprintln!("what a create writes to the WAL");
+    let wal = wal_per_create(&on, &off, plan.quick).await;
     // 5. The other services' writes, at the same concurrency.
     let other_writes = other_writes(backend, plan, &services, &load, concurrency, &on).await;
     let _ = on.stop.send(());
@@ -432,6 +434,7 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         storm,
         table_size,
         db_only,
+        wal: Some(wal),
         other_writes,
         targets,
     })
@@ -640,21 +643,106 @@ fn direct_creates(app: App) -> Workload {
     Workload::Direct(Arc::new(move |_, _| {
         let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let app = app.clone();
-        Box::pin(async move {
-            let principal = Principal {
-                account_id: "acme".into(),
-                principal_id: "acme-agent".into(),
-                role: Role::Agent,
-            };
-            let key = IdempotencyKey::parse(&format!("direct-{}-{n}", std::process::id())).unwrap();
-            let command = CreateTicket::from(
-                platform::json::parse_json::<tickets::domain::CreateTicketBody>(BODY.as_bytes()).unwrap(),
-            );
-            let response =
-                tickets::routes::create(&app, &principal, IdempotencyHeaders { key, wait: None }, command).await;
-            response.status().is_success()
-        })
+        Box::pin(async move { create_directly(&app, &format!("direct-{}-{n}", std::process::id())).await })
     }))
+}
+
+/// One ticket create with the key `key`, through the service's own code with
+/// no HTTP. `true`: it succeeded.
+async fn create_directly(app: &App, key: &str) -> bool {
+    let principal = Principal {
+        account_id: "acme".into(),
+        principal_id: "acme-agent".into(),
+        role: Role::Agent,
+    };
+    let key = IdempotencyKey::parse(key).unwrap();
+    let command =
+        CreateTicket::from(platform::json::parse_json::<tickets::domain::CreateTicketBody>(BODY.as_bytes()).unwrap());
+    let response = tickets::routes::create(app, &principal, IdempotencyHeaders { key, wait: None }, command).await;
+    response.status().is_success()
+}
+
+/// What one create writes to the WAL, idempotent and layer off (see
+/// [`WalPerCreate`]): the median of three samples of sequential creates.
+async fn wal_per_create(on: &Service, off: &Service, quick: bool) -> WalPerCreate {
+    let (unit, creates) = match on.db {
+        // few enough that SQLite's automatic checkpoint (at 1000 frames) does not restart the log
+        Db::Sqlite(_) => ("pages", if quick { 5 } else { 40 }),
+        Db::Postgres(_) => ("bytes", if quick { 20 } else { 200 }),
+    };
+    let mut samples = (Vec::new(), Vec::new());
+    for sample in 0..3 {
+        samples
+            .0
+            .push(wal_written(on, creates, &format!("wal-on-{sample}")).await);
+        samples
+            .1
+            .push(wal_written(off, creates, &format!("wal-off-{sample}")).await);
+    }
+    let (on, off) = (median(samples.0.into_iter()), median(samples.1.into_iter()));
+    WalPerCreate {
+        unit: unit.into(),
+        creates,
+        on,
+        off,
+        ratio: on / off,
+    }
+}
+
+/// `creates` creates, one after another, and the WAL they wrote per create:
+/// SQLite's frames (the log is emptied first), PostgreSQL's bytes (the
+/// journal's pending round included; the cluster's WAL is shared, so other
+/// databases must be quiet meanwhile).
+async fn wal_written(service: &Service, creates: u64, tag: &str) -> f64 {
+    let idempotency = &service.app.idempotency;
+    idempotency.flush_journal().await;
+    let create_all = async {
+        for n in 0..creates {
+            assert!(
+                create_directly(&service.app, &format!("{tag}-{}-{n}", std::process::id())).await,
+                "a create failed while measuring the WAL"
+            );
+        }
+        idempotency.flush_journal().await;
+    };
+    let written = match service.db.write() {
+        platform::Pool::Sqlite(pool) => {
+            // (busy, frames in the log, frames checkpointed); busy while a
+            // reader (the chainer's, say) still reads from the log
+            let mut emptied = false;
+            for _ in 0..100 {
+                let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+                if busy == 0 {
+                    emptied = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(emptied, "the WAL could not be emptied: a reader stayed in the way");
+            create_all.await;
+            let (_, frames, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            frames as f64
+        }
+        platform::Pool::Postgres(pool) => {
+            let start: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            create_all.await;
+            sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8")
+                .bind(start)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+    };
+    written / creates as f64
 }
 
 /// A database with `operations` finished operations already stored, made once
@@ -802,6 +890,12 @@ fn print_table(report: &Report) {
             format!("no HTTP: create, layer off,  c={}", b.db_only.concurrency),
             &b.db_only.off,
         );
+        if let Some(wal) = &b.wal {
+            println!(
+                "  WAL per create ({} sequential): idempotent {:.1} {}, layer off {:.1}, ratio {:.2}",
+                wal.creates, wal.on, wal.unit, wal.off, wal.ratio
+            );
+        }
         for w in &b.other_writes {
             row(format!("{}, c={}", w.name, w.concurrency), &w.write);
             row(format!("  beside: {}", w.baseline_name), &w.baseline);

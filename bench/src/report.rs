@@ -42,6 +42,9 @@ pub struct BackendReport {
     pub storm: Storm,
     pub table_size: TableSize,
     pub db_only: DbOnly,
+    /// What one create writes to the write-ahead log, idempotent and layer off.
+    #[serde(default)]
+    pub wal: Option<WalPerCreate>,
     /// The other services' write paths, beside the tickets create.
     #[serde(default)]
     pub other_writes: Vec<OtherWrite>,
@@ -123,6 +126,23 @@ pub struct DbOnly {
     pub throughput_ratio: f64,
     /// The HTTP create at the same concurrency, for comparison.
     pub http_on: Figure,
+}
+
+/// What one create writes to the database's write-ahead log: a count, not a
+/// time, so it does not move with the machine's noise. On SQLite it is WAL
+/// frames, one whole page each for every page a transaction changed, written
+/// at its commit; on PostgreSQL, bytes of WAL records (the journal's chain
+/// round included).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WalPerCreate {
+    /// `pages` (SQLite) or `bytes` (PostgreSQL).
+    pub unit: String,
+    /// Sequential creates measured, per side and per sample.
+    pub creates: u64,
+    pub on: f64,
+    pub off: f64,
+    /// on / off
+    pub ratio: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
