@@ -15,12 +15,12 @@
 
 use std::{sync::Mutex, time::Duration};
 
-use platform::{Db, Timestamp, Tx, on_pool, on_tx};
+use platform::{Db, Pool, Timestamp, Tx, on_pool, on_tx};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 
-use crate::fingerprint::canonical_json;
+use crate::{fingerprint::canonical_json, operation::OperationState};
 
 /// The hash before the first entry.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -169,9 +169,9 @@ impl AuditEntry {
 /// Records the events of a transition inside the transaction that makes it
 /// (the claim, the completion, a decision), so they commit — or not — with
 /// what they record. They wait in `audit_inbox` until the [`Journal`]'s
-/// chainer links them; no writer waits for another on the chain. (The one
-/// exception, a new operation's first entries on SQLite, is
-/// `store::claim_finished`'s.)
+/// chainer links them; no writer waits for another on the chain. (On SQLite a
+/// claim that finishes in its own transaction keeps its records in its
+/// operation row instead: see [`finished_claim`].)
 pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
     if records.is_empty() {
         return Ok(());
@@ -193,30 +193,21 @@ pub(crate) const INBOX_INSERT: &str = "INSERT INTO audit_inbox \
 /// Parameters per inbox row.
 pub(crate) const INBOX_COLUMNS: usize = 9;
 
-/// Binds the columns an inbox row and a journal entry share (a [`Record`]'s
-/// fields, which an [`AuditEntry`] has too), in [`INBOX_INSERT`]'s order.
-macro_rules! bind_record_columns {
-    ($query:expr, $r:expr) => {
-        $query
-            .bind(&$r.account_id)
-            .bind(&$r.principal_id)
-            .bind($r.operation_id.as_deref())
-            .bind($r.idempotency_key.as_deref())
-            .bind($r.fingerprint.as_deref())
-            .bind($r.route.as_deref())
-            .bind($r.event.as_str())
-            .bind($r.external_ref.as_deref())
-            .bind($r.at)
-    };
-}
-pub(crate) use bind_record_columns;
-
 /// Binds each record's inbox columns, in [`INBOX_INSERT`]'s order.
 macro_rules! bind_records {
     ($query:expr, $records:expr) => {{
         let mut query = $query;
         for r in $records {
-            query = $crate::audit::bind_record_columns!(query, r);
+            query = query
+                .bind(&r.account_id)
+                .bind(&r.principal_id)
+                .bind(r.operation_id.as_deref())
+                .bind(r.idempotency_key.as_deref())
+                .bind(r.fingerprint.as_deref())
+                .bind(r.route.as_deref())
+                .bind(r.event.as_str())
+                .bind(r.external_ref.as_deref())
+                .bind(r.at);
         }
         query
     }};
@@ -251,27 +242,6 @@ async fn lock_chain(tx: &mut Tx) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// Rows per INSERT, largest first. A statement's text fixes its row count,
-/// and a statement is prepared once per text and connection, so entries go in
-/// a handful of fixed shapes (every batch a sum of them) rather than one
-/// statement sized to each batch, which both backends would prepare anew
-/// every round (on SQLite, milliseconds the one writer is held for). Three
-/// is a create's entries, chained alone when SQLite's head hint was behind.
-const APPEND_SHAPES: [usize; 5] = [64, 16, 4, 3, 1];
-
-/// `entries` cut into runs of [`APPEND_SHAPES`] rows, largest first.
-fn in_shapes<T>(mut entries: &[T]) -> Vec<&[T]> {
-    let mut runs = Vec::new();
-    for shape in APPEND_SHAPES {
-        while entries.len() >= shape {
-            let (run, rest) = entries.split_at(shape);
-            runs.push(run);
-            entries = rest;
-        }
-    }
-    runs
-}
-
 pub(crate) async fn append_locked(tx: &mut Tx, records: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
     let head = head_or_genesis(on_tx!(tx, |conn| sqlx::query_as(HEAD).fetch_optional(conn).await?));
     let entries = chained(head, records.to_vec());
@@ -300,47 +270,53 @@ pub(crate) fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Reco
     entries
 }
 
+/// Appends `entries`, in order, in one statement whatever their number: they
+/// travel as one JSON array parameter, which the database unpacks. (A VALUES
+/// list binds twelve parameters an entry, and on SQLite binding them cost
+/// more than writing the rows: about 20 µs an entry, held under the one
+/// writer.) The database checks each entry's link as it goes in.
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
-    for chunk in in_shapes(entries) {
-        let sql = format!(
-            "{JOURNAL_INSERT} VALUES {}",
-            placeholders(1, chunk.len(), JOURNAL_COLUMNS)
-        );
-        on_tx!(tx, |conn| {
-            bind_entries!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), chunk)
-                .execute(conn)
-                .await?;
-        });
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let batch = serde_json::to_string(entries).map_err(|e| sqlx::Error::Encode(e.into()))?;
+    let inserted = match tx {
+        Tx::Postgres(pg) => sqlx::query(
+            "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, \
+             route, event, external_ref, at, prev_hash, hash) \
+             SELECT seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
+                    external_ref, at, prev_hash, hash \
+             FROM jsonb_to_recordset($1::jsonb) AS e(seq bigint, account_id text, principal_id text, \
+                  operation_id text, idempotency_key text, fingerprint text, route text, event text, \
+                  external_ref text, at timestamptz, prev_hash text, hash text) \
+             ORDER BY seq",
+        )
+        .bind(batch)
+        .execute(&mut **pg)
+        .await?
+        .rows_affected(),
+        Tx::Sqlite(lite) => sqlx::query(
+            "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, \
+             route, event, external_ref, at, prev_hash, hash) \
+             SELECT value->>'seq', value->>'account_id', value->>'principal_id', value->>'operation_id', \
+                    value->>'idempotency_key', value->>'fingerprint', value->>'route', value->>'event', \
+                    value->>'external_ref', value->>'at', value->>'prev_hash', value->>'hash' \
+             FROM json_each($1) ORDER BY key",
+        )
+        .bind(batch)
+        .execute(&mut **lite)
+        .await?
+        .rows_affected(),
+    };
+    if inserted != entries.len() as u64 {
+        // cannot happen: the database refuses the whole statement, or takes every entry
+        return Err(sqlx::Error::Protocol(format!(
+            "{} audit entries went in as {inserted}",
+            entries.len()
+        )));
     }
     Ok(())
 }
-
-pub(crate) const JOURNAL_INSERT: &str = "INSERT INTO audit_journal \
-     (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
-      seq, prev_hash, hash)";
-/// Parameters per journal row.
-pub(crate) const JOURNAL_COLUMNS: usize = 12;
-
-/// A condition that holds while the chain's head is the entry whose hash is
-/// bound at `$param` (or the chain is empty and that is [`GENESIS`]).
-pub(crate) fn head_is(param: usize) -> String {
-    format!("coalesce((SELECT hash FROM audit_journal ORDER BY seq DESC LIMIT 1), '{GENESIS}') = ${param}")
-}
-
-/// Binds each entry's columns, in [`JOURNAL_INSERT`]'s order.
-macro_rules! bind_entries {
-    ($query:expr, $entries:expr) => {{
-        let mut query = $query;
-        for e in $entries {
-            query = $crate::audit::bind_record_columns!(query, e)
-                .bind(e.seq)
-                .bind(&e.prev_hash)
-                .bind(&e.hash);
-        }
-        query
-    }};
-}
-pub(crate) use bind_entries;
 
 /// `($first, …), (…)`: `rows` groups of `cols` numbered placeholders.
 pub(crate) fn placeholders(first: usize, rows: usize, cols: usize) -> String {
@@ -356,62 +332,34 @@ pub(crate) fn placeholders(first: usize, rows: usize, cols: usize) -> String {
 /// How often the chainer links what is waiting, at the latest.
 const CHAIN_EVERY: Duration = Duration::from_millis(100);
 
-/// The journal of one service database: links recorded transitions
-/// (`audit_inbox`) and observed attempts into the chain, in batches.
+/// The journal of one service database: links recorded transitions and
+/// observed attempts into the chain, in batches.
 ///
 /// Two kinds of events, two kinds of durability:
 /// - a **transition** (claimed, completed, failed, approval_requested,
-///   approved, rejected, expired, …) is recorded by [`record`] in the
-///   transaction that makes it: never lost, never recorded for a change that
-///   rolled back;
+///   approved, rejected, expired, …) is recorded in the transaction that
+///   makes it — by [`record`], into `audit_inbox`; on SQLite, a claim that
+///   finishes in its own transaction keeps its records in its operation row
+///   (see [`finished_claim`]) — so it is never lost, and never recorded for a
+///   change that rolled back;
 /// - an **observation** (an attempt answered from what is stored: replayed,
 ///   key_reused, in_progress) changes nothing, so it is queued in memory
 ///   ([`Journal::observe`]) and never makes a replay wait for a write. A crash
 ///   loses at most the observations of the last round (~100 ms).
 ///
-/// A round takes the queued observations *first*, then reads the inbox: an
-/// observation saw a state that had committed before it, so its cause is in
-/// this round or an earlier one, and sorting a round by time puts it after.
-///
-/// On SQLite a new operation's first entries skip the inbox: they are chained
-/// in the claim's own call (`store::claim_finished`). Each operation's entries
-/// stay in the order they happened, since nothing about an operation is
-/// journaled before its claim; but across operations the chain's order is the
-/// order of linking, not of time. An attempt that failed with a server error
-/// (queued) can be chained after the retry that created its operation. `at`
+/// A round takes the queued observations *first*, then reads what waits in
+/// the database: an observation saw a state that had committed before it, so
+/// its cause is in this round or an earlier one, and sorting a round by time
+/// puts it after. Each operation's entries are in the order they happened;
+/// across operations the chain's order is the order of linking, and `at`
 /// says when each event happened.
 #[derive(Debug, Default)]
 pub struct Journal {
     observed: Mutex<Vec<Record>>,
-    /// One round at a time in this process (across processes, a round
-    /// that finds the head moved prepares its batch again under the lock; see `link`).
+    /// One round at a time in this process (across processes, a round that
+    /// finds that another linked first prepares its batch again under the
+    /// lock; see `link`).
     round: tokio::sync::Mutex<()>,
-    /// The head as this process last chained it.
-    pub(crate) head: HeadHint,
-}
-
-/// The chain's head as this process last chained it, for SQLite's hot path:
-/// a create hashes its entries onto it without reading the chain, and its
-/// insert writes only while the head really is that one (see
-/// `store::claim_finished`). Another process's create or round, or a
-/// transaction of this process that chained and then rolled back, makes it
-/// wrong. A wrong hint costs the create a read of the head, a second hashing
-/// and one more insert under the writer; never a fork or a lost entry.
-#[derive(Debug, Default)]
-pub struct HeadHint(Mutex<Option<(i64, String)>>);
-
-impl HeadHint {
-    /// The head to hash onto: the hint, or the empty chain's.
-    pub(crate) fn get(&self) -> (i64, String) {
-        head_or_genesis(self.0.lock().unwrap_or_else(|p| p.into_inner()).clone())
-    }
-
-    /// `entries` were just chained: their last is the head.
-    pub(crate) fn chained(&self, entries: &[AuditEntry]) {
-        if let Some(last) = entries.last() {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((last.seq, last.hash.clone()));
-        }
-    }
 }
 
 impl Journal {
@@ -425,7 +373,7 @@ impl Journal {
     pub async fn chain_pending(&self, db: &Db) -> Result<usize, sqlx::Error> {
         let _one_round = self.round.lock().await;
         let observed = std::mem::take(&mut *self.observed.lock().unwrap_or_else(|p| p.into_inner()));
-        match link(db, &observed, &self.head).await {
+        match link(db, &observed).await {
             Ok(entries) => Ok(entries.len()),
             Err(e) => {
                 let mut queue = self.observed.lock().unwrap_or_else(|p| p.into_inner());
@@ -452,45 +400,77 @@ impl Journal {
     }
 }
 
-/// One round. Everything that takes time is done before the chain is locked:
-/// the head is read, then the waiting records (both from committed state),
-/// and the records are hashed onto the head. The transaction then only
-/// checks that the head has not moved, writes, deletes exactly the records it
-/// linked, and commits: on SQLite it holds the one writer that long, and
-/// every create waits behind it.
+/// The records of a claim that finished in its own transaction (the create's
+/// hot path): the attempt, at `attempted_at`; the claim; and, if the answer
+/// the claim stored is final, the outcome — completed or failed (none while
+/// the outbox works on it). `record` makes one record of the operation.
 ///
-/// The head is read *first*: if it has not moved by the time the chain is
-/// locked, no other round committed since, so every record read is still
-/// waiting (and on SQLite, which reuses the ids of an emptied inbox, still
-/// the record read). If it has moved — another process's round, or a new
-/// operation's claim chained on SQLite (`store::claim_finished`) — the round
-/// reads the inbox again and hashes under the lock, where nothing moves. On
-/// SQLite under a steady stream of creates that is most rounds: the work
-/// done before the lock then pays off on PostgreSQL, and in quiet moments.
-async fn link(db: &Db, observed: &[Record], hint: &HeadHint) -> Result<Vec<AuditEntry>, sqlx::Error> {
+/// PostgreSQL records them in the inbox, in the claim's own statement. SQLite
+/// keeps them in the operation row (`attempted_at`, `claimed_state`), and the
+/// chain round makes them from it: SQLite writes every page a transaction
+/// changed into its log at commit, and the journal's pages (the table and its
+/// two indexes) were about half of what the idempotency layer added to a
+/// create; a round links hundreds of claims in a few pages.
+pub fn finished_claim(
+    record: impl Fn(AuditEvent, Timestamp) -> Record,
+    attempted_at: Timestamp,
+    claimed_at: Timestamp,
+    claimed_state: OperationState,
+) -> Vec<Record> {
+    let outcome = match claimed_state {
+        OperationState::Completed => Some(AuditEvent::Completed),
+        OperationState::Failed => Some(AuditEvent::Failed),
+        _ => None,
+    };
+    [(AuditEvent::Attempted, attempted_at), (AuditEvent::Claimed, claimed_at)]
+        .into_iter()
+        .chain(outcome.map(|event| (event, claimed_at)))
+        .map(|(event, at)| record(event, at))
+        .collect()
+}
+
+/// One round. Everything that takes time is done before the chain is locked:
+/// the head is read, then what waits (all from committed state), and the
+/// records are hashed onto the head. The transaction then only checks that no
+/// other round linked since, writes, marks what it linked (deletes exactly
+/// the inbox records it read; on SQLite, moves the claims' mark), and
+/// commits: on SQLite it holds the one writer that long, and every create
+/// waits behind it.
+///
+/// The head (and on SQLite the claims' mark) is read *first*: if neither has
+/// moved by the time the chain is locked, no other round committed since, so
+/// everything read is still waiting (and on SQLite, which reuses the ids of an
+/// emptied inbox, still the record read). If either has moved — another
+/// process's round — the round reads again and hashes under the lock, where
+/// nothing moves.
+async fn link(db: &Db, observed: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
     let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
         .fetch_optional(pool)
         .await?));
-    let inbox = on_pool!(db.read(), |pool| {
-        let rows = sqlx::query(READ_INBOX).fetch_all(pool).await?;
-        rows.iter().map(waiting).collect::<Result<Vec<_>, _>>()?
-    });
-    if inbox.is_empty() && observed.is_empty() {
+    let waiting = match db.read() {
+        Pool::Postgres(pool) => Waiting::on_postgres(&mut *pool.acquire().await?).await?,
+        Pool::Sqlite(pool) => Waiting::on_sqlite(&mut *pool.acquire().await?).await?,
+    };
+    if waiting.is_empty() && observed.is_empty() {
         return Ok(Vec::new());
     }
-    let mut round = Round::of(head.clone(), inbox, observed);
+    let mut round = Round::of(head.clone(), waiting, observed);
 
     let mut tx = db.begin().await?;
     lock_chain(&mut tx).await?;
     let current = head_or_genesis(on_tx!(&mut tx, |conn| sqlx::query_as(HEAD)
         .fetch_optional(conn)
         .await?));
-    if current != head {
-        let inbox = on_tx!(&mut tx, |conn| {
-            let rows = sqlx::query(READ_INBOX).fetch_all(conn).await?;
-            rows.iter().map(waiting).collect::<Result<Vec<_>, _>>()?
-        });
-        round = Round::of(current, inbox, observed);
+    let mark = match &mut tx {
+        Tx::Postgres(_) => None,
+        Tx::Sqlite(lite) => Some(sqlx::query_scalar(CLAIMS_MARK).fetch_one(&mut **lite).await?),
+    };
+    if current != head || mark != round.claims.map(|(after, _)| after) {
+        let waiting = match &mut tx {
+            Tx::Postgres(pg) => Waiting::on_postgres(pg).await?,
+            Tx::Sqlite(lite) => Waiting::on_sqlite(lite).await?,
+        };
+        round = Round::of(current, waiting, observed);
     }
     insert_entries(&mut tx, &round.entries).await?;
     let deleted = match &mut tx {
@@ -505,38 +485,158 @@ async fn link(db: &Db, observed: &[Record], hint: &HeadHint) -> Result<Vec<Audit
             .await?
             .rows_affected(),
     };
-    if deleted != round.inbox_ids.len() as u64 {
+    let marked = match (&mut tx, round.claims) {
+        (Tx::Sqlite(lite), Some((after, upto))) if upto > after => {
+            sqlx::query("UPDATE audit_progress SET operations_seq = $2 WHERE operations_seq = $1")
+                .bind(after)
+                .bind(upto)
+                .execute(&mut **lite)
+                .await?
+                .rows_affected()
+                == 1
+        }
+        _ => true,
+    };
+    if deleted != round.inbox_ids.len() as u64 || !marked {
         // cannot happen while rounds lock the chain; if it does, nothing is linked twice
         tx.rollback().await?;
         return Err(sqlx::Error::Protocol(
-            "the audit inbox changed under a locked round".into(),
+            "what waits for the audit chain changed under a locked round".into(),
         ));
     }
-    // before the commit, while no create of this process can chain past it
-    hint.chained(&round.entries);
     tx.commit().await?;
     Ok(round.entries)
+}
+
+/// What waits in the database for a round: the inbox's records, with their
+/// ids, and on SQLite the claims not linked yet.
+struct Waiting {
+    inbox: Vec<(i64, Record)>,
+    claims: Option<Claims>,
+}
+
+impl Waiting {
+    async fn on_postgres(conn: &mut sqlx::PgConnection) -> Result<Waiting, sqlx::Error> {
+        let rows = sqlx::query(READ_INBOX).fetch_all(conn).await?;
+        Ok(Waiting {
+            inbox: rows.iter().map(waiting).collect::<Result<_, _>>()?,
+            claims: None,
+        })
+    }
+
+    /// The inbox *first*: a transition of an operation commits after its
+    /// claim, so every inbox record read then has its claim read after it
+    /// (or linked before), and an operation's entries never run ahead of its
+    /// claim's, even when the two reads see different moments.
+    async fn on_sqlite(conn: &mut sqlx::SqliteConnection) -> Result<Waiting, sqlx::Error> {
+        let rows = sqlx::query(READ_INBOX).fetch_all(&mut *conn).await?;
+        Ok(Waiting {
+            inbox: rows.iter().map(waiting).collect::<Result<_, _>>()?,
+            claims: Some(unlinked_claims(conn).await?),
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.inbox.is_empty() && self.claims.as_ref().is_none_or(|c| c.upto == c.after)
+    }
+}
+
+/// SQLite: the records of the claims above the mark (`audit_progress`), and
+/// the highest `seq` read (every operation up to it has been looked at; only
+/// some carry a claim to link).
+struct Claims {
+    after: i64,
+    upto: i64,
+    records: Vec<Record>,
+}
+
+/// Every claim `seq` at or below it is linked.
+const CLAIMS_MARK: &str = "SELECT operations_seq FROM audit_progress";
+
+/// The operations above the mark, in `seq` order, with the mark itself on
+/// every row (and alone, with no operation, when there is none above it).
+/// `seq` is AUTOINCREMENT and SQLite has one writer, so an operation that
+/// commits later always has a higher `seq`: whatever this reads, nothing will
+/// commit below it.
+async fn unlinked_claims(conn: &mut sqlx::SqliteConnection) -> Result<Claims, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT p.operations_seq AS mark, o.seq, o.account_id, o.principal_id, o.operation_id, o.idempotency_key, \
+         o.fingerprint, o.route, o.attempted_at, o.created_at, o.claimed_state \
+         FROM audit_progress p LEFT JOIN idempotency_operations o ON o.seq > p.operations_seq ORDER BY o.seq",
+    )
+    .fetch_all(conn)
+    .await?;
+    let after: i64 = match rows.first() {
+        Some(row) => row.try_get("mark")?,
+        None => return Err(sqlx::Error::Protocol("audit_progress has no row".into())),
+    };
+    let mut claims = Claims {
+        after,
+        upto: after,
+        records: Vec::new(),
+    };
+    for row in &rows {
+        let Some(seq) = row.try_get::<Option<i64>, _>("seq")? else {
+            continue;
+        };
+        claims.upto = seq;
+        let claimed_state: Option<String> = row.try_get("claimed_state")?;
+        let (Some(claimed_state), Some(attempted_at)) = (claimed_state, row.try_get("attempted_at")?) else {
+            continue; // journaled otherwise (a lease, an approval)
+        };
+        let claimed_state = OperationState::parse(&claimed_state)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown claimed_state `{claimed_state}`").into()))?;
+        let claim = Record {
+            account_id: row.try_get("account_id")?,
+            principal_id: row.try_get("principal_id")?,
+            operation_id: Some(row.try_get("operation_id")?),
+            idempotency_key: Some(row.try_get("idempotency_key")?),
+            fingerprint: Some(row.try_get("fingerprint")?),
+            route: Some(row.try_get("route")?),
+            event: AuditEvent::Claimed,
+            external_ref: None,
+            at: attempted_at,
+        };
+        let record = |event, at| Record {
+            event,
+            at,
+            ..claim.clone()
+        };
+        claims.records.extend(finished_claim(
+            record,
+            attempted_at,
+            row.try_get("created_at")?,
+            claimed_state,
+        ));
+    }
+    Ok(claims)
 }
 
 /// What one round links: the waiting records and the observations, in the
 /// order they happened, hashed onto a head.
 struct Round {
     inbox_ids: Vec<i64>,
+    /// The claims' mark before and after this round (SQLite).
+    claims: Option<(i64, i64)>,
     entries: Vec<AuditEntry>,
 }
 
 impl Round {
-    fn of(head: (i64, String), inbox: Vec<(i64, Record)>, observed: &[Record]) -> Round {
-        let inbox_ids = inbox.iter().map(|(id, _)| *id).collect();
-        let mut batch: Vec<Record> = inbox
+    fn of(head: (i64, String), waiting: Waiting, observed: &[Record]) -> Round {
+        let inbox_ids = waiting.inbox.iter().map(|(id, _)| *id).collect();
+        let claims = waiting.claims.as_ref().map(|c| (c.after, c.upto));
+        let mut batch: Vec<Record> = waiting
+            .inbox
             .into_iter()
             .map(|(_, r)| r)
+            .chain(waiting.claims.into_iter().flat_map(|c| c.records))
             .chain(observed.iter().cloned())
             .collect();
         // stable: events of one transaction share a time and keep their order
         batch.sort_by_key(|r| r.at);
         Round {
             inbox_ids,
+            claims,
             entries: chained(head, batch),
         }
     }
@@ -785,23 +885,4 @@ pub fn from_json_lines(text: &str) -> Result<Vec<AuditEntry>, String> {
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(n, line)| serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1)))
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_batch_of_entries_is_appended_in_the_fixed_statement_shapes_each_entry_once_in_order() {
-        let batch: Vec<usize> = (0..89).collect();
-        let runs = in_shapes(&batch);
-        let sizes: Vec<usize> = runs.iter().map(|run| run.len()).collect();
-        assert_eq!(sizes, [64, 16, 4, 4, 1]);
-        assert_eq!(runs.concat(), batch);
-        assert_eq!(
-            in_shapes(&[1, 2, 3]).len(),
-            1,
-            "a create's three entries go in one statement"
-        );
-    }
 }

@@ -266,14 +266,7 @@ impl Idempotency {
             match effect.clone()(&mut tx, operation_id).await {
                 Ok(done) => {
                     let completion = done.completion();
-                    let mut journaled = vec![
-                        new.audit(AuditEvent::Attempted, attempt.started),
-                        new.audit(AuditEvent::Claimed, completion.now),
-                    ];
-                    if completion.state == OperationState::Completed {
-                        journaled.push(new.audit(AuditEvent::Completed, completion.now));
-                    }
-                    match store::claim_finished(&mut tx, &new, &completion, &journaled, &self.journal.head).await {
+                    match store::claim_finished(&mut tx, &new, &completion, attempt.started).await {
                         Ok(true) => {}
                         Ok(false) => {
                             // The key was taken (PostgreSQL waited for its holder to commit): ours is undone.
@@ -307,12 +300,7 @@ impl Idempotency {
                     let _ = tx.rollback().await;
                     let response = problem_response(&error);
                     let completion = Completion::failed(&response);
-                    let journaled = [
-                        new.audit(AuditEvent::Attempted, attempt.started),
-                        new.audit(AuditEvent::Claimed, completion.now),
-                        new.audit(AuditEvent::Failed, completion.now),
-                    ];
-                    match self.claim_finished_alone(&new, &completion, &journaled).await {
+                    match self.claim_finished_alone(&new, &completion, attempt.started).await {
                         Ok(true) => {
                             telemetry::record_operation(operation_id, fingerprint.as_str());
                             telemetry::record_outcome("failed");
@@ -388,10 +376,10 @@ impl Idempotency {
         &self,
         new: &NewOperation<'_>,
         completion: &Completion<'_>,
-        journaled: &[Record],
+        attempted_at: Timestamp,
     ) -> Result<bool, sqlx::Error> {
         let mut tx = self.db.begin().await?;
-        if !store::claim_finished(&mut tx, new, completion, journaled, &self.journal.head).await? {
+        if !store::claim_finished(&mut tx, new, completion, attempted_at).await? {
             tx.rollback().await?;
             return Ok(false);
         }

@@ -7,7 +7,7 @@ use platform::{Db, Timestamp, Tx, on_pool, on_tx};
 use sqlx::Row;
 
 use crate::{
-    audit::{self, AuditEvent, HeadHint, Record},
+    audit::{self, AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse},
@@ -271,11 +271,22 @@ pub async fn settle_awaiting(
     Ok(done == 1)
 }
 
+/// The claim of [`claim_finished`], binding $1–$17 as [`bind_claim_finished!`] does.
 const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
      (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
       response_status, response_content_type, response_location, response_body, \
       resource_type, resource_id, resource_url, external_ref, created_at, updated_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17) \
+     ON CONFLICT (account_id, idempotency_key) DO NOTHING";
+
+/// SQLite's claim of [`claim_finished`]: the same, and what its journal
+/// entries say that the row does not ($18: when the attempt started; the
+/// state it was claimed in, $8, which stays while `state` moves on).
+const CLAIM_FINISHED_SQLITE: &str = "INSERT INTO idempotency_operations \
+     (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
+      response_status, response_content_type, response_location, response_body, \
+      resource_type, resource_id, resource_url, external_ref, created_at, updated_at, attempted_at, claimed_state) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17, $18, $8) \
      ON CONFLICT (account_id, idempotency_key) DO NOTHING";
 
 macro_rules! bind_claim_finished {
@@ -303,90 +314,56 @@ macro_rules! bind_claim_finished {
 
 /// Claims the key with the operation already finished, inside the
 /// transaction of its effect ([`ClaimMode::InTransaction`](crate::ClaimMode)),
-/// and records `journaled` with it: one insert under the primary key carries
-/// the claim and the answer. `false`: another attempt holds the key
-/// (PostgreSQL waited for it to commit), nothing was written, and the caller
-/// must roll its effect back. The lease fields of `new` are not used: a claim
-/// that finishes in its own transaction is never seen running.
+/// and journals the claim ([`audit::finished_claim`]: the attempt that
+/// started at `attempted_at`, the claim, its outcome) with it: one insert
+/// under the primary key carries the claim and the answer. `false`: another
+/// attempt holds the key (PostgreSQL waited for it to commit), nothing was
+/// written, and the caller must roll its effect back. The lease fields of
+/// `new` are not used: a claim that finishes in its own transaction is never
+/// seen running.
 ///
 /// The claim and its journal records travel in *one* round trip, because
 /// every round trip inside a write transaction is time the transaction holds
-/// its locks (on SQLite, the one writer); the records are written only if
-/// the claim inserted its row:
-/// - PostgreSQL: a writable CTE puts them in the inbox (see [`audit::record`]);
-/// - SQLite, which has no writable CTE: a second statement in the same call
-///   chains them, hashed onto this process's `head` hint, and writes only if
-///   the chain's head is still that one. When it is not (see [`HeadHint`]),
-///   the head is read and the records chained again.
+/// its locks (on SQLite, the one writer):
+/// - PostgreSQL: a writable CTE puts the records in the inbox (see
+///   [`audit::record`]) if the claim inserted its row;
+/// - SQLite: the row itself keeps what they say, and the chain round makes
+///   them from it (see [`audit::finished_claim`] for why).
 pub async fn claim_finished(
     tx: &mut Tx,
     new: &NewOperation<'_>,
     completion: &Completion<'_>,
-    journaled: &[Record],
-    head: &HeadHint,
+    attempted_at: Timestamp,
 ) -> Result<bool, sqlx::Error> {
-    if journaled.is_empty() {
-        let inserted = on_tx!(tx, |conn| {
-            bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQL), new, completion)
-                .execute(conn)
+    let written = match tx {
+        Tx::Postgres(pg) => {
+            let journaled = audit::finished_claim(
+                |event, at| new.audit(event, at),
+                attempted_at,
+                completion.now,
+                completion.state,
+            );
+            let (inbox, values) = (
+                audit::INBOX_INSERT,
+                audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS),
+            );
+            let sql = format!(
+                "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) \
+                 {inbox} SELECT * FROM (VALUES {values}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)"
+            );
+            let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
+            audit::bind_records!(query, &journaled)
+                .execute(&mut **pg)
                 .await?
                 .rows_affected()
-        });
-        return Ok(inserted == 1);
-    }
-    if let Tx::Postgres(pg) = tx {
-        let (inbox, values) = (
-            audit::INBOX_INSERT,
-            audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS),
-        );
-        let sql = format!(
-            "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) \
-             {inbox} SELECT * FROM (VALUES {values}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)"
-        );
-        let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
-        let written = audit::bind_records!(query, journaled)
-            .execute(&mut **pg)
-            .await?
-            .rows_affected();
-        return Ok(written > 0);
-    }
-
-    let entries = audit::chained(head.get(), journaled.to_vec());
-    let (journal, values, head_is) = (
-        audit::JOURNAL_INSERT,
-        audit::placeholders(18, entries.len(), audit::JOURNAL_COLUMNS),
-        audit::head_is(18 + entries.len() * audit::JOURNAL_COLUMNS),
-    );
-    let sql = format!(
-        "{CLAIM_FINISHED_SQL}; \
-         {journal} SELECT * FROM (VALUES {values}) WHERE EXISTS (SELECT 1 FROM idempotency_operations \
-         WHERE account_id = $1 AND idempotency_key = $2 AND operation_id = $3) AND {head_is}"
-    );
-    let written = on_tx!(tx, |conn| {
-        let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
-        audit::bind_entries!(query, &entries)
-            .bind(&entries[0].prev_hash)
-            .execute(conn)
-            .await?
-            .rows_affected()
-    });
-    // the rows of both statements: the claim's one, then one per entry
-    match written {
-        0 => Ok(false),
-        1 => {
-            // claimed, but the hint was behind: the head is read under the writer this transaction holds
-            head.chained(&audit::append_locked(tx, journaled).await?);
-            Ok(true)
         }
-        rows if rows == 1 + entries.len() as u64 => {
-            head.chained(&entries);
-            Ok(true)
-        }
-        rows => Err(sqlx::Error::Protocol(format!(
-            "a claim with {} journal entries wrote {rows} rows",
-            entries.len()
-        ))),
-    }
+        Tx::Sqlite(lite) => bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQLITE), new, completion)
+            .bind(attempted_at)
+            .execute(&mut **lite)
+            .await?
+            .rows_affected(),
+    };
+    Ok(written > 0)
 }
 
 /// Claims the key for an operation that waits for a human: stored as
@@ -493,16 +470,28 @@ pub async fn reap(db: &Db, cutoff: Timestamp) -> Result<u64, sqlx::Error> {
     // has an id below the first id of `cutoff`'s millisecond. So the reaper
     // walks the operation_id index up to there, and no index of its own costs
     // every write an entry.
-    Ok(on_pool!(db.write(), |pool| {
-        sqlx::query(
+    //
+    // On SQLite an operation whose claim the journal has not linked yet (above
+    // the chain round's mark) keeps its row: the row is what its entries are
+    // made from (see `audit::finished_claim`).
+    let sql = match db.backend() {
+        platform::Backend::Postgres => {
             "DELETE FROM idempotency_operations \
-             WHERE operation_id < $1 AND state IN ('completed', 'failed', 'rejected') AND updated_at < $2",
-        )
-        .bind(crate::operation::first_operation_id_at(cutoff))
-        .bind(cutoff)
-        .execute(pool)
-        .await?
-        .rows_affected()
+             WHERE operation_id < $1 AND state IN ('completed', 'failed', 'rejected') AND updated_at < $2"
+        }
+        platform::Backend::Sqlite => {
+            "DELETE FROM idempotency_operations \
+             WHERE operation_id < $1 AND state IN ('completed', 'failed', 'rejected') AND updated_at < $2 \
+               AND seq <= (SELECT operations_seq FROM audit_progress)"
+        }
+    };
+    Ok(on_pool!(db.write(), |pool| {
+        sqlx::query(sql)
+            .bind(crate::operation::first_operation_id_at(cutoff))
+            .bind(cutoff)
+            .execute(pool)
+            .await?
+            .rows_affected()
     }))
 }
 

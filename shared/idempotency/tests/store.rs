@@ -389,6 +389,24 @@ async fn a_business_failure_rolls_its_writes_back_and_is_replayed(backend: Backe
     assert_eq!(stored.state, OperationState::Failed);
 }
 
+/// Makes every operation but the one keyed `except` look made and last
+/// touched `at`: its time-ordered id too (`op_` and 12 hex digits of milliseconds).
+async fn made_at(db: &platform::Db, at: Timestamp, except: &str) {
+    on_pool!(db.write(), |pool| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET updated_at = $1, operation_id = $2 || substr(operation_id, 16) \
+             WHERE idempotency_key <> $3",
+        )
+        .bind(at)
+        .bind(&idempotency::operation::first_operation_id_at(at)[..15])
+        .bind(except)
+        .execute(pool)
+        .await
+        .unwrap()
+        .rows_affected()
+    });
+}
+
 async fn the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones(backend: Backend) {
     let f = fixture(backend).await;
     let runs = AtomicUsize::new(0);
@@ -416,20 +434,12 @@ async fn the_reaper_removes_finished_operations_past_retention_and_never_running
         )
         .execute(pool)
         .await
-        .unwrap();
-        // made two days ago: its time-ordered id too (`op_` and 12 hex digits of milliseconds)
-        sqlx::query(
-            "UPDATE idempotency_operations SET updated_at = $1, operation_id = $2 || substr(operation_id, 16) \
-             WHERE idempotency_key <> 'finished-new'",
-        )
-        .bind(two_days_ago)
-        .bind(&idempotency::operation::first_operation_id_at(two_days_ago)[..15])
-        .execute(pool)
-        .await
         .unwrap()
         .rows_affected()
     });
+    made_at(&f.db.db, two_days_ago, "finished-new").await;
 
+    f.idempotency.flush_journal().await;
     let reaped = f.idempotency.reap_once().await.unwrap();
 
     assert_eq!(reaped, 1);
@@ -442,6 +452,35 @@ async fn the_reaper_removes_finished_operations_past_retention_and_never_running
         let found = store::find_by_key(&f.db.db, "acme", key).await.unwrap();
         assert_eq!(found.is_some(), kept, "{key}");
     }
+}
+
+/// Retention never costs the journal a claim: an operation past retention
+/// whose claim has not been linked into the chain yet still gets its entries
+/// (on SQLite the row is what they are made from, so the reaper waits for the
+/// round), and goes once they are in.
+async fn the_reaper_never_takes_a_claims_journal_entries_with_it(backend: Backend) {
+    let f = fixture(backend).await;
+    let runs = AtomicUsize::new(0);
+    f.run("finished-old", json!({"n": 1}), &runs).await;
+    made_at(&f.db.db, Timestamp::now().minus(Duration::from_secs(48 * 3600)), "").await;
+
+    f.idempotency.reap_once().await.unwrap();
+    f.idempotency.flush_journal().await;
+    f.idempotency.reap_once().await.unwrap();
+
+    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
+    let events: Vec<AuditEvent> = entries.iter().map(|e| e.event).collect();
+    assert_eq!(
+        events,
+        [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed]
+    );
+    assert!(
+        store::find_by_key(&f.db.db, "acme", "finished-old")
+            .await
+            .unwrap()
+            .is_none(),
+        "reaped once its entries are in the chain"
+    );
 }
 
 async fn many_concurrent_attempts_with_one_key_commit_the_effect_once(backend: Backend) {
@@ -527,12 +566,12 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
     );
 }
 
-/// A claim whose transaction chained its entries and then rolled back leaves
-/// the head hint pointing at entries that never committed; the next claim
-/// must notice and chain onto the real head.
-async fn a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_real_head(backend: Backend) {
+/// A claim's journal entries commit with it: a claim whose transaction rolled
+/// back leaves none (and on SQLite, where a round makes them from the
+/// operation row, no row to make them from), and the next claim's entries
+/// link onto the chain as it is.
+async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain(backend: Backend) {
     let f = fixture(backend).await;
-    let head = idempotency::audit::HeadHint::default();
     let answer = idempotency::StoredResponse {
         status: StatusCode::UNPROCESSABLE_ENTITY,
         content_type: "application/problem+json".into(),
@@ -543,23 +582,9 @@ async fn a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_rea
         let key = IdempotencyKey::parse(key).unwrap();
         let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1}));
         let new = new_operation(&key, &fingerprint, Timestamp::now());
-        let journaled: Vec<idempotency::audit::Record> =
-            [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Failed]
-                .into_iter()
-                .map(|event| idempotency::audit::Record {
-                    account_id: "acme".into(),
-                    principal_id: "acme-agent".into(),
-                    operation_id: Some(new.operation_id.clone()),
-                    idempotency_key: Some(key.as_str().into()),
-                    fingerprint: Some(fingerprint.as_str().into()),
-                    route: Some(ROUTE.into()),
-                    event,
-                    external_ref: None,
-                    at: Timestamp::now(),
-                })
-                .collect();
+        let started = Timestamp::now();
         let mut tx = f.db.db.begin().await.unwrap();
-        let claimed = store::claim_finished(&mut tx, &new, &store::Completion::failed(&answer), &journaled, &head)
+        let claimed = store::claim_finished(&mut tx, &new, &store::Completion::failed(&answer), started)
             .await
             .unwrap();
         (tx, claimed)
@@ -575,6 +600,8 @@ async fn a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_rea
 
     let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
     assert_eq!(idempotency::audit::verify(&entries, None).map(|v| v.entries), Ok(3));
+    let events: Vec<AuditEvent> = entries.iter().map(|e| e.event).collect();
+    assert_eq!(events, [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Failed]);
     assert!(
         entries
             .iter()
@@ -655,9 +682,10 @@ platform::both_backends!(
     a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key,
     a_business_failure_rolls_its_writes_back_and_is_replayed,
     the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones,
+    the_reaper_never_takes_a_claims_journal_entries_with_it,
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
     two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
-    a_claim_after_one_that_chained_and_rolled_back_still_links_onto_the_real_head,
+    a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain,
     a_journal_round_whose_caller_went_away_still_links_what_it_took,
 );
 
