@@ -270,50 +270,53 @@ pub(crate) fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Reco
     entries
 }
 
-/// Appends `entries`, in order, in one statement whatever their number: they
-/// travel as one JSON array parameter, which the database unpacks. (A VALUES
-/// list binds twelve parameters an entry, and on SQLite binding them cost
-/// more than writing the rows: about 20 µs an entry, held under the one
-/// writer.) The database checks each entry's link as it goes in.
+/// Entries per INSERT: a round after an outage may link many thousands, and
+/// one statement of them all would hold one JSON text of that size.
+const ENTRIES_PER_STATEMENT: usize = 2_000;
+
+/// Appends `entries`, in order. They travel as one JSON array parameter a
+/// statement, which the database unpacks: a VALUES list binds twelve
+/// parameters an entry, and on SQLite binding them cost more than writing the
+/// rows (about 20 µs an entry, under the one writer). The database checks each
+/// entry's link as it goes in.
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
-    if entries.is_empty() {
-        return Ok(());
-    }
-    let batch = serde_json::to_string(entries).map_err(|e| sqlx::Error::Encode(e.into()))?;
-    let inserted = match tx {
-        Tx::Postgres(pg) => sqlx::query(
-            "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, \
-             route, event, external_ref, at, prev_hash, hash) \
-             SELECT seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
-                    external_ref, at, prev_hash, hash \
-             FROM jsonb_to_recordset($1::jsonb) AS e(seq bigint, account_id text, principal_id text, \
-                  operation_id text, idempotency_key text, fingerprint text, route text, event text, \
-                  external_ref text, at timestamptz, prev_hash text, hash text) \
-             ORDER BY seq",
-        )
-        .bind(batch)
-        .execute(&mut **pg)
-        .await?
-        .rows_affected(),
-        Tx::Sqlite(lite) => sqlx::query(
-            "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, \
-             route, event, external_ref, at, prev_hash, hash) \
-             SELECT value->>'seq', value->>'account_id', value->>'principal_id', value->>'operation_id', \
-                    value->>'idempotency_key', value->>'fingerprint', value->>'route', value->>'event', \
-                    value->>'external_ref', value->>'at', value->>'prev_hash', value->>'hash' \
-             FROM json_each($1) ORDER BY key",
-        )
-        .bind(batch)
-        .execute(&mut **lite)
-        .await?
-        .rows_affected(),
-    };
-    if inserted != entries.len() as u64 {
-        // cannot happen: the database refuses the whole statement, or takes every entry
-        return Err(sqlx::Error::Protocol(format!(
-            "{} audit entries went in as {inserted}",
-            entries.len()
-        )));
+    for chunk in entries.chunks(ENTRIES_PER_STATEMENT) {
+        let batch = serde_json::to_string(chunk).map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let inserted = match &mut *tx {
+            Tx::Postgres(pg) => sqlx::query(
+                "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, \
+                 fingerprint, route, event, external_ref, at, prev_hash, hash) \
+                 SELECT seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
+                        external_ref, at, prev_hash, hash \
+                 FROM jsonb_to_recordset($1::jsonb) AS e(seq bigint, account_id text, principal_id text, \
+                      operation_id text, idempotency_key text, fingerprint text, route text, event text, \
+                      external_ref text, at timestamptz, prev_hash text, hash text) \
+                 ORDER BY seq",
+            )
+            .bind(batch)
+            .execute(&mut **pg)
+            .await?
+            .rows_affected(),
+            Tx::Sqlite(lite) => sqlx::query(
+                "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, \
+                 fingerprint, route, event, external_ref, at, prev_hash, hash) \
+                 SELECT value->>'seq', value->>'account_id', value->>'principal_id', value->>'operation_id', \
+                        value->>'idempotency_key', value->>'fingerprint', value->>'route', value->>'event', \
+                        value->>'external_ref', value->>'at', value->>'prev_hash', value->>'hash' \
+                 FROM json_each($1) ORDER BY key",
+            )
+            .bind(batch)
+            .execute(&mut **lite)
+            .await?
+            .rows_affected(),
+        };
+        if inserted != chunk.len() as u64 {
+            // cannot happen: the database refuses the whole statement, or takes every entry
+            return Err(sqlx::Error::Protocol(format!(
+                "{} audit entries went in as {inserted}",
+                chunk.len()
+            )));
+        }
     }
     Ok(())
 }
@@ -437,12 +440,13 @@ pub fn finished_claim(
 /// commits: on SQLite it holds the one writer that long, and every create
 /// waits behind it.
 ///
-/// The head (and on SQLite the claims' mark) is read *first*: if neither has
-/// moved by the time the chain is locked, no other round committed since, so
-/// everything read is still waiting (and on SQLite, which reuses the ids of an
-/// emptied inbox, still the record read). If either has moved — another
-/// process's round — the round reads again and hashes under the lock, where
-/// nothing moves.
+/// The head is read *first*: if it has not moved by the time the chain is
+/// locked, no other round linked anything since, so everything read is still
+/// waiting (and on SQLite, which reuses the ids of an emptied inbox, still the
+/// record read). On SQLite the claims' mark, read with the claims, is checked
+/// too: a round with nothing to link still moves it past operations journaled
+/// otherwise. If either has moved — another process's round — the round reads
+/// again and hashes under the lock, where nothing moves.
 async fn link(db: &Db, observed: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
     let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
         .fetch_optional(pool)
@@ -553,36 +557,39 @@ struct Claims {
 /// Every claim `seq` at or below it is linked.
 const CLAIMS_MARK: &str = "SELECT operations_seq FROM audit_progress";
 
-/// The operations above the mark, in `seq` order, with the mark itself on
-/// every row (and alone, with no operation, when there is none above it).
-/// `seq` is AUTOINCREMENT and SQLite has one writer, so an operation that
-/// commits later always has a higher `seq`: whatever this reads, nothing will
-/// commit below it.
+/// The claims above the mark, in `seq` order, each row with the mark and the
+/// highest `seq` there is (a row with no claim when there is none above the
+/// mark). One statement, so one moment: `seq` is AUTOINCREMENT and SQLite has
+/// one writer, so an operation that commits later always has a higher `seq`
+/// than `upto`, and the mark can move there. Operations journaled otherwise
+/// (a lease, an approval, a bulk import) are passed over in the database.
 async fn unlinked_claims(conn: &mut sqlx::SqliteConnection) -> Result<Claims, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT p.operations_seq AS mark, o.seq, o.account_id, o.principal_id, o.operation_id, o.idempotency_key, \
-         o.fingerprint, o.route, o.attempted_at, o.created_at, o.claimed_state \
-         FROM audit_progress p LEFT JOIN idempotency_operations o ON o.seq > p.operations_seq ORDER BY o.seq",
+        "SELECT p.operations_seq AS mark, (SELECT max(seq) FROM idempotency_operations) AS upto, \
+                o.account_id, o.principal_id, o.operation_id, o.idempotency_key, o.fingerprint, o.route, \
+                o.attempted_at, o.created_at, o.claimed_state \
+         FROM audit_progress p LEFT JOIN idempotency_operations o \
+              ON o.seq > p.operations_seq AND o.claimed_state IS NOT NULL \
+         ORDER BY o.seq",
     )
     .fetch_all(conn)
     .await?;
-    let after: i64 = match rows.first() {
-        Some(row) => row.try_get("mark")?,
-        None => return Err(sqlx::Error::Protocol("audit_progress has no row".into())),
+    let Some(first) = rows.first() else {
+        return Err(sqlx::Error::Protocol("audit_progress has no row".into()));
     };
+    let after: i64 = first.try_get("mark")?;
+    let upto: Option<i64> = first.try_get("upto")?;
     let mut claims = Claims {
         after,
-        upto: after,
+        upto: upto.unwrap_or(after).max(after),
         records: Vec::new(),
     };
     for row in &rows {
-        let Some(seq) = row.try_get::<Option<i64>, _>("seq")? else {
-            continue;
-        };
-        claims.upto = seq;
-        let claimed_state: Option<String> = row.try_get("claimed_state")?;
-        let (Some(claimed_state), Some(attempted_at)) = (claimed_state, row.try_get("attempted_at")?) else {
-            continue; // journaled otherwise (a lease, an approval)
+        let (Some(claimed_state), Some(attempted_at)) = (
+            row.try_get::<Option<String>, _>("claimed_state")?,
+            row.try_get("attempted_at")?,
+        ) else {
+            continue; // the mark's own row: no claim above it
         };
         let claimed_state = OperationState::parse(&claimed_state)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown claimed_state `{claimed_state}`").into()))?;

@@ -54,6 +54,23 @@ async fn appended_entries_form_a_chain_that_verifies(backend: Backend) {
     assert_eq!(holds(&entries), Ok(4));
 }
 
+/// A round after an outage may link thousands of entries at once, more than
+/// one statement carries; they still go in as one unbroken chain, in order.
+async fn a_round_of_thousands_of_entries_links_them_all_in_order(backend: Backend) {
+    let db = journal(backend).await;
+    let journal = audit::Journal::default();
+    let waiting = 4_500;
+    journal.observe((0..waiting).flat_map(|n| record(AuditEvent::Replayed, &format!("op_{n}"))));
+
+    assert_eq!(journal.chain_pending(&db.db).await.unwrap(), waiting);
+
+    let entries = audit::entries(&db.db, 0, 10_000).await.unwrap();
+    assert_eq!(holds(&entries), Ok(waiting as u64));
+    let operations: Vec<String> = entries.iter().filter_map(|e| e.operation_id.clone()).collect();
+    let observed: Vec<String> = (0..waiting).map(|n| format!("op_{n}")).collect();
+    assert_eq!(operations, observed);
+}
+
 async fn a_changed_or_missing_entry_is_named_by_verification(backend: Backend) {
     let db = journal(backend).await;
     for n in 0..5 {
@@ -262,6 +279,7 @@ platform::both_backends!(
     every_tampered_copy_of_an_exported_journal_is_caught,
     an_exported_journal_verifies_offline_and_a_tampered_line_is_named,
     appended_entries_form_a_chain_that_verifies,
+    a_round_of_thousands_of_entries_links_them_all_in_order,
     a_changed_or_missing_entry_is_named_by_verification,
     concurrent_writers_never_fork_the_chain,
     the_database_refuses_to_update_delete_or_truncate_the_journal,
