@@ -3,9 +3,9 @@
 -- path) no longer writes its journal entries there: its operation row carries
 -- what they say, and the journal's chain round makes them from it (issue 7).
 -- SQLite writes every page a transaction changed, whole, into the WAL at
--- commit; the three entries changed three more pages per create (the journal
--- and its two indexes), about half of what the idempotency layer adds to a
--- create. A round links the claims of hundreds of creates in a few pages.
+-- commit; the three entries changed about five more pages per create (the
+-- journal and its two indexes, and their splits), as many as the claim
+-- itself. A round links the claims of hundreds of creates in a few pages.
 --
 -- The round finds the claims it has not linked yet by `seq`: AUTOINCREMENT
 -- never hands out a number twice, and SQLite has one writer at a time, so a
@@ -22,9 +22,19 @@
 --
 -- The table is rebuilt the way SQLite documents, with foreign keys off so that
 -- dropping the old table cascades nothing into idempotency_approvals and
--- idempotency_outbox (see 20261203000100_outbox.sql).
+-- idempotency_outbox (see 20261203000100_outbox.sql). sqlx records a migration
+-- that runs outside its transaction only after it commits, and takes no lock
+-- on SQLite: the transaction starts by creating the mark's table, so a second
+-- run (two processes starting at once) fails there and changes nothing.
 PRAGMA foreign_keys = OFF;
 BEGIN IMMEDIATE;
+
+-- How far the chain round has linked claims: every claim with a lower or
+-- equal seq is in the journal. One row, moved by the round that links them.
+CREATE TABLE audit_progress (
+    id             INTEGER PRIMARY KEY CHECK (id = 1),
+    operations_seq INTEGER NOT NULL
+) STRICT;
 
 CREATE TABLE idempotency_operations_sequenced (
     seq                   INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -66,10 +76,10 @@ CREATE TABLE idempotency_operations_sequenced (
 ) STRICT;
 
 INSERT INTO idempotency_operations_sequenced
-    (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state,
+    (seq, account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state,
      lease_token, locked_until, attempts, response_status, response_content_type, response_location,
      response_body, resource_type, resource_id, resource_url, external_ref, created_at, updated_at, approval_id)
-SELECT account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state,
+SELECT rowid, account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state,
        lease_token, locked_until, attempts, response_status, response_content_type, response_location,
        response_body, resource_type, resource_id, resource_url, external_ref, created_at, updated_at, approval_id
 FROM idempotency_operations ORDER BY rowid;
@@ -77,13 +87,8 @@ FROM idempotency_operations ORDER BY rowid;
 DROP TABLE idempotency_operations;
 ALTER TABLE idempotency_operations_sequenced RENAME TO idempotency_operations;
 
--- How far the chain round has linked claims: every claim with a lower or
--- equal seq is in the journal. One row, moved by the round that links them.
-CREATE TABLE IF NOT EXISTS audit_progress (
-    id             INTEGER PRIMARY KEY CHECK (id = 1),
-    operations_seq INTEGER NOT NULL
-) STRICT;
-INSERT OR IGNORE INTO audit_progress (id, operations_seq)
+-- the operations already here were journaled when they were made
+INSERT INTO audit_progress (id, operations_seq)
 SELECT 1, coalesce(max(seq), 0) FROM idempotency_operations;
 
 COMMIT;

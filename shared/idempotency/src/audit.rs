@@ -412,8 +412,8 @@ impl Journal {
 /// keeps them in the operation row (`attempted_at`, `claimed_state`), and the
 /// chain round makes them from it: SQLite writes every page a transaction
 /// changed into its log at commit, and the journal's pages (the table and its
-/// two indexes) were about half of what the idempotency layer added to a
-/// create; a round links hundreds of claims in a few pages.
+/// two indexes) were as many as the claim's own; a round links hundreds of
+/// claims in a few pages.
 pub fn finished_claim(
     record: impl Fn(AuditEvent, Timestamp) -> Record,
     attempted_at: Timestamp,
@@ -484,7 +484,7 @@ async fn link(db: &Db, observed: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Err
             .await?
             .rows_affected(),
         Tx::Sqlite(lite) => sqlx::query("DELETE FROM audit_inbox WHERE id IN (SELECT value FROM json_each($1))")
-            .bind(serde_json::to_string(&round.inbox_ids).expect("a list of integers is JSON"))
+            .bind(serde_json::to_string(&round.inbox_ids).map_err(|e| sqlx::Error::Encode(e.into()))?)
             .execute(&mut **lite)
             .await?
             .rows_affected(),
@@ -632,11 +632,13 @@ impl Round {
     fn of(head: (i64, String), waiting: Waiting, observed: &[Record]) -> Round {
         let inbox_ids = waiting.inbox.iter().map(|(id, _)| *id).collect();
         let claims = waiting.claims.as_ref().map(|c| (c.after, c.upto));
+        // claims first: a transition of the same operation sharing its claim's
+        // time still follows it
         let mut batch: Vec<Record> = waiting
-            .inbox
+            .claims
             .into_iter()
-            .map(|(_, r)| r)
-            .chain(waiting.claims.into_iter().flat_map(|c| c.records))
+            .flat_map(|c| c.records)
+            .chain(waiting.inbox.into_iter().map(|(_, r)| r))
             .chain(observed.iter().cloned())
             .collect();
         // stable: events of one transaction share a time and keep their order

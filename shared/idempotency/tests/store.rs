@@ -517,10 +517,12 @@ async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
 }
 
 /// Two processes on one database, each creating, replaying the other's
-/// creates and running chain rounds while the other writes: each chains onto
-/// the head it last saw, which the other keeps moving, and one's rounds link
-/// inbox records while the other chains its claims. Every entry must still
-/// land, once, in one chain that verifies.
+/// creates and running chain rounds while the other writes: each prepares its
+/// rounds from a head (and on SQLite a claims' mark) the other keeps moving,
+/// and one's rounds link inbox records while the other's claims wait in their
+/// rows (on SQLite) or the inbox. Every entry must still land, once, in one
+/// chain that verifies, and each operation's entries in the order they
+/// happened.
 async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain(backend: Backend) {
     let f = Arc::new(fixture(backend).await);
     // the other process claims with a lease: its transitions wait in the
@@ -564,6 +566,20 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
         40 * (3 + 2),
         "attempted, claimed and completed for each create; attempted and replayed for each replay"
     );
+    for n in 0..40 {
+        let key = format!("k-{n}");
+        let events: Vec<AuditEvent> = entries
+            .iter()
+            .filter(|e| e.idempotency_key.as_deref() == Some(key.as_str()))
+            .map(|e| e.event)
+            .collect();
+        assert_eq!(
+            events[..3],
+            [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed],
+            "{key}: the create's entries first, in order"
+        );
+        assert_eq!(events.last(), Some(&AuditEvent::Replayed), "{key}");
+    }
 }
 
 /// A claim's journal entries commit with it: a claim whose transaction rolled
@@ -590,6 +606,10 @@ async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto
         (tx, claimed)
     };
 
+    let runs = AtomicUsize::new(0);
+    f.run("before", json!({"n": 0}), &runs).await;
+    f.idempotency.flush_journal().await;
+
     let (first, claimed) = claim_finished("rolled-back").await;
     assert!(claimed);
     first.rollback().await.unwrap();
@@ -599,19 +619,64 @@ async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto
     f.idempotency.flush_journal().await;
 
     let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
-    assert_eq!(idempotency::audit::verify(&entries, None).map(|v| v.entries), Ok(3));
-    let events: Vec<AuditEvent> = entries.iter().map(|e| e.event).collect();
-    assert_eq!(events, [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Failed]);
-    assert!(
-        entries
-            .iter()
-            .all(|e| e.idempotency_key.as_deref() == Some("committed"))
+    assert_eq!(idempotency::audit::verify(&entries, None).map(|v| v.entries), Ok(6));
+    let claim: Vec<(Option<&str>, AuditEvent)> = entries[3..]
+        .iter()
+        .map(|e| (e.idempotency_key.as_deref(), e.event))
+        .collect();
+    assert_eq!(
+        claim,
+        [
+            (Some("committed"), AuditEvent::Attempted),
+            (Some("committed"), AuditEvent::Claimed),
+            (Some("committed"), AuditEvent::Failed)
+        ],
+        "after the first create's entries, the committed claim's; none of the rolled-back one's"
     );
     assert!(
         store::find_by_key(&f.db.db, "acme", "rolled-back")
             .await
             .unwrap()
             .is_none()
+    );
+}
+
+/// On SQLite a round finds the claims it has not linked by their number,
+/// above a mark. Deleting the newest operation (a leased claim released after
+/// a server error) must never let the next claim take a number under the
+/// mark, where no round would look.
+async fn a_claim_made_after_the_newest_operation_was_released_is_still_journaled(backend: Backend) {
+    let f = fixture(backend).await;
+    let held = f
+        .claim(
+            "released",
+            &json!({"n": 1}),
+            Timestamp::now().plus(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    f.idempotency.flush_journal().await;
+    let mut tx = f.db.db.begin().await.unwrap();
+    assert!(
+        store::release(&mut tx, &held, held.lease_token.as_deref().unwrap())
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+
+    let runs = AtomicUsize::new(0);
+    f.run("after", json!({"n": 2}), &runs).await;
+    f.idempotency.flush_journal().await;
+
+    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
+    let after: Vec<AuditEvent> = entries
+        .iter()
+        .filter(|e| e.idempotency_key.as_deref() == Some("after"))
+        .map(|e| e.event)
+        .collect();
+    assert_eq!(
+        after,
+        [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed]
     );
 }
 
@@ -686,6 +751,7 @@ platform::both_backends!(
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
     two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
     a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain,
+    a_claim_made_after_the_newest_operation_was_released_is_still_journaled,
     a_journal_round_whose_caller_went_away_still_links_what_it_took,
 );
 
