@@ -3,6 +3,7 @@
 //! under the same conditions.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -98,18 +99,22 @@ impl Load {
         let clients = (0..concurrency).map(|client| {
             let workload = workload.clone();
             tokio::spawn(async move {
-                let (mut latencies, mut failures, mut n) = (Vec::new(), 0, 0);
+                let (mut latencies, mut failures, mut n) = (Vec::new(), Vec::new(), 0);
                 let mut connection = None;
                 while Instant::now() < deadline {
                     let sent = Instant::now();
-                    let ok = match &workload {
-                        Workload::Direct(call) => call(client, n).await,
-                        Workload::Http { addr, request, expect } => send(&mut connection, *addr, request(client, n))
-                            .await
-                            .is_some_and(|r| expect(&r)),
+                    let failure = match &workload {
+                        Workload::Direct(call) => (!call(client, n).await).then(|| "an error".to_owned()),
+                        Workload::Http { addr, request, expect } => {
+                            match send(&mut connection, *addr, request(client, n)).await {
+                                Some(answer) if expect(&answer) => None,
+                                Some(answer) => Some(format!("status {}", answer.status.as_u16())),
+                                None => Some("no answer".to_owned()),
+                            }
+                        }
                     };
-                    if !ok {
-                        failures += 1;
+                    if let Some(failure) = failure {
+                        failures.push((failure, sent.elapsed()));
                     }
                     latencies.push(sent.elapsed());
                     n += 1;
@@ -118,15 +123,31 @@ impl Load {
             })
         });
         let mut all = Vec::new();
-        let mut failures = 0;
+        let mut failures = Vec::new();
         for result in join_all(clients).await {
             let (latencies, failed) = result.expect("a client task");
             all.extend(latencies);
-            failures += failed;
+            failures.extend(failed);
         }
-        let sample = Sample::from(all, failures, started.elapsed());
+        let sample = Sample::from(all, failures.len(), started.elapsed());
         if sample.failures > 0 {
-            eprintln!("  {} of {} requests failed", sample.failures, sample.requests);
+            // what failed and how long it took to: a timeout and a refusal look alike in a count
+            let mut kinds: BTreeMap<&str, (usize, Duration)> = BTreeMap::new();
+            for (failure, took) in &failures {
+                let kind = kinds.entry(failure.as_str()).or_default();
+                kind.0 += 1;
+                kind.1 = kind.1.max(*took);
+            }
+            let kinds: Vec<String> = kinds
+                .iter()
+                .map(|(failure, (count, slowest))| format!("{failure} ×{count} (the slowest after {slowest:.1?})"))
+                .collect();
+            eprintln!(
+                "  {} of {} requests failed: {}",
+                sample.failures,
+                sample.requests,
+                kinds.join(", ")
+            );
         }
         sample
     }
