@@ -271,7 +271,8 @@ pub async fn settle_awaiting(
     Ok(done == 1)
 }
 
-/// The claim of [`claim_finished`], binding $1–$17 as [`bind_claim_finished!`] does.
+/// PostgreSQL's claim of [`claim_finished`], binding $1–$17 as [`bind_claim_finished!`]
+/// does (its journal records follow, in the inbox).
 const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
      (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
       response_status, response_content_type, response_location, response_body, \
