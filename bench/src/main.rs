@@ -366,6 +366,16 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         )
         .await;
     let (direct_on, direct_off) = (median_figure(&direct_on), median_figure(&direct_off));
+    eprintln!("the least a claim can cost, without HTTP, {concurrency} clients");
+    let (floor, floor_off) = load
+        .side_by_side(
+            plan.rounds,
+            concurrency,
+            &floor_creates(off.db.clone()).await,
+            &direct_creates(off.app.clone()),
+        )
+        .await;
+    let (floor, floor_off) = (median_figure(&floor), median_figure(&floor_off));
     let http_on = create
         .iter()
         .find(|c| c.concurrency == concurrency)
@@ -377,6 +387,8 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         off: direct_off,
         throughput_ratio: direct_on.rps / direct_off.rps,
         http_on,
+        floor,
+        floor_ratio: floor.rps / floor_off.rps,
     };
     eprintln!("what a create writes to the WAL");
     let wal = wal_per_create(&on, &off, plan.quick).await;
@@ -647,6 +659,51 @@ fn direct_creates(app: App) -> Workload {
     }))
 }
 
+/// The least any claim can add to the layer-off create while keeping §3 of
+/// the contract (the key claimed under a unique constraint, in the effect's
+/// own transaction): the same ticket insert, plus one bare insert of the key
+/// into a table that holds nothing else (`bench_claims`, made here in the
+/// layer-off database) — no stored answer, no fingerprint, no journal. What
+/// the real claim costs above this is what the contract asks it to keep.
+async fn floor_creates(db: Db) -> Workload {
+    on_pool!(db.write(), |pool| {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS bench_claims (account_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, \
+             PRIMARY KEY (account_id, idempotency_key))",
+        )
+        .execute(pool)
+        .await
+        .expect("the floor's table");
+    });
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    Workload::Direct(Arc::new(move |_, _| {
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let db = db.clone();
+        Box::pin(async move { create_with_bare_claim(&db, &format!("floor-{}-{n}", std::process::id())).await })
+    }))
+}
+
+/// One ticket create as the layer-off path runs it (the effect's insert and
+/// its JSON answer, in one transaction), with `key` inserted beside it.
+async fn create_with_bare_claim(db: &Db, key: &str) -> bool {
+    let command =
+        CreateTicket::from(platform::json::parse_json::<tickets::domain::CreateTicketBody>(BODY.as_bytes()).unwrap());
+    let Ok(mut tx) = db.begin().await else { return false };
+    let Ok((ticket, outcome)) = tickets::store::create_ticket(&mut tx, "acme", &command).await else {
+        return false;
+    };
+    let answer = serde_json::to_vec(&tickets::domain::TicketCreated { ticket, outcome });
+    let claimed = platform::on_tx!(&mut tx, |conn| {
+        sqlx::query("INSERT INTO bench_claims (account_id, idempotency_key) VALUES ($1, $2)")
+            .bind("acme")
+            .bind(key)
+            .execute(conn)
+            .await
+            .is_ok()
+    });
+    answer.is_ok() && claimed && tx.commit().await.is_ok()
+}
+
 /// One ticket create with the key `key`, through the service's own code with
 /// no HTTP. `true`: it succeeded.
 async fn create_directly(app: &App, key: &str) -> bool {
@@ -889,6 +946,14 @@ fn print_table(report: &Report) {
         row(
             format!("no HTTP: create, layer off,  c={}", b.db_only.concurrency),
             &b.db_only.off,
+        );
+        row(
+            format!("no HTTP: off + bare key claim, c={}", b.db_only.concurrency),
+            &b.db_only.floor,
+        );
+        println!(
+            "  without HTTP, over the layer off: idempotent {:.2}, off + bare key claim {:.2}",
+            b.db_only.throughput_ratio, b.db_only.floor_ratio
         );
         if let Some(wal) = &b.wal {
             println!(

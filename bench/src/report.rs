@@ -126,6 +126,11 @@ pub struct DbOnly {
     pub throughput_ratio: f64,
     /// The HTTP create at the same concurrency, for comparison.
     pub http_on: Figure,
+    /// The layer-off create plus a bare insert of its key in the same
+    /// transaction: the least any claim that keeps §3 can cost.
+    pub floor: Figure,
+    /// `floor` over the layer-off create, measured side by side with it.
+    pub floor_ratio: f64,
 }
 
 /// What one create writes to the database's write-ahead log: a count, not a
