@@ -285,3 +285,52 @@ platform::both_backends!(
     the_database_refuses_to_update_delete_or_truncate_the_journal,
     an_entry_that_does_not_link_onto_the_entry_before_it_is_refused_by_the_database,
 );
+
+/// PostgreSQL checks a statement's entries all at once, in a query the
+/// planner plans (SQLite's row trigger reads the one entry before by its
+/// rowid, with nothing to plan). Written as a join, the planner could hash
+/// the whole journal to check one round, and did while its statistics lagged
+/// behind the journal. The check must look each entry's predecessor up by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rounds_link_check_looks_up_the_entries_before_by_key_instead_of_reading_the_whole_journal() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = journal(Backend::Postgres).await;
+    let platform::db::Pool::Postgres(pool) = db.db.write() else {
+        unreachable!("a PostgreSQL database")
+    };
+    // entries $1..=$2, each linked onto the one before (seq 1 onto the genesis
+    // hash); the hashes are stand-ins, which the database does not recompute
+    let append = "INSERT INTO audit_journal (seq, account_id, principal_id, event, at, prev_hash, hash) \
+         SELECT s, 'acme', 'acme-agent', 'completed', now(), \
+                CASE WHEN s = 1 THEN $3 ELSE lpad(to_hex(s - 1), 64, '0') END, lpad(to_hex(s), 64, '0') \
+         FROM generate_series($1::bigint, $2::bigint) AS s";
+    let genesis = audit::GENESIS;
+    sqlx::query(append)
+        .bind(1_i64)
+        .bind(5_000_i64)
+        .bind(genesis)
+        .execute(pool)
+        .await
+        .unwrap();
+    // reads of the table by this connection, the trigger's included, not yet reported
+    let reads = "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'audit_journal'";
+    let mut tx = pool.begin().await.unwrap();
+    let before: (i64, i64) = sqlx::query_as(reads).fetch_one(&mut *tx).await.unwrap();
+    let appended = sqlx::query(append)
+        .bind(5_001_i64)
+        .bind(5_500_i64)
+        .bind(genesis)
+        .execute(&mut *tx)
+        .await
+        .unwrap()
+        .rows_affected();
+    let after: (i64, i64) = sqlx::query_as(reads).fetch_one(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let (seq_scans, index_scans) = (after.0 - before.0, after.1 - before.1);
+
+    assert_eq!(appended, 500);
+    assert_eq!(seq_scans, 0, "the check read the journal from the start");
+    assert!(index_scans >= 500, "one probe per appended entry: {index_scans}");
+}
