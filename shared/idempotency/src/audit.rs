@@ -280,8 +280,10 @@ const ENTRIES_PER_STATEMENT: usize = 2_000;
 /// rows (about 20 µs an entry, under the one writer). SQLite reads the array
 /// with `jsonb_each`, whose elements are binary JSON: each field is then read
 /// without parsing the element's text again (8.5 µs an entry instead of the
-/// 20 µs `json_each` took). The database checks each entry's link as it goes
-/// in.
+/// 20 µs `json_each` took). PostgreSQL reads it with `json_to_recordset`,
+/// which parses the text once; `jsonb` would parse it and then build a binary
+/// copy to read (a 2,000-entry insert took 15% longer). The database checks
+/// each entry's link as it goes in.
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
     for chunk in entries.chunks(ENTRIES_PER_STATEMENT) {
         let batch = serde_json::to_string(chunk).map_err(|e| sqlx::Error::Encode(e.into()))?;
@@ -291,7 +293,7 @@ async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx:
                  fingerprint, route, event, external_ref, at, prev_hash, hash) \
                  SELECT seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
                         external_ref, at, prev_hash, hash \
-                 FROM jsonb_to_recordset($1::jsonb) AS e(seq bigint, account_id text, principal_id text, \
+                 FROM json_to_recordset($1::json) AS e(seq bigint, account_id text, principal_id text, \
                       operation_id text, idempotency_key text, fingerprint text, route text, event text, \
                       external_ref text, at timestamptz, prev_hash text, hash text) \
                  ORDER BY seq",
