@@ -341,6 +341,17 @@ pub(crate) fn placeholders(first: usize, rows: usize, cols: usize) -> String {
 /// How often the chainer links what is waiting, at the latest.
 const CHAIN_EVERY: Duration = Duration::from_millis(100);
 
+/// Inbox records a process's rounds delete before it vacuums the inbox
+/// (PostgreSQL). Every create puts three records in and a round takes them
+/// out, so the table is a queue: its dead rows stay until a VACUUM, and every
+/// round's read of the inbox scans them all. Measured at 16 clients: 71,000
+/// dead rows (the bench's 30 seconds of creates, with no autovacuum run)
+/// made each read of the empty inbox take 9.5 ms; vacuuming them took 53 ms.
+/// Autovacuum comes a minute apart at best, and may be off. Every 5,000
+/// records, a read scans at most a few hundred kilobytes, and the vacuum costs
+/// about a microsecond a create.
+const VACUUM_INBOX_AFTER: u64 = 5_000;
+
 /// The journal of one service database: links recorded transitions and
 /// observed attempts into the chain, in batches.
 ///
@@ -367,8 +378,9 @@ pub struct Journal {
     observed: Mutex<Vec<Record>>,
     /// One round at a time in this process (across processes, a round that
     /// finds that another linked first prepares its batch again under the
-    /// lock; see `link`).
-    round: tokio::sync::Mutex<()>,
+    /// lock; see `link`). It holds how many inbox records this process's
+    /// rounds have deleted since it last vacuumed the inbox.
+    round: tokio::sync::Mutex<u64>,
 }
 
 impl Journal {
@@ -380,10 +392,17 @@ impl Journal {
     /// One round: links everything waiting into the chain. Returns how many
     /// entries it appended. On failure the observations are queued again.
     pub async fn chain_pending(&self, db: &Db) -> Result<usize, sqlx::Error> {
-        let _one_round = self.round.lock().await;
+        let mut deleted_since_vacuum = self.round.lock().await;
         let observed = std::mem::take(&mut *self.observed.lock().unwrap_or_else(|p| p.into_inner()));
         match link(db, &observed).await {
-            Ok(entries) => Ok(entries.len()),
+            Ok(linked) => {
+                *deleted_since_vacuum += linked.inbox_deleted;
+                if *deleted_since_vacuum >= VACUUM_INBOX_AFTER {
+                    *deleted_since_vacuum = 0;
+                    vacuum_inbox(db).await;
+                }
+                Ok(linked.entries.len())
+            }
             Err(e) => {
                 let mut queue = self.observed.lock().unwrap_or_else(|p| p.into_inner());
                 let newer = std::mem::replace(&mut *queue, observed);
@@ -438,6 +457,26 @@ pub fn finished_claim(
         .collect()
 }
 
+/// What a round linked: the entries it appended, and how many inbox records
+/// it deleted.
+struct Linked {
+    entries: Vec<AuditEntry>,
+    inbox_deleted: u64,
+}
+
+/// Removes the inbox's dead rows (PostgreSQL; see [`VACUUM_INBOX_AFTER`]).
+/// It never blocks the creates that insert and the rounds that delete: it
+/// skips the table if another process is vacuuming it, and leaves the table at
+/// its size (`vacuum_truncate = false`), since shrinking it would lock every
+/// create out. A failure costs only speed, so it is logged, not returned.
+async fn vacuum_inbox(db: &Db) {
+    if let Pool::Postgres(pool) = db.write()
+        && let Err(e) = sqlx::raw_sql("VACUUM (SKIP_LOCKED) audit_inbox").execute(pool).await
+    {
+        tracing::warn!(error = %e, "could not vacuum the audit inbox; its reads slow down until it is");
+    }
+}
+
 /// One round. Everything that takes time is done before the chain is locked:
 /// the head is read, then what waits (all from committed state), and the
 /// records are hashed onto the head. The transaction then only checks that no
@@ -453,7 +492,7 @@ pub fn finished_claim(
 /// too: a round with nothing to link still moves it past operations journaled
 /// otherwise. If either has moved — another process's round — the round reads
 /// again and hashes under the lock, where nothing moves.
-async fn link(db: &Db, observed: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Error> {
+async fn link(db: &Db, observed: &[Record]) -> Result<Linked, sqlx::Error> {
     let head = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
         .fetch_optional(pool)
         .await?));
@@ -462,7 +501,10 @@ async fn link(db: &Db, observed: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Err
         Pool::Sqlite(pool) => Waiting::on_sqlite(&mut *pool.acquire().await?).await?,
     };
     if waiting.is_empty() && observed.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Linked {
+            entries: Vec::new(),
+            inbox_deleted: 0,
+        });
     }
     let mut round = Round::of(head.clone(), waiting, observed);
 
@@ -515,7 +557,10 @@ async fn link(db: &Db, observed: &[Record]) -> Result<Vec<AuditEntry>, sqlx::Err
         ));
     }
     tx.commit().await?;
-    Ok(round.entries)
+    Ok(Linked {
+        entries: round.entries,
+        inbox_deleted: deleted,
+    })
 }
 
 /// What waits in the database for a round: the inbox's records, with their

@@ -334,3 +334,54 @@ async fn a_rounds_link_check_looks_up_the_entries_before_by_key_instead_of_readi
     assert_eq!(seq_scans, 0, "the check read the journal from the start");
     assert!(index_scans >= 500, "one probe per appended entry: {index_scans}");
 }
+
+/// PostgreSQL's inbox is a queue: every create puts records in, every round
+/// deletes them, and each round's read scans every dead row left behind until
+/// a VACUUM. The journal vacuums it itself, every few thousand records, so
+/// the read stays small whether autovacuum runs or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_journal_vacuums_the_inbox_it_empties_every_few_thousand_records() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = journal(Backend::Postgres).await;
+    let vacuums = async || -> i64 {
+        on_pool!(db.db.read(), |pool| sqlx::query_scalar(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'audit_inbox'"
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap())
+    };
+    let journal = audit::Journal::default();
+    let before = vacuums().await;
+    let mut recorded = 0;
+    for batch in 0..6 {
+        let mut tx = db.db.begin().await.unwrap();
+        let records: Vec<Record> = (0..1_000)
+            .flat_map(|n| record(AuditEvent::Claimed, &format!("op_{batch}_{n}")))
+            .collect();
+        audit::record(&mut tx, &records).await.unwrap();
+        tx.commit().await.unwrap();
+        recorded += records.len();
+        assert_eq!(journal.chain_pending(&db.db).await.unwrap(), 1_000);
+    }
+
+    assert_eq!(recorded, 6_000);
+    assert_eq!(
+        vacuums().await - before,
+        1,
+        "one vacuum after 5,000 deleted records, none before"
+    );
+    assert_eq!(holds(&audit::entries(&db.db, 0, 10_000).await.unwrap()), Ok(6_000));
+    let options: Vec<String> = on_pool!(db.db.read(), |pool| sqlx::query_scalar(
+        "SELECT unnest(reloptions) FROM pg_class WHERE relname = 'audit_inbox'"
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap());
+    assert!(
+        options.contains(&"vacuum_truncate=false".to_owned()),
+        "a vacuum that shrank the inbox would lock every create out meanwhile: {options:?}"
+    );
+}
