@@ -271,38 +271,51 @@ pub(crate) fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Reco
 }
 
 /// Entries per INSERT: a round after an outage may link many thousands, and
-/// one statement of them all would hold one JSON text of that size.
+/// one statement of them all would hold parameters of that size.
 const ENTRIES_PER_STATEMENT: usize = 2_000;
 
-/// Appends `entries`, in order. They travel as one JSON array parameter a
-/// statement, which the database unpacks: a VALUES list binds twelve
-/// parameters an entry, and on SQLite binding them cost more than writing the
-/// rows (about 20 µs an entry, under the one writer). SQLite reads the array
-/// with `jsonb_each`, whose elements are binary JSON: each field is then read
-/// without parsing the element's text again (8.5 µs an entry instead of the
-/// 20 µs `json_each` took). PostgreSQL reads it with `json_to_recordset`,
-/// which parses the text once; `jsonb` would parse it and then build a binary
-/// copy to read (a 2,000-entry insert took 46 ms instead of 38.5, medians of
-/// five on a quiet server). The database checks each entry's link as it goes
-/// in.
+/// Appends `entries`, in order, a chunk a statement: a VALUES list binds
+/// twelve parameters an entry, and on SQLite binding them cost more than
+/// writing the rows (about 20 µs an entry, under the one writer).
+/// - PostgreSQL takes each column as one array parameter and zips them with
+///   `unnest`: arrays travel in binary, so nothing is parsed. It replaced a
+///   JSON array read by `json_to_recordset`, whose parsing cost about 6.7 µs
+///   an entry; side by side, 2,000 entries went in in 15–22 ms instead of
+///   24–35 (medians of 30, the two alternating, on this machine).
+/// - SQLite has no arrays: it takes one JSON array and reads it with
+///   `jsonb_each`, whose elements are binary JSON, so each field is read
+///   without parsing the element's text again (8.5 µs an entry instead of the
+///   20 µs `json_each` took).
+///
+/// The database checks each entry's link as it goes in.
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
     for chunk in entries.chunks(ENTRIES_PER_STATEMENT) {
-        let batch = serde_json::to_string(chunk).map_err(|e| sqlx::Error::Encode(e.into()))?;
         let inserted = match &mut *tx {
-            Tx::Postgres(pg) => sqlx::query(
-                "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, \
-                 fingerprint, route, event, external_ref, at, prev_hash, hash) \
-                 SELECT seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
-                        external_ref, at, prev_hash, hash \
-                 FROM json_to_recordset($1::json) AS e(seq bigint, account_id text, principal_id text, \
-                      operation_id text, idempotency_key text, fingerprint text, route text, event text, \
-                      external_ref text, at timestamptz, prev_hash text, hash text) \
-                 ORDER BY seq",
-            )
-            .bind(batch)
-            .execute(&mut **pg)
-            .await?
-            .rows_affected(),
+            Tx::Postgres(pg) => {
+                let column = |field: fn(&AuditEntry) -> Option<&str>| chunk.iter().map(field).collect::<Vec<_>>();
+                sqlx::query(
+                    "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, \
+                     fingerprint, route, event, external_ref, at, prev_hash, hash) \
+                     SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                          $6::text[], $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[]) \
+                     ORDER BY 1",
+                )
+                .bind(chunk.iter().map(|e| e.seq).collect::<Vec<_>>())
+                .bind(column(|e| Some(&e.account_id)))
+                .bind(column(|e| Some(&e.principal_id)))
+                .bind(column(|e| e.operation_id.as_deref()))
+                .bind(column(|e| e.idempotency_key.as_deref()))
+                .bind(column(|e| e.fingerprint.as_deref()))
+                .bind(column(|e| e.route.as_deref()))
+                .bind(column(|e| Some(e.event.as_str())))
+                .bind(column(|e| e.external_ref.as_deref()))
+                .bind(chunk.iter().map(|e| e.at).collect::<Vec<_>>())
+                .bind(column(|e| Some(&e.prev_hash)))
+                .bind(column(|e| Some(&e.hash)))
+                .execute(&mut **pg)
+                .await?
+                .rows_affected()
+            }
             Tx::Sqlite(lite) => sqlx::query(
                 "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, \
                  fingerprint, route, event, external_ref, at, prev_hash, hash) \
@@ -311,7 +324,7 @@ async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx:
                         value->>'external_ref', value->>'at', value->>'prev_hash', value->>'hash' \
                  FROM jsonb_each($1) ORDER BY key",
             )
-            .bind(batch)
+            .bind(serde_json::to_string(chunk).map_err(|e| sqlx::Error::Encode(e.into()))?)
             .execute(&mut **lite)
             .await?
             .rows_affected(),
