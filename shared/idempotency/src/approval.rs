@@ -131,6 +131,59 @@ pub fn new_approval_id() -> String {
     format!("apr_{}", uuid::Uuid::now_v7().simple())
 }
 
+/// A summary field as a human may safely read it: every character that
+/// does not show as itself written out as a visible escape (`\u202E`), so
+/// that `Acme GmbH \u{202E}liveD` cannot pass for `Acme GmbH Devil`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revealed {
+    pub text: String,
+    /// Whether anything was escaped: the field deserves a mark.
+    pub escaped: bool,
+}
+
+impl Revealed {
+    pub fn of(text: &str) -> Self {
+        let mut revealed = Revealed {
+            text: String::with_capacity(text.len()),
+            escaped: false,
+        };
+        for c in text.chars() {
+            if is_hidden(c) {
+                revealed.escaped = true;
+                revealed.text.push_str(&escape_char(c));
+            } else {
+                revealed.text.push(c);
+            }
+        }
+        revealed
+    }
+}
+
+/// `\u202E`; beyond the Basic Multilingual Plane `\u{E0041}`, so the digits cannot run into the text.
+fn escape_char(c: char) -> String {
+    match u32::from(c) {
+        code @ 0..=0xFFFF => format!("\\u{code:04X}"),
+        code => format!("\\u{{{code:X}}}"),
+    }
+}
+
+/// Characters that show as nothing, or as something else: controls (Cc),
+/// bidirectional controls that reorder what follows them, and zero-width
+/// and other invisible characters.
+pub fn is_hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            // bidirectional: marks, embeddings and overrides, isolates
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+            // zero-width and invisible: spaces, joiners, word joiner and invisible operators, BOM
+            | '\u{00AD}' | '\u{034F}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}' | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200D}' | '\u{2060}'..='\u{2064}' | '\u{206A}'..='\u{206F}' | '\u{3164}'
+            | '\u{FEFF}' | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}' | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            // line and paragraph separators, and tags, which can smuggle text no one sees
+            | '\u{2028}' | '\u{2029}' | '\u{E0000}'..='\u{E007F}')
+}
+
 /// The 202 answer of an operation that waits for a human: stored, and
 /// replayed unchanged to every matching retry while it waits.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -270,6 +323,19 @@ pub async fn find(db: &Db, account_id: &str, approval_id: &str) -> Result<Option
     }))
 }
 
+/// The SQL condition for approvals in `state` as of the time bound to `$now`.
+fn in_state(state: Option<ApprovalState>, now: &str) -> String {
+    match state {
+        None => "TRUE".to_owned(),
+        Some(ApprovalState::Pending) => format!("decision IS NULL AND expires_at > {now}"),
+        Some(ApprovalState::Expired) => {
+            format!("(decision = 'expired' OR (decision IS NULL AND expires_at <= {now}))")
+        }
+        Some(ApprovalState::Approved) => "decision = 'approved'".to_owned(),
+        Some(ApprovalState::Rejected) => "decision = 'rejected'".to_owned(),
+    }
+}
+
 /// The account's approvals after `after_seq` in creation order, in `state` if given (as of `now`).
 pub async fn list(
     db: &Db,
@@ -279,13 +345,7 @@ pub async fn list(
     after_seq: i64,
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
-    let condition = match state {
-        None => "TRUE",
-        Some(ApprovalState::Pending) => "decision IS NULL AND expires_at > $4",
-        Some(ApprovalState::Expired) => "(decision = 'expired' OR (decision IS NULL AND expires_at <= $4))",
-        Some(ApprovalState::Approved) => "decision = 'approved'",
-        Some(ApprovalState::Rejected) => "decision = 'rejected'",
-    };
+    let condition = in_state(state, "$4");
     // `$4 IS NOT NULL` keeps the parameter bound in every variant
     let sql = format!(
         "SELECT {COLUMNS} FROM idempotency_approvals \
@@ -302,6 +362,25 @@ pub async fn list(
             .iter()
             .map(decode)
             .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+/// How many of the account's approvals are in `state` (all of them if `None`) as of `now`.
+pub async fn count(
+    db: &Db,
+    account_id: &str,
+    state: Option<ApprovalState>,
+    now: Timestamp,
+) -> Result<i64, sqlx::Error> {
+    let condition = in_state(state, "$2");
+    let sql =
+        format!("SELECT COUNT(*) FROM idempotency_approvals WHERE account_id = $1 AND {condition} AND $2 IS NOT NULL");
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(now)
+            .fetch_one(pool)
+            .await?
     }))
 }
 
@@ -621,5 +700,60 @@ impl ApprovalRecord {
             external_ref: None,
             at,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_text_is_shown_as_it_is_and_unmarked() {
+        let shown = Revealed::of("Acme GmbH — Zürich, 1 000 € «ok» 東京 👍");
+        assert_eq!(shown.text, "Acme GmbH — Zürich, 1 000 € «ok» 東京 👍");
+        assert!(!shown.escaped);
+    }
+
+    #[test]
+    fn control_characters_are_shown_as_escapes() {
+        let shown = Revealed::of("a\u{0}b\tc\nd\re\u{1B}[31mf\u{7F}g\u{85}h\u{9F}");
+        assert_eq!(
+            shown.text,
+            r"a\u0000b\u0009c\u000Ad\u000De\u001B[31mf\u007Fg\u0085h\u009F"
+        );
+        assert!(shown.escaped);
+    }
+
+    #[test]
+    fn bidirectional_controls_are_shown_as_escapes() {
+        let shown = Revealed::of("Acme GmbH \u{202E}liveD\u{202C}");
+        assert_eq!(shown.text, r"Acme GmbH \u202EliveD\u202C");
+        assert!(shown.escaped);
+        for c in [
+            '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202D}', '\u{2066}', '\u{2067}', '\u{2068}',
+            '\u{2069}',
+        ] {
+            assert_eq!(Revealed::of(&c.to_string()).text, format!("\\u{:04X}", u32::from(c)));
+        }
+    }
+
+    #[test]
+    fn zero_width_and_invisible_characters_are_shown_as_escapes() {
+        let shown = Revealed::of("pay\u{200B}pal\u{FEFF}");
+        assert_eq!(shown.text, r"pay\u200Bpal\uFEFF");
+        assert!(shown.escaped);
+        for c in [
+            '\u{00AD}', '\u{200C}', '\u{200D}', '\u{2060}', '\u{2063}', '\u{3164}', '\u{2028}', '\u{2029}',
+        ] {
+            assert!(Revealed::of(&c.to_string()).escaped, "U+{:04X}", u32::from(c));
+        }
+    }
+
+    #[test]
+    fn characters_beyond_the_basic_plane_are_escaped_with_braces() {
+        // a tag character spells text no one sees
+        let shown = Revealed::of("ok\u{E0041}");
+        assert_eq!(shown.text, r"ok\u{E0041}");
+        assert!(shown.escaped);
     }
 }

@@ -158,7 +158,8 @@ pub struct ApprovalQuery {
     pub cursor: Option<String>,
 }
 
-/// The account's approvals in creation order: `?state=pending` is what waits for a human.
+/// The account's approvals in creation order, and how many there are:
+/// `?state=pending` is what waits for a human.
 #[utoipa::path(
     get,
     path = "/v1/approvals",
@@ -187,6 +188,7 @@ pub async fn list_approvals(
         page.fetch_limit(),
     )
     .await?;
+    let total = approval::count(&idempotency.db, &principal.account_id, query.state, now).await?;
     let page = Page::from_rows(
         rows.into_iter().map(|a| (a.seq, ApprovalView::of(a, now))).collect(),
         page,
@@ -194,14 +196,17 @@ pub async fn list_approvals(
     Ok(Json(ApprovalList {
         data: page.data,
         next_cursor: page.next_cursor,
+        total,
     }))
 }
 
-/// `{data, next_cursor}` of approvals.
+/// `{data, next_cursor, total}` of approvals.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ApprovalList {
     pub data: Vec<ApprovalView>,
     pub next_cursor: Option<String>,
+    /// How many of the account's approvals are in the `state` asked for, on every page: what a human has to get through.
+    pub total: i64,
 }
 
 #[utoipa::path(
