@@ -50,6 +50,7 @@ async fn main() -> Result<(), Error> {
             })
             .collect(),
         suggested_key: tickets.sandbox.then(|| "demo-acme-approver".to_owned()),
+        session: console::SessionLimits::default(),
     };
 
     // every port first: a port in use stops the sandbox before anything starts

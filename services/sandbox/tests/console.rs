@@ -1,16 +1,19 @@
-//! The approval console in a real browser (headless Chromium driven over
-//! WebDriver by fantoccini): a pending approval made through the API shows
-//! up, a click approves it, and the agent's retry then creates the ticket.
+//! The approval console over HTTP — its session cookie, its headers, its
+//! pages — and in a real browser (headless Chromium driven over WebDriver by
+//! fantoccini): a pending approval made through the API shows up, a click
+//! approves it, and the agent's retry then creates the ticket; a payee with
+//! hidden characters is shown with them escaped and marked.
 //!
-//! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them).
-//! Without them the test says so and passes locally; under `CI=true` it fails.
+//! The browser tests need Debian's `chromium` and `chromium-driver` (`.ci/run`
+//! installs them). Without them they say so and pass locally; under `CI=true`
+//! they fail.
 
 use std::{process::Stdio, time::Duration};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use idempotency::IdempotencyConfig;
 use platform::{Backend, testing::TestDb};
-use sandbox::console::{self, ConsoleConfig, ServiceLink};
+use sandbox::console::{self, ConsoleConfig, PAGE_SIZE, ServiceLink, SessionLimits};
 use serde_json::{Value, json};
 use tickets::domain::{Priority, TicketsPolicy};
 
@@ -86,6 +89,14 @@ async fn serve(router: axum::Router) -> String {
 /// Tickets with urgent tickets waiting for a human, and a console for it:
 /// the database and both base URLs.
 async fn sandbox(backend: Backend, suggested_key: Option<&str>) -> (TestDb, String, String) {
+    sandbox_with(backend, suggested_key, SessionLimits::default()).await
+}
+
+async fn sandbox_with(
+    backend: Backend,
+    suggested_key: Option<&str>,
+    session: SessionLimits,
+) -> (TestDb, String, String) {
     let db = TestDb::new(backend).await;
     tickets::migrate(&db.db).await.unwrap();
     let policy = TicketsPolicy {
@@ -99,22 +110,387 @@ async fn sandbox(backend: Backend, suggested_key: Option<&str>) -> (TestDb, Stri
             url: tickets_url.clone(),
         }],
         suggested_key: suggested_key.map(str::to_owned),
+        session,
     }))
     .await;
     (db, tickets_url, console_url)
 }
 
 async fn create_urgent_ticket(http: &reqwest::Client, tickets: &str) -> (u16, Value) {
+    create_urgent(http, tickets, "demo-acme-agent", "console-test-1", URGENT).await
+}
+
+async fn create_urgent(http: &reqwest::Client, tickets: &str, agent: &str, key: &str, body: &str) -> (u16, Value) {
     let answer = http
         .post(format!("{tickets}/v1/tickets"))
-        .bearer_auth("demo-acme-agent")
-        .header("idempotency-key", "console-test-1")
+        .bearer_auth(agent)
+        .header("idempotency-key", key)
         .header("content-type", "application/json")
-        .body(URGENT)
+        .body(body.to_owned())
         .send()
         .await
         .unwrap();
     (answer.status().as_u16(), answer.json().await.unwrap())
+}
+
+/// A client that shows redirects instead of following them, so their cookies and headers can be read.
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Signs in with `key` as a form posted from the console's own page; the whole `Set-Cookie`.
+async fn sign_in(http: &reqwest::Client, console_url: &str, key: &str) -> String {
+    let answer = http
+        .post(format!("{console_url}/key"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("sec-fetch-site", "same-origin")
+        .body(format!("key={key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 303, "signed in and sent to the page");
+    answer
+        .headers()
+        .get("set-cookie")
+        .expect("a session cookie")
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// `name=value` of a `Set-Cookie`, as the browser sends it back.
+fn cookie_pair(set_cookie: &str) -> String {
+    set_cookie.split(';').next().unwrap().trim().to_owned()
+}
+
+async fn get_page(http: &reqwest::Client, url: &str, cookie: &str) -> (reqwest::header::HeaderMap, String) {
+    let answer = http.get(url).header("cookie", cookie).send().await.unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    let headers = answer.headers().clone();
+    (headers, answer.text().await.unwrap())
+}
+
+fn is_sign_in_form(page: &str) -> bool {
+    page.contains("id=\"use-key\"") && !page.contains("id=\"pending\"")
+}
+
+async fn pending_approvals(http: &reqwest::Client, tickets: &str) -> Value {
+    http.get(format!("{tickets}/v1/approvals?state=pending"))
+        .bearer_auth("demo-acme-approver")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn the_session_cookie_is_opaque_http_only_and_same_site_strict(backend: Backend) {
+    let (_db, tickets_url, console_url) = sandbox(backend, None).await;
+    let http = http_client();
+    let (status, request) = create_urgent_ticket(&http, &tickets_url).await;
+    assert_eq!(status, 202, "{request}");
+
+    let set_cookie = sign_in(&http, &console_url, "demo-acme-approver").await;
+    let (_, page) = get_page(&http, &console_url, &cookie_pair(&set_cookie)).await;
+
+    assert!(
+        !set_cookie.contains("demo-acme"),
+        "the key is not in the cookie: {set_cookie}"
+    );
+    let (name, id) = cookie_pair(&set_cookie)
+        .split_once('=')
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .unwrap();
+    assert_eq!(name, "retrysafe_console_session");
+    assert!(
+        id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "an opaque random id: {id}"
+    );
+    let attributes: Vec<&str> = set_cookie.split(';').map(str::trim).collect();
+    assert!(attributes.contains(&"HttpOnly"), "{set_cookie}");
+    assert!(attributes.contains(&"SameSite=Strict"), "{set_cookie}");
+    assert!(
+        attributes.iter().any(|a| a.starts_with("Max-Age=")),
+        "the cookie expires: {set_cookie}"
+    );
+    assert!(
+        page.contains(request["approval_id"].as_str().unwrap()),
+        "the session acts with the key it was opened with"
+    );
+    assert!(!page.contains("demo-acme"), "the key is never shown on the page");
+}
+
+async fn a_forged_expired_or_signed_out_session_and_a_raw_key_cookie_are_refused(backend: Backend) {
+    let (_db, tickets_url, console_url) = sandbox(backend, None).await;
+    let http = http_client();
+    let (status, request) = create_urgent_ticket(&http, &tickets_url).await;
+    assert_eq!(status, 202, "{request}");
+    let live = cookie_pair(&sign_in(&http, &console_url, "demo-acme-approver").await);
+    let signed_out = cookie_pair(&sign_in(&http, &console_url, "demo-acme-approver").await);
+    let answer = http
+        .post(format!("{console_url}/forget"))
+        .header("cookie", &signed_out)
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 303);
+    let (_db2, _tickets2, idle_console) = sandbox_with(
+        backend,
+        None,
+        SessionLimits {
+            idle: Duration::ZERO,
+            ..SessionLimits::default()
+        },
+    )
+    .await;
+    let expired = cookie_pair(&sign_in(&http, &idle_console, "demo-acme-approver").await);
+    let forged = format!("retrysafe_console_session={}", "0123456789abcdef".repeat(4));
+    let raw_key = "retrysafe_console_key=demo-acme-approver".to_owned();
+
+    let (_, page) = get_page(&http, &console_url, &live).await;
+    assert!(!is_sign_in_form(&page), "a live session is let in");
+    for (what, console, cookie) in [
+        ("a forged session", &console_url, &forged),
+        ("a signed-out session", &console_url, &signed_out),
+        ("an expired session", &idle_console, &expired),
+        ("an API key as the cookie", &console_url, &raw_key),
+    ] {
+        let (_, page) = get_page(&http, console, cookie).await;
+        assert!(is_sign_in_form(&page), "{what} is asked to sign in");
+        let form = format!(
+            "service=tickets&approval_id={}&fingerprint={}&decision=approve",
+            request["approval_id"].as_str().unwrap(),
+            request["fingerprint"].as_str().unwrap()
+        );
+        let decided = http
+            .post(format!("{console}/decide"))
+            .header("cookie", cookie)
+            .header("sec-fetch-site", "same-origin")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(decided.headers()["location"], "/", "{what} is sent to sign in");
+    }
+    let pending = pending_approvals(&http, &tickets_url).await;
+    assert_eq!(
+        pending["data"].as_array().unwrap().len(),
+        1,
+        "nothing was decided: {pending}"
+    );
+}
+
+async fn a_decision_without_the_session_s_form_token_is_refused(backend: Backend) {
+    let (_db, tickets_url, console_url) = sandbox(backend, None).await;
+    let http = http_client();
+    let (_, request) = create_urgent_ticket(&http, &tickets_url).await;
+    let session = cookie_pair(&sign_in(&http, &console_url, "demo-acme-approver").await);
+
+    let decided = http
+        .post(format!("{console_url}/decide"))
+        .header("cookie", &session)
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "service=tickets&approval_id={}&fingerprint={}&decision=approve&form_token=guessed",
+            request["approval_id"].as_str().unwrap(),
+            request["fingerprint"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(decided.status().as_u16(), 403);
+    let pending = pending_approvals(&http, &tickets_url).await;
+    assert_eq!(
+        pending["data"].as_array().unwrap().len(),
+        1,
+        "nothing was decided: {pending}"
+    );
+}
+
+async fn every_console_answer_forbids_framing(backend: Backend) {
+    let (_db, tickets_url, console_url) = sandbox(backend, None).await;
+    let http = http_client();
+    create_urgent_ticket(&http, &tickets_url).await;
+    let set_cookie = sign_in(&http, &console_url, "demo-acme-approver").await;
+    let session = cookie_pair(&set_cookie);
+    let form = |path: &str, origin: &str, body: &str| {
+        http.post(format!("{console_url}{path}"))
+            .header("cookie", &session)
+            .header("sec-fetch-site", origin)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.to_owned())
+    };
+
+    let answers = [
+        ("the sign-in page", http.get(&console_url)),
+        ("the approvals page", http.get(&console_url).header("cookie", &session)),
+        ("the stylesheet", http.get(format!("{console_url}/console.css"))),
+        ("a page that does not exist", http.get(format!("{console_url}/nope"))),
+        ("a refused sign-in", form("/key", "same-origin", "key=not%20a%20key")),
+        ("a cross-origin form", form("/decide", "cross-site", "service=tickets")),
+        (
+            "a decision's redirect",
+            form(
+                "/decide",
+                "same-origin",
+                "service=x&approval_id=x&fingerprint=x&decision=approve",
+            ),
+        ),
+        ("the sign-out's redirect", form("/forget", "same-origin", "")),
+    ];
+    for (what, request) in answers {
+        let answer = request.send().await.unwrap();
+        let header = |name: &str| {
+            answer
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        };
+        assert!(
+            header("content-security-policy").contains("frame-ancestors 'none'"),
+            "{what}: {:?}",
+            answer.headers()
+        );
+        assert_eq!(header("x-frame-options"), "DENY", "{what}");
+        assert_eq!(header("cache-control"), "no-store", "{what}");
+    }
+}
+
+async fn pending_approvals_are_listed_a_page_at_a_time_with_their_count(backend: Backend) {
+    let (_db, tickets_url, console_url) = sandbox(backend, None).await;
+    let http = http_client();
+    let waiting = PAGE_SIZE + 3;
+    for n in 0..waiting {
+        let body = format!(r#"{{"project":"payments-api","title":"Checkout is down {n}","priority":"urgent"}}"#);
+        let (status, _) = create_urgent(&http, &tickets_url, "demo-acme-agent", &format!("page-{n}"), &body).await;
+        assert_eq!(status, 202);
+    }
+    // another account's approval is not counted
+    create_urgent(&http, &tickets_url, "demo-globex-agent", "page-globex", URGENT).await;
+    let session = cookie_pair(&sign_in(&http, &console_url, "demo-acme-approver").await);
+
+    let (_, first) = get_page(&http, &console_url, &session).await;
+    let next = first
+        .split("id=\"next-pending\"")
+        .next()
+        .and_then(|before| before.rsplit("href=\"").next())
+        .and_then(|href| href.split('"').next())
+        .expect("a link to the next page")
+        .replace("&amp;", "&");
+    let (_, second) = get_page(&http, &format!("{console_url}{next}"), &session).await;
+
+    let cards = |page: &str| page.matches("class=\"approval\"").count();
+    assert_eq!(cards(&first), PAGE_SIZE);
+    assert!(
+        first.contains(&format!("{waiting} waiting in all")),
+        "the count of what waits"
+    );
+    assert!(first.contains(&format!("{PAGE_SIZE} of {waiting} waiting")));
+    assert!(first.contains("Checkout is down 0") && !first.contains(&format!("Checkout is down {PAGE_SIZE}<")));
+    assert_eq!(cards(&second), waiting - PAGE_SIZE, "the next page has the rest");
+    assert!(second.contains(&format!("{} of {waiting} waiting", waiting - PAGE_SIZE)));
+    assert!(second.contains(&format!("Checkout is down {}", waiting - 1)));
+    assert!(!second.contains("id=\"next-pending\""), "the last page has no next");
+}
+
+/// Payments with a capture waiting for a human, and a console for it: the database and both base URLs.
+async fn payments_sandbox(backend: Backend) -> (TestDb, String, String) {
+    let db = TestDb::new(backend).await;
+    payments::migrate(&db.db).await.unwrap();
+    let app = payments::App::new(db.db.clone(), IdempotencyConfig::default(), true);
+    let payments_url = serve(payments::build_router(app)).await;
+    let console_url = serve(console::router(ConsoleConfig {
+        services: vec![ServiceLink {
+            name: "payments".into(),
+            url: payments_url.clone(),
+        }],
+        suggested_key: Some("demo-acme-approver".into()),
+        session: SessionLimits::default(),
+    }))
+    .await;
+    (db, payments_url, console_url)
+}
+
+async fn a_payee_with_hidden_characters_is_shown_with_visible_escapes_and_marked(backend: Backend) {
+    let Some(browser) = Browser::start().await else { return };
+    let (_db, payments_url, console_url) = payments_sandbox(backend).await;
+    let http = reqwest::Client::new();
+    let send = |path: String, key: &str, body: Value| {
+        http.post(format!("{payments_url}{path}"))
+            .bearer_auth("demo-acme-agent")
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+    };
+    let intent: Value = send(
+        "/v1/payment_intents".into(),
+        "intent-1",
+        json!({"order_id": "order-1", "amount": "2500.00", "currency": "EUR",
+               "payee": {"name": "Acme GmbH \u{202e}liveD\u{202c}", "account": "DE89370400440532013000"}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let capture = send(
+        format!("/v1/payment_intents/{}/capture", intent["id"].as_str().unwrap()),
+        "capture-1",
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(capture.status().as_u16(), 202);
+    let request: Value = capture.json().await.unwrap();
+    let approval_id = request["approval_id"].as_str().unwrap();
+    let browser = &browser.client;
+
+    browser.goto(&console_url).await.unwrap();
+    browser
+        .find(Locator::Css("#use-key"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let card = browser
+        .wait()
+        .for_element(Locator::Css(&format!("#approval-{approval_id}")))
+        .await
+        .expect("the pending approval is shown");
+    let shown = card.text().await.unwrap();
+    let marked = card.find_all(Locator::Css(".has-hidden")).await.unwrap();
+    let mut marked_text = Vec::new();
+    for field in &marked {
+        marked_text.push(field.text().await.unwrap());
+    }
+    let warning = card.find(Locator::Css(".hidden-warning")).await;
+    if let Ok(path) = std::env::var("CONSOLE_SCREENSHOT") {
+        std::fs::write(path, browser.screenshot().await.unwrap()).unwrap();
+    }
+
+    assert!(shown.contains(r"Acme GmbH \u202EliveD\u202C"), "{shown}");
+    assert!(
+        !shown.contains('\u{202e}') && !shown.contains('\u{202c}'),
+        "never raw: {shown}"
+    );
+    assert!(
+        marked_text.iter().any(|text| text == r"Acme GmbH \u202EliveD\u202C"),
+        "the payee's field is marked: {marked_text:?}"
+    );
+    assert!(shown.contains("contains hidden characters"), "{shown}");
+    assert!(warning.is_ok(), "the card warns before the buttons");
+    browser.clone().close().await.unwrap();
 }
 
 async fn an_approver_approves_in_the_console_and_the_agent_s_retry_creates_the_ticket(backend: Backend) {
@@ -211,17 +587,13 @@ async fn the_console_explains_a_refused_decision_in_words(backend: Backend) {
 /// port of localhost, which `SameSite` cookies do not tell apart), are refused.
 #[tokio::test]
 async fn a_decision_posted_from_another_origin_is_refused() {
-    let console_url = serve(console::router(ConsoleConfig {
-        services: vec![],
-        suggested_key: None,
-    }))
-    .await;
+    let console_url = serve(console::router(ConsoleConfig::default())).await;
     let http = reqwest::Client::new();
     let form = "service=tickets&approval_id=apr_0123456789abcdef0123456789abcdef&fingerprint=x&decision=approve";
 
     let cross = http
         .post(format!("{console_url}/decide"))
-        .header("cookie", "retrysafe_console_key=demo-acme-approver")
+        .header("cookie", "retrysafe_console_session=0123456789abcdef0123456789abcdef")
         .header("sec-fetch-site", "same-site")
         .header("content-type", "application/x-www-form-urlencoded")
         .body(form)
@@ -245,4 +617,10 @@ async fn a_decision_posted_from_another_origin_is_refused() {
 platform::both_backends!(
     an_approver_approves_in_the_console_and_the_agent_s_retry_creates_the_ticket,
     the_console_explains_a_refused_decision_in_words,
+    the_session_cookie_is_opaque_http_only_and_same_site_strict,
+    a_forged_expired_or_signed_out_session_and_a_raw_key_cookie_are_refused,
+    a_decision_without_the_session_s_form_token_is_refused,
+    every_console_answer_forbids_framing,
+    pending_approvals_are_listed_a_page_at_a_time_with_their_count,
+    a_payee_with_hidden_characters_is_shown_with_visible_escapes_and_marked,
 );
