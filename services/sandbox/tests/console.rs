@@ -380,12 +380,12 @@ async fn pending_approvals_are_listed_a_page_at_a_time_with_their_count(backend:
     let session = cookie_pair(&sign_in(&http, &console_url, "demo-acme-approver").await);
 
     let (_, first) = get_page(&http, &console_url, &session).await;
-    let next = first
-        .split("id=\"next-pending\"")
+    let link = first.find("id=\"next-pending\"").expect("a link to the next page");
+    let next = first[..link]
+        .rsplit("href=\"")
         .next()
-        .and_then(|before| before.rsplit("href=\"").next())
         .and_then(|href| href.split('"').next())
-        .expect("a link to the next page")
+        .unwrap()
         .replace("&amp;", "&");
     let (_, second) = get_page(&http, &format!("{console_url}{next}"), &session).await;
 
