@@ -46,6 +46,11 @@ impl<'de> Deserialize<'de> for AmountText {
 
 const NUMBER_REFUSED: &str = "must be a decimal string such as \"12.50\", not a JSON number: numbers lose cents";
 
+/// The largest amount taken, in minor units of any currency: 10^15
+/// (EUR 10,000,000,000,000.00). Far below 2^53, so every amount stays exact
+/// through canonical JSON, which writes numbers as doubles.
+pub const MAX_AMOUNT_MINOR: i64 = 1_000_000_000_000_000;
+
 /// A positive amount of one currency, in its minor units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Money {
@@ -70,6 +75,7 @@ pub enum MoneyError {
         currency: &'static str,
         exponent: u16,
     },
+    /// More than [`MAX_AMOUNT_MINOR`].
     TooLarge,
     UnknownCurrency,
     /// A code without minor units (gold, special drawing rights…).
@@ -101,7 +107,7 @@ impl fmt::Display for MoneyError {
                     "{currency} has {exponent} decimals: send at most {exponent} digits after the point"
                 )
             }
-            MoneyError::TooLarge => f.write_str("is too large"),
+            MoneyError::TooLarge => write!(f, "must be at most {MAX_AMOUNT_MINOR} minor units (10^15)"),
             MoneyError::UnknownCurrency => f.write_str("must be an ISO 4217 code in capitals, such as \"EUR\""),
             MoneyError::NotACurrency => f.write_str("is not a currency with minor units"),
         }
@@ -141,7 +147,8 @@ impl Money {
     }
 }
 
-fn parse_currency(code: &str) -> Result<Currency, MoneyError> {
+/// An ISO 4217 code in capitals, of a currency with minor units.
+pub fn parse_currency(code: &str) -> Result<Currency, MoneyError> {
     if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(MoneyError::UnknownCurrency);
     }
@@ -176,6 +183,9 @@ fn parse_minor(amount: &str, currency: Currency) -> Result<i64, MoneyError> {
     let minor = i64::try_from(minor).map_err(|_| MoneyError::TooLarge)?;
     if minor == 0 {
         return Err(MoneyError::Zero);
+    }
+    if minor > MAX_AMOUNT_MINOR {
+        return Err(MoneyError::TooLarge);
     }
     Ok(minor)
 }

@@ -207,7 +207,11 @@ impl Idempotency {
             return self.run_unguarded(effect).await;
         }
         let account_id = attempt.principal.account_id.as_str();
-        let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
+        // a command the fingerprint cannot hold exactly is bad input: refused before any claim
+        let fingerprint = match Fingerprint::of(attempt.method, attempt.route, account_id, command) {
+            Ok(fingerprint) => fingerprint,
+            Err(inexact) => return ApiError::invalid_field(&inexact.field, inexact.to_string()).into_response(),
+        };
         if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
             return self.replay_cached(&attempt, &answer, &fingerprint);
         }

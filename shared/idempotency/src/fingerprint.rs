@@ -1,11 +1,20 @@
 //! The fingerprint of a validated command (CONTRACT §2):
 //! `hex(sha256(canonical_json({method, route, account_id, command})))`, with
 //! RFC 8785 (JCS) canonical JSON.
+//!
+//! JCS writes every number as an IEEE 754 double, so an integer above
+//! 2^53 − 1 in magnitude would be rounded: two different commands would share
+//! one fingerprint. A command holding such an integer has no fingerprint
+//! ([`InexactNumber`]); floats are doubles already and are written exactly.
 
 use std::fmt;
 
 use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+/// The largest integer magnitude a double holds exactly (2^53 − 1).
+pub const MAX_EXACT_INTEGER: u64 = (1 << 53) - 1;
 
 #[derive(Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(transparent)]
@@ -22,15 +31,20 @@ struct Fingerprinted<'a, C: Serialize> {
 impl Fingerprint {
     /// Hashes what the server will do: the route *template* (path parameters
     /// are fields of `command`) and the command after validation, so defaults
-    /// and normalisation are already applied.
-    pub fn of<C: Serialize>(method: &str, route: &str, account_id: &str, command: &C) -> Self {
+    /// and normalisation are already applied. Refuses a command holding an
+    /// integer that canonical JSON would round, naming where it is.
+    pub fn of<C: Serialize>(method: &str, route: &str, account_id: &str, command: &C) -> Result<Self, InexactNumber> {
+        let command = serde_json::to_value(command).expect("a command serializes to JSON");
+        if let Some(field) = inexact_integer_at(&command, String::new()) {
+            return Err(InexactNumber { field });
+        }
         let canonical = canonical_json(&Fingerprinted {
             method,
             route,
             account_id,
-            command,
+            command: &command,
         });
-        Fingerprint(hex::encode(Sha256::digest(canonical)))
+        Ok(Fingerprint(hex::encode(Sha256::digest(canonical))))
     }
 
     /// A digest read back from the store.
@@ -40,6 +54,46 @@ impl Fingerprint {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// A command field holding an integer above 2^53 − 1 in magnitude, which
+/// canonical JSON would round; `field` is its path in the command
+/// (`amount.amount_minor`, `items[2].quantity`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InexactNumber {
+    pub field: String,
+}
+
+impl fmt::Display for InexactNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "must be at most {MAX_EXACT_INTEGER} in magnitude")
+    }
+}
+
+/// The path of the first integer in `value` that a double cannot hold exactly.
+fn inexact_integer_at(value: &Value, path: String) -> Option<String> {
+    match value {
+        Value::Number(number) => {
+            let magnitude = number
+                .as_u64()
+                .or_else(|| number.as_i64().map(i64::unsigned_abs))
+                .unwrap_or(0);
+            (magnitude > MAX_EXACT_INTEGER).then_some(path)
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| inexact_integer_at(item, format!("{path}[{i}]"))),
+        Value::Object(members) => members.iter().find_map(|(name, member)| {
+            let path = if path.is_empty() {
+                name.clone()
+            } else {
+                format!("{path}.{name}")
+            };
+            inexact_integer_at(member, path)
+        }),
+        Value::Null | Value::Bool(_) | Value::String(_) => None,
     }
 }
 

@@ -206,7 +206,7 @@ fn non_finite_numbers_are_refused_as_rfc_appendix_b_requires() {
 // ---------------------------------------------------------------------------
 
 fn fingerprint(command: &Value) -> Fingerprint {
-    Fingerprint::of(POST, ROUTE, ACCOUNT, command)
+    Fingerprint::of(POST, ROUTE, ACCOUNT, command).unwrap()
 }
 
 fn a_command() -> Value {
@@ -250,8 +250,8 @@ fn a_different_route_gives_a_different_fingerprint() {
     let command = a_command();
 
     assert_ne!(
-        Fingerprint::of(POST, ROUTE, ACCOUNT, &command),
-        Fingerprint::of(POST, "/v1/projects/{project_id}/notes", ACCOUNT, &command)
+        Fingerprint::of(POST, ROUTE, ACCOUNT, &command).unwrap(),
+        Fingerprint::of(POST, "/v1/projects/{project_id}/notes", ACCOUNT, &command).unwrap()
     );
 }
 
@@ -260,8 +260,8 @@ fn a_different_method_gives_a_different_fingerprint() {
     let command = a_command();
 
     assert_ne!(
-        Fingerprint::of(POST, ROUTE, ACCOUNT, &command),
-        Fingerprint::of("PUT", ROUTE, ACCOUNT, &command)
+        Fingerprint::of(POST, ROUTE, ACCOUNT, &command).unwrap(),
+        Fingerprint::of("PUT", ROUTE, ACCOUNT, &command).unwrap()
     );
 }
 
@@ -270,8 +270,8 @@ fn a_different_account_gives_a_different_fingerprint() {
     let command = a_command();
 
     assert_ne!(
-        Fingerprint::of(POST, ROUTE, ACCOUNT, &command),
-        Fingerprint::of(POST, ROUTE, "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f", &command)
+        Fingerprint::of(POST, ROUTE, ACCOUNT, &command).unwrap(),
+        Fingerprint::of(POST, ROUTE, "7c1e2d3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f", &command).unwrap()
     );
 }
 
@@ -335,11 +335,11 @@ fn a_defaulted_command_struct_fingerprints_like_the_json_with_the_default_writte
 
     let expected = fingerprint(&written_out);
     assert_eq!(
-        Fingerprint::of(POST, ROUTE, ACCOUNT, &CreateTask::from(omitted)),
+        Fingerprint::of(POST, ROUTE, ACCOUNT, &CreateTask::from(omitted)).unwrap(),
         expected
     );
     assert_eq!(
-        Fingerprint::of(POST, ROUTE, ACCOUNT, &CreateTask::from(explicit)),
+        Fingerprint::of(POST, ROUTE, ACCOUNT, &CreateTask::from(explicit)).unwrap(),
         expected
     );
 
@@ -347,5 +347,71 @@ fn a_defaulted_command_struct_fingerprints_like_the_json_with_the_default_writte
     // requests that mean the same thing would not match.
     let raw: CreateTaskRequest =
         serde_json::from_str(r#"{"project":"apollo","title":"Write the launch plan"}"#).unwrap();
-    assert_ne!(Fingerprint::of(POST, ROUTE, ACCOUNT, &raw), expected);
+    assert_ne!(Fingerprint::of(POST, ROUTE, ACCOUNT, &raw).unwrap(), expected);
+}
+
+// ---------------------------------------------------------------------------
+// Integers a double cannot hold: canonical JSON would round them, so two
+// different commands would share a fingerprint. They have none.
+// ---------------------------------------------------------------------------
+
+const MAX_EXACT: i64 = (1 << 53) - 1;
+
+fn refused_field(command: &Value) -> Option<String> {
+    Fingerprint::of(POST, ROUTE, ACCOUNT, command)
+        .err()
+        .map(|inexact| inexact.field)
+}
+
+#[test]
+fn integers_up_to_two_to_the_53_minus_one_in_magnitude_are_fingerprinted_exactly() {
+    for n in [MAX_EXACT, -MAX_EXACT] {
+        assert_eq!(refused_field(&json!({"amount_minor": n})), None, "{n}");
+    }
+    assert_ne!(
+        fingerprint(&json!({"amount_minor": MAX_EXACT})),
+        fingerprint(&json!({"amount_minor": MAX_EXACT - 1}))
+    );
+}
+
+#[test]
+fn an_integer_of_two_to_the_53_or_more_in_magnitude_has_no_fingerprint() {
+    let too_large = [
+        json!(MAX_EXACT + 1),
+        json!(-(MAX_EXACT + 1)),
+        json!(9_223_372_036_854_775_807_i64),
+        json!(i64::MIN),
+        json!(u64::MAX),
+    ];
+    for n in too_large {
+        assert_eq!(
+            refused_field(&json!({"amount_minor": n})),
+            Some("amount_minor".into()),
+            "{n}"
+        );
+    }
+}
+
+#[test]
+fn two_integers_that_would_round_to_one_double_are_refused_rather_than_confused() {
+    // 9223372036854775807 and 9223372036854775500 are one double, 2^63.
+    let first = json!({"amount_minor": 9_223_372_036_854_775_807_i64});
+    let retry = json!({"amount_minor": 9_223_372_036_854_775_500_i64});
+
+    assert!(Fingerprint::of(POST, ROUTE, ACCOUNT, &first).is_err());
+    assert!(Fingerprint::of(POST, ROUTE, ACCOUNT, &retry).is_err());
+}
+
+#[test]
+fn the_refusal_names_the_nested_field_that_holds_the_integer() {
+    let nested = json!({"order": "o-1", "amount": {"amount_minor": MAX_EXACT + 1, "currency": "EUR"}});
+    let in_an_array = json!({"lines": [{"quantity": 1}, {"quantity": -(MAX_EXACT + 1)}]});
+
+    assert_eq!(refused_field(&nested), Some("amount.amount_minor".into()));
+    assert_eq!(refused_field(&in_an_array), Some("lines[1].quantity".into()));
+}
+
+#[test]
+fn floats_are_doubles_already_and_are_fingerprinted_as_they_are() {
+    assert_eq!(refused_field(&json!({"ratio": 1e300, "share": 0.1})), None);
 }

@@ -115,7 +115,7 @@ impl Fixture {
         locked_until: Timestamp,
     ) -> Option<idempotency::OperationRecord> {
         let key = IdempotencyKey::parse(key).unwrap();
-        let fingerprint = Fingerprint::of("POST", ROUTE, "acme", command);
+        let fingerprint = Fingerprint::of("POST", ROUTE, "acme", command).unwrap();
         let mut tx = self.db.db.begin().await.unwrap();
         let claimed = store::claim(&mut tx, &new_operation(&key, &fingerprint, locked_until))
             .await
@@ -600,7 +600,7 @@ async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto
     };
     let claim_finished = async |key: &str| {
         let key = IdempotencyKey::parse(key).unwrap();
-        let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1}));
+        let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1})).unwrap();
         let new = new_operation(&key, &fingerprint, Timestamp::now());
         let started = Timestamp::now();
         let mut tx = f.db.db.begin().await.unwrap();
@@ -701,7 +701,7 @@ async fn an_upgraded_database_keeps_its_operations_and_journals_only_what_happen
         platform::Db::Sqlite(pools) => earlier.run(&pools.write).await.unwrap(),
     }
     let now = Timestamp::now();
-    let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1}));
+    let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1})).unwrap();
     on_pool!(db.db.write(), |pool| {
         for (key, operation_id, state) in [
             ("done", "op_done", "completed"),

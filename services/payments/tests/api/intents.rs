@@ -249,6 +249,77 @@ async fn creates_racing_a_cancel_of_the_order_s_intent_are_told_which_intent_is_
     }
 }
 
+async fn an_amount_above_ten_to_the_fifteen_minor_units_is_refused_naming_amount_and_claims_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    // As doubles, these two are one number: a fingerprint would not tell them apart.
+    let huge = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("92233720368547758.07")),
+        )
+        .await;
+    let other_huge = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("92233720368547755.00")),
+        )
+        .await;
+    let fixed = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("12.50")),
+        )
+        .await;
+
+    for refused in [&huge, &other_huge] {
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{:?}", refused.body);
+        assert_eq!(refused.json()["code"], "invalid_request");
+        assert_eq!(refused.json()["errors"][0]["field"], "amount", "{:?}", refused.body);
+        assert_eq!(refused.replayed, None);
+    }
+    assert_eq!(fixed.status, StatusCode::CREATED, "nothing was claimed by the 400s");
+    assert_eq!(fixed.json()["amount_minor"], 1250);
+    assert_eq!(app.count("payment_intents").await, 1);
+}
+
+async fn an_intent_takes_at_most_ten_to_the_fifteen_minor_units(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let at_the_limit = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k1",
+            &intent("order-1", json!("10000000000000.00")),
+        )
+        .await;
+    let one_cent_more = app
+        .post(
+            "/v1/payment_intents",
+            ACME_AGENT,
+            "k2",
+            &intent("order-2", json!("10000000000000.01")),
+        )
+        .await;
+
+    assert_eq!(at_the_limit.status, StatusCode::CREATED, "{:?}", at_the_limit.body);
+    assert_eq!(at_the_limit.json()["amount_minor"], 1_000_000_000_000_000_i64);
+    assert_eq!(
+        one_cent_more.status,
+        StatusCode::BAD_REQUEST,
+        "{:?}",
+        one_cent_more.body
+    );
+    assert_eq!(one_cent_more.json()["errors"][0]["field"], "amount");
+}
+
 platform::both_backends!(
     creates_racing_a_cancel_of_the_order_s_intent_are_told_which_intent_is_live,
     an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it,
@@ -257,4 +328,6 @@ platform::both_backends!(
     a_cancelled_intent_frees_its_order_and_cancelling_it_again_answers_it_unchanged,
     a_cancel_needs_no_key_and_one_past_requires_capture_is_refused,
     another_account_can_neither_see_nor_cancel_an_intent,
+    an_amount_above_ten_to_the_fifteen_minor_units_is_refused_naming_amount_and_claims_nothing,
+    an_intent_takes_at_most_ten_to_the_fifteen_minor_units,
 );

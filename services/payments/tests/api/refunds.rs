@@ -133,8 +133,27 @@ async fn a_refund_needs_a_succeeded_capture_and_a_changed_amount_needs_a_new_key
     assert_eq!(app.count("payment_refunds").await, 1);
 }
 
+async fn a_refund_above_ten_to_the_fifteen_minor_units_is_refused_naming_amount_and_claims_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.captured_intent("order-1", "10.00").await;
+
+    let huge = app.refund(&intent_id, "refund-1", "92233720368547758.07").await;
+    let fixed = app.refund(&intent_id, "refund-1", "1.00").await;
+
+    assert_eq!(huge.status, StatusCode::BAD_REQUEST, "{:?}", huge.body);
+    assert_eq!(huge.json()["code"], "invalid_request");
+    assert_eq!(huge.json()["errors"][0]["field"], "amount", "{:?}", huge.body);
+    assert_eq!(
+        fixed.status,
+        StatusCode::ACCEPTED,
+        "nothing was claimed by the 400: {:?}",
+        fixed.body
+    );
+}
+
 platform::both_backends!(
     racing_refunds_never_add_up_to_more_than_was_captured,
     a_refund_goes_to_the_provider_and_one_the_provider_refuses_gives_its_amount_back,
     a_refund_needs_a_succeeded_capture_and_a_changed_amount_needs_a_new_key,
+    a_refund_above_ten_to_the_fifteen_minor_units_is_refused_naming_amount_and_claims_nothing,
 );
