@@ -2,6 +2,8 @@
 //! commands they become (what the fingerprint hashes — amounts already in
 //! minor units), and the resources the API answers with.
 
+use std::collections::BTreeMap;
+
 use idempotency::approval::ApprovalSummary;
 use platform::{ApiError, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -313,42 +315,65 @@ pub fn refund_url(id: &str) -> String {
     format!("/v1/refunds/{id}")
 }
 
-/// Which payments wait for a human (CONTRACT §6).
-#[derive(Debug, Clone)]
+/// Which payments wait for a human (CONTRACT §6): a capture at or above its
+/// currency's threshold, in that currency's major units. A currency with no
+/// threshold of its own waits for every capture: one number for all would let
+/// 999.999 KWD (some 3,000 EUR) through where 1,000 EUR waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentsPolicy {
-    /// A capture of at least this many major units of its currency waits for
-    /// an approver; `None`: none does.
-    pub capture_approval_from: Option<u64>,
+    /// Currency code → the major units from which a capture waits.
+    pub capture_thresholds: BTreeMap<&'static str, u64>,
 }
 
+/// The sandbox's thresholds, in major units.
+const SANDBOX_THRESHOLDS: &str = "EUR=1000,USD=1000,GBP=1000,CHF=1000,JPY=150000,KWD=300";
+
 impl Default for PaymentsPolicy {
-    /// The sandbox default: 1,000 major units (EUR 1,000.00, JPY 1,000, KWD 1,000.000).
     fn default() -> Self {
-        PaymentsPolicy {
-            capture_approval_from: Some(1000),
-        }
+        PaymentsPolicy::parse(SANDBOX_THRESHOLDS).expect("the sandbox thresholds parse")
     }
 }
 
 impl PaymentsPolicy {
-    /// `PAYMENTS_CAPTURE_APPROVAL_FROM`: a whole number of major units, or `off`.
+    /// `PAYMENTS_CAPTURE_THRESHOLDS`, such as `EUR=1000,JPY=150000`; unset,
+    /// the sandbox's.
     pub fn from_env() -> Result<Self, String> {
-        match std::env::var("PAYMENTS_CAPTURE_APPROVAL_FROM")
-            .ok()
-            .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
-        {
-            None => Ok(PaymentsPolicy::default()),
-            Some(v) if v == "off" => Ok(PaymentsPolicy {
-                capture_approval_from: None,
-            }),
-            Some(v) => v
-                .parse()
-                .map(|major| PaymentsPolicy {
-                    capture_approval_from: Some(major),
-                })
-                .map_err(|_| format!("PAYMENTS_CAPTURE_APPROVAL_FROM `{v}` is neither a whole number nor `off`")),
+        match std::env::var("PAYMENTS_CAPTURE_THRESHOLDS") {
+            Ok(v) if !v.trim().is_empty() => {
+                PaymentsPolicy::parse(&v).map_err(|e| format!("PAYMENTS_CAPTURE_THRESHOLDS `{v}`: {e}"))
+            }
+            _ => Ok(PaymentsPolicy::default()),
         }
+    }
+
+    /// `CODE=major units` pairs separated by commas.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut capture_thresholds = BTreeMap::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (code, major) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("`{pair}` is not CODE=major units"))?;
+            let currency = crate::money::parse_currency(code.trim()).map_err(|e| format!("`{code}` {e}"))?;
+            let major = major
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{major}` for {code} is not a whole number of major units"))?;
+            capture_thresholds.insert(currency.code(), major);
+        }
+        Ok(PaymentsPolicy { capture_thresholds })
+    }
+
+    /// Whether a capture of `amount` waits for a human: at or above its
+    /// currency's threshold, or always when its currency has none.
+    pub fn capture_needs_approval(&self, amount: &Money) -> bool {
+        let Some(&major) = self.capture_thresholds.get(amount.currency_code()) else {
+            return true;
+        };
+        let from_minor = i64::try_from(major)
+            .ok()
+            .and_then(|major| major.checked_mul(10_i64.pow(u32::from(amount.exponent()))));
+        // a threshold too large for any amount is never reached
+        from_minor.is_some_and(|from| amount.amount_minor >= from)
     }
 
     /// `Some(what the approver judges)` when this capture needs a human:
@@ -359,12 +384,7 @@ impl PaymentsPolicy {
         intent: &PaymentIntent,
         command: &CaptureIntent,
     ) -> Option<ApprovalSummary> {
-        let from_major = self.capture_approval_from?;
-        let from_minor = i64::try_from(from_major)
-            .ok()
-            .and_then(|major| major.checked_mul(10_i64.pow(u32::from(command.amount.exponent()))));
-        // a threshold too large for any amount is never reached
-        if from_minor.is_none_or(|from| command.amount.amount_minor < from) {
+        if !self.capture_needs_approval(&command.amount) {
             return None;
         }
         let amount = format!("{} {}", command.amount.amount(), command.amount.currency_code());

@@ -12,7 +12,8 @@
 //!   operation `unknown` until the reconciler asks the provider.
 //! - Refunds never add up to more than was captured: one conditional update
 //!   and a CHECK decide it ([`store::begin_refund`]).
-//! - Captures at or above a threshold wait for a human ([`domain::PaymentsPolicy`]).
+//! - Captures at or above their currency's threshold wait for a human; in a
+//!   currency with none, every capture does ([`domain::PaymentsPolicy`]).
 //!
 //! A library with a thin `main.rs`: [`build_router`] makes the whole HTTP API
 //! for tests and for the sandbox, [`serve`] runs it.
@@ -63,7 +64,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// `PAYMENTS_CAPTURE_APPROVAL_FROM`, `PAYMENTS_PROVIDER_URL`,
+    /// `PAYMENTS_CAPTURE_THRESHOLDS`, `PAYMENTS_PROVIDER_URL`,
     /// `PAYMENTS_PROVIDER_KEY` and the outbox's `RETRYSAFE_OUTBOX_*`.
     pub fn from_env() -> Result<Self, String> {
         Ok(Settings {
@@ -158,7 +159,7 @@ pub async fn serve(
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
-        provider = %settings.provider.url, capture_approval_from = ?settings.policy.capture_approval_from, "payments listening");
+        provider = %settings.provider.url, capture_thresholds = ?settings.policy.capture_thresholds, "payments listening");
     let served = platform::serve(listener, build_router(app), shutdown).await;
     background.stop().await;
     db.close().await;

@@ -1,12 +1,13 @@
-//! CONTRACT §6 on payments: a capture at or above the threshold (1,000 major
-//! units in the sandbox) waits for a human who approves that exact capture —
+//! CONTRACT §6 on payments: a capture at or above its currency's threshold
+//! (in the sandbox 1,000 EUR, 150,000 JPY, 300 KWD…; every capture in a
+//! currency without one) waits for a human who approves that exact capture —
 //! payee, amount, currency, account — and a changed amount needs a new decision.
 
 use axum::http::StatusCode;
 use platform::Backend;
 use serde_json::json;
 
-use crate::support::{ACME_APPROVER, TestApp};
+use crate::support::{ACME_AGENT, ACME_APPROVER, TestApp, intent};
 
 async fn a_large_capture_waits_for_an_approval_and_is_charged_once_after_the_retry_that_runs_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
@@ -92,8 +93,54 @@ async fn a_capture_below_the_threshold_needs_no_approval(backend: Backend) {
     assert_eq!(approvals["data"], json!([]));
 }
 
+/// Whether capturing the whole of a new intent of `amount` `currency` waits for an approver.
+async fn capture_waits_for_approval(app: &TestApp, order_id: &str, amount: &str, currency: &str) -> bool {
+    let mut body = intent(order_id, json!(amount));
+    body["currency"] = json!(currency);
+    let created = app
+        .post("/v1/payment_intents", ACME_AGENT, &format!("intent-{order_id}"), &body)
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    let capture = app
+        .capture(&created.str("id"), &format!("capture-{order_id}"), &json!({}))
+        .await;
+    assert_eq!(capture.status, StatusCode::ACCEPTED, "{:?}", capture.body);
+    match capture.json()["state"].as_str() {
+        Some("awaiting_approval") => true,
+        Some("processing") => false,
+        _ => panic!("an approval request or a capture, got {:?}", capture.body),
+    }
+}
+
+async fn a_capture_s_threshold_is_in_its_own_currency_so_999_999_kwd_waits_and_299_999_kwd_does_not(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    assert!(capture_waits_for_approval(&app, "order-1", "999.999", "KWD").await);
+    assert!(capture_waits_for_approval(&app, "order-2", "300.000", "KWD").await);
+    assert!(!capture_waits_for_approval(&app, "order-3", "299.999", "KWD").await);
+    assert!(capture_waits_for_approval(&app, "order-4", "150000", "JPY").await);
+    assert!(!capture_waits_for_approval(&app, "order-5", "149999", "JPY").await);
+}
+
+async fn a_capture_in_a_currency_without_a_threshold_always_waits_for_an_approval(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    assert!(capture_waits_for_approval(&app, "order-1", "1.00", "SEK").await);
+    assert!(capture_waits_for_approval(&app, "order-2", "0.001", "BHD").await);
+}
+
+async fn a_euro_capture_waits_from_exactly_1000_00_and_not_below(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    assert!(!capture_waits_for_approval(&app, "order-1", "999.99", "EUR").await);
+    assert!(capture_waits_for_approval(&app, "order-2", "1000.00", "EUR").await);
+}
+
 platform::both_backends!(
     a_large_capture_waits_for_an_approval_and_is_charged_once_after_the_retry_that_runs_it,
     a_changed_capture_amount_after_approval_needs_a_new_approval,
     a_capture_below_the_threshold_needs_no_approval,
+    a_capture_s_threshold_is_in_its_own_currency_so_999_999_kwd_waits_and_299_999_kwd_does_not,
+    a_capture_in_a_currency_without_a_threshold_always_waits_for_an_approval,
+    a_euro_capture_waits_from_exactly_1000_00_and_not_below,
 );
