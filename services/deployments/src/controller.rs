@@ -91,11 +91,6 @@ struct Found {
     data: Vec<Rollout>,
 }
 
-#[derive(Debug, Deserialize)]
-struct Problem {
-    code: Option<String>,
-}
-
 /// The controller over HTTP.
 #[derive(Debug, Clone)]
 pub struct Controller {
@@ -327,9 +322,8 @@ impl Destination for Controller {
             };
         }
         let problem = response.text().await.unwrap_or_default();
-        let code = serde_json::from_str::<Problem>(&problem).ok().and_then(|p| p.code);
-        let reason = format!("{status}: {}", problem.chars().take(500).collect::<String>());
-        Delivery::from_refusal(status.as_u16(), code.as_deref(), reason)
+        // the controller refuses no rollout with a 409 for good: any 409 may be one still being started
+        Delivery::from_refusal(status.as_u16(), &problem, &[])
     }
 
     /// By the key, then by the deployment's id; what is found must be this

@@ -10,7 +10,8 @@
 //!   reconciler learns what happened to a request whose answer was lost;
 //! - **faults switchable at run time** (`PUT /admin/faults`): latency before
 //!   every charge or refund, 5xx before accepting (nothing is charged), accept and then
-//!   never answer (charged; the caller times out), and slow acceptance;
+//!   never answer (charged; the caller times out), accept and then answer as
+//!   if still processing (409, 425, 429, 5xx), and slow acceptance;
 //! - **a count of the charges it really made** (`GET /admin/stats`), so a
 //!   test or a scenario can assert "charged exactly once".
 //!
@@ -62,6 +63,10 @@ pub struct Faults {
     /// The next N charges are declined (402 `charge_declined`): a final
     /// business refusal, nothing charged.
     pub decline_next: u32,
+    /// The next charge/refund requests are accepted (stored), and each
+    /// answered with the next of these statuses instead, as a provider busy
+    /// with them would: 409 `request_in_progress`, 425, 429 with a body, 500, 503.
+    pub answer_after_accepting: Vec<u16>,
 }
 
 /// What the provider really did, for "exactly once" assertions.
@@ -248,29 +253,65 @@ impl Provider {
     }
 }
 
+/// What a fault does to the answer of a request that was just accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerFault {
+    None,
+    /// `drop_next`: no answer at all.
+    Drop,
+    /// `answer_after_accepting`: this status instead of the charge or refund.
+    Status(u16),
+}
+
 impl Ledger {
-    /// Whether the answer of what was just stored is to be dropped
-    /// (`drop_next`): only requests that store something use it up.
-    fn drop_this_answer(&mut self) -> bool {
-        let drop = self.faults.drop_next > 0;
-        if drop {
+    /// What happens to the answer of what was just stored: only requests
+    /// that store something use a fault up.
+    fn answer_fault(&mut self) -> AnswerFault {
+        if self.faults.drop_next > 0 {
             self.faults.drop_next -= 1;
+            return AnswerFault::Drop;
         }
-        drop
+        if self.faults.answer_after_accepting.is_empty() {
+            return AnswerFault::None;
+        }
+        AnswerFault::Status(self.faults.answer_after_accepting.remove(0))
     }
 }
 
-/// The answer, or — under the `drop_next` fault — no answer at all: the
-/// request was accepted, and its caller waits until it gives up.
-async fn answer(provider: &Provider, key: &str, drop_answer: bool, response: Response) -> Response {
-    if drop_answer {
-        tracing::warn!("fault: accepted, and the answer is dropped");
-        provider
-            .events
-            .record("the answer is dropped (fault drop_next)", Some(key));
-        tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
+/// The answer, or what a fault makes of it: none at all (the caller waits
+/// until it gives up), or a status that may mean "still processing".
+async fn answer(provider: &Provider, key: &str, fault: AnswerFault, response: Response) -> Response {
+    match fault {
+        AnswerFault::None => response,
+        AnswerFault::Drop => {
+            tracing::warn!("fault: accepted, and the answer is dropped");
+            provider
+                .events
+                .record("the answer is dropped (fault drop_next)", Some(key));
+            tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
+            response
+        }
+        AnswerFault::Status(status) => {
+            provider.events.record(
+                format!("accepted, and answered {status} (fault answer_after_accepting)"),
+                Some(key),
+            );
+            still_processing(status).into_response()
+        }
     }
-    response
+}
+
+/// An answer a busy provider may give for a request it has taken.
+fn still_processing(status: u16) -> ApiError {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let (code, title) = match status {
+        StatusCode::CONFLICT => ("request_in_progress", "A request with this key is being processed"),
+        StatusCode::TOO_EARLY => ("too_early", "Too early"),
+        StatusCode::TOO_MANY_REQUESTS => ("request_in_progress", "Too many requests with this key"),
+        StatusCode::SERVICE_UNAVAILABLE => ("provider_unavailable", "Provider unavailable"),
+        _ => ("internal_error", "Internal error"),
+    };
+    ApiError::new(status, code, title, "try again later")
 }
 
 fn made(status: StatusCode, replayed: bool, body: &impl Serialize) -> Response {
@@ -300,14 +341,8 @@ async fn create_charge(
     let key = idempotency_key(&headers)?;
     before_accepting(&provider, &key).await?;
     provider.decline_if_asked(&key)?;
-    let (charge, replayed, drop_answer) = provider.charge(merchant, key.clone(), request)?;
-    Ok(answer(
-        &provider,
-        &key,
-        drop_answer,
-        made(StatusCode::CREATED, replayed, &charge),
-    )
-    .await)
+    let (charge, replayed, fault) = provider.charge(merchant, key.clone(), request)?;
+    Ok(answer(&provider, &key, fault, made(StatusCode::CREATED, replayed, &charge)).await)
 }
 
 async fn create_refund(
@@ -318,33 +353,29 @@ async fn create_refund(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     before_accepting(&provider, &key).await?;
-    let (refund, replayed, drop_answer) = provider.refund(merchant, key.clone(), request)?;
-    Ok(answer(
-        &provider,
-        &key,
-        drop_answer,
-        made(StatusCode::CREATED, replayed, &refund),
-    )
-    .await)
+    let (refund, replayed, fault) = provider.refund(merchant, key.clone(), request)?;
+    Ok(answer(&provider, &key, fault, made(StatusCode::CREATED, replayed, &refund)).await)
 }
 
 impl Provider {
     /// Makes the charge a merchant's key names, once: the same key and body
     /// again is the same charge (`true`: a replay); another body is refused.
-    /// The last flag: the `drop_next` fault takes this answer.
+    /// The last: what a fault does to its answer.
     fn charge(
         &self,
         merchant: String,
         key: String,
         mut request: ChargeRequest,
-    ) -> Result<(Charge, bool, bool), ApiError> {
+    ) -> Result<(Charge, bool, AnswerFault), ApiError> {
         // "eur" and "EUR" are one request
         request.currency = request.currency.to_ascii_uppercase();
         let hash = request_hash(&request);
         let mut ledger = self.lock();
         if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
             let answer = match keyed.made {
-                Made::Charge(i) if keyed.request_hash == hash => Ok((ledger.charges[i].1.clone(), true, false)),
+                Made::Charge(i) if keyed.request_hash == hash => {
+                    Ok((ledger.charges[i].1.clone(), true, AnswerFault::None))
+                }
                 _ => Err(key_reused()),
             };
             self.events.record(
@@ -384,16 +415,23 @@ impl Provider {
             ),
             Some(&charge.idempotency_key),
         );
-        Ok((charge, false, ledger.drop_this_answer()))
+        Ok((charge, false, ledger.answer_fault()))
     }
 
     /// Makes the refund a merchant's key names, once, never past its charge.
-    fn refund(&self, merchant: String, key: String, request: RefundRequest) -> Result<(Refund, bool, bool), ApiError> {
+    fn refund(
+        &self,
+        merchant: String,
+        key: String,
+        request: RefundRequest,
+    ) -> Result<(Refund, bool, AnswerFault), ApiError> {
         let hash = request_hash(&request);
         let mut ledger = self.lock();
         if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
             return match keyed.made {
-                Made::Refund(i) if keyed.request_hash == hash => Ok((ledger.refunds[i].1.clone(), true, false)),
+                Made::Refund(i) if keyed.request_hash == hash => {
+                    Ok((ledger.refunds[i].1.clone(), true, AnswerFault::None))
+                }
                 _ => Err(key_reused()),
             };
         }
@@ -442,7 +480,7 @@ impl Provider {
             ),
             Some(&refund.idempotency_key),
         );
-        Ok((refund, false, ledger.drop_this_answer()))
+        Ok((refund, false, ledger.answer_fault()))
     }
 }
 

@@ -144,6 +144,32 @@ async fn a_failure_before_accepting_charges_nothing_and_the_retry_charges_once()
 }
 
 #[tokio::test]
+async fn a_charge_answered_as_still_processing_was_charged_once_and_its_retry_replays_it() {
+    let provider = start().await;
+    let statuses = [409, 425, 429, 500, 503];
+    provider.provider.set_faults(Faults {
+        answer_after_accepting: statuses.to_vec(),
+        ..Faults::default()
+    });
+
+    for (i, expected) in statuses.into_iter().enumerate() {
+        let key = format!("cap_{i}");
+        let (status, _, problem) = provider.charge(&key, &capture(&key, 100)).await.unwrap();
+        assert_eq!(status, expected);
+        assert!(problem["code"].is_string(), "a body that says why: {problem}");
+        assert_ne!(problem["code"], "idempotency_key_reused");
+        let found = provider.lookup(&format!("idempotency_key={key}")).await;
+        assert_eq!(
+            found["data"][0]["status"], "succeeded",
+            "{expected}: charged all the same"
+        );
+        let (retried, replayed, _) = provider.charge(&key, &capture(&key, 100)).await.unwrap();
+        assert_eq!((retried, replayed.as_deref()), (201, Some("true")));
+    }
+    assert_eq!(provider.provider.stats().charges_made, 5);
+}
+
+#[tokio::test]
 async fn a_declined_charge_is_a_402_that_charges_nothing() {
     let provider = start().await;
     provider.provider.set_faults(Faults {

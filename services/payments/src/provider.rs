@@ -107,11 +107,9 @@ struct Found {
     data: Vec<Listed>,
 }
 
-/// A provider problem's `code`, when it sent one.
-#[derive(Debug, Deserialize)]
-struct Problem {
-    code: Option<String>,
-}
+/// The provider's 409s that refuse for good: a refund past what is left of
+/// its charge. Any other 409 may mean the request is still being processed.
+const FINAL_CONFLICTS: &[&str] = &["refund_exceeds_charge"];
 
 impl Provider {
     pub fn new(config: ProviderConfig) -> Self {
@@ -149,12 +147,10 @@ impl Provider {
             };
         }
         let problem = response.text().await.unwrap_or_default();
-        let code = serde_json::from_str::<Problem>(&problem).ok().and_then(|p| p.code);
-        let reason = format!("{status}: {}", problem.chars().take(500).collect::<String>());
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
-            tracing::error!(%reason, "the provider does not accept the merchant key: check PAYMENTS_PROVIDER_KEY");
+            tracing::error!(%status, "the provider does not accept the merchant key: check PAYMENTS_PROVIDER_KEY");
         }
-        Delivery::from_refusal(status.as_u16(), code.as_deref(), reason)
+        Delivery::from_refusal(status.as_u16(), &problem, FINAL_CONFLICTS)
     }
 
     /// The first charge or refund the provider has under `query`.

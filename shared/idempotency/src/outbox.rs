@@ -17,8 +17,8 @@
 //! |---|---|---|---|
 //! | accepted it | `delivered` | `completed`, with its `external_ref` | `dispatched`, `accepted`, `completed` |
 //! | refused it, finally | `failed` | `failed` | `dispatched`, `failed` |
-//! | did not take it (5xx before accepting, unreachable) | `pending` again, later, same key | unchanged | `dispatched` |
-//! | may have taken it: the answer was lost | `unknown` | `unknown` | `dispatched`, `unknown` |
+//! | cannot have taken it (unreachable, 408, a bare 429, 401/403) | `pending` again, later, same key | unchanged | `dispatched` |
+//! | may have taken it or still be at it (answer lost, 409, 425, 429 with a reason, 5xx) | `unknown` | `unknown` | `dispatched`, `unknown` |
 //!
 //! The **reconciler** ([`Outbox::reconcile_due`]) takes every event whose fate
 //! nobody knows — an answer lost, or a worker that died holding the event — and
@@ -161,31 +161,55 @@ pub enum Delivery {
     /// The external system refused it, finally; nothing happened (a business
     /// refusal: sending it again would be refused again).
     Refused { reason: String },
-    /// Nothing happened, and it may work later: a 5xx before accepting, a
-    /// connection that never opened. Sent again later, with the same key.
+    /// Nothing happened, and it may work later: a connection that never
+    /// opened, a refusal at the door. Sent again later, with the same key.
     NotAccepted { reason: String },
-    /// It was sent and no answer came back: it may or may not have happened.
+    /// It was sent and no answer came back, or one that may mean it is still
+    /// in flight: it may or may not have happened.
     AnswerLost { reason: String },
 }
 
 impl Delivery {
-    /// What an HTTP refusal (a status that is not 2xx, and the problem `code`
-    /// if the answer had one) means for the request. Only a business refusal
-    /// is final. Anything that may mean the external system has the request
-    /// after all — a conflict on the key (another request with it, or the same
-    /// one still running), a server error after accepting — is a lost answer,
-    /// for the reconciler to look up. 503, 429 and 408 say nothing was taken,
-    /// and a refusal of who we are (401, 403) is a fault of ours: sent again
-    /// later, with the same key.
-    pub fn from_refusal(status: u16, code: Option<&str>, reason: String) -> Delivery {
-        match (status, code) {
-            (503 | 429 | 408 | 401 | 403, _) => Delivery::NotAccepted { reason },
-            (_, Some("idempotency_key_reused")) | (409, None) => Delivery::AnswerLost { reason },
-            (500..=599, _) => Delivery::AnswerLost { reason },
-            // a decline, an invalid request, a refund past its charge: the same request would be refused again
+    /// What an answer that is not 2xx means for the request, read from its
+    /// status and its problem body (RFC 9457, whose `code` it looks at); the
+    /// one place a client decides it. Only an answer that says "not done,
+    /// and never will be" is final: a 4xx business refusal, or a 409 whose
+    /// code is one of `final_conflicts` (the external system's business
+    /// refusals that come as 409, such as a refund past its charge).
+    ///
+    /// Whatever may mean the request is still in flight or was taken after
+    /// all leaves it unknown, for the reconciler to ask about before anything
+    /// is sent again: any other 409 (a request with the key is being
+    /// processed), a reused key (what holds it may be ours, sent before in
+    /// another shape: the lookup tells), 425, a 429 that says why, and every
+    /// 5xx — a 503 too, since a gateway says it when its upstream took the
+    /// request and then timed out.
+    ///
+    /// Only what cannot have reached the work is sent again as it is, with
+    /// the same key: a bare 429 (rate limited at the door), 408 (the request
+    /// never arrived whole), and a refusal of who we are (401, 403).
+    pub fn from_refusal(status: u16, body: &str, final_conflicts: &[&str]) -> Delivery {
+        let code = serde_json::from_str::<ProblemCode>(body).ok().and_then(|p| p.code);
+        let reason = format!("{status}: {}", body.chars().take(500).collect::<String>());
+        match (status, code.as_deref()) {
+            (401 | 403 | 408, _) => Delivery::NotAccepted { reason },
+            (429, _) if body.trim().is_empty() => Delivery::NotAccepted { reason },
+            (_, Some(KEY_REUSED)) => Delivery::AnswerLost { reason },
+            (409, Some(code)) if final_conflicts.contains(&code) => Delivery::Refused { reason },
+            (409 | 425 | 429 | 500..=599, _) => Delivery::AnswerLost { reason },
+            // a decline, an invalid request, an unknown charge: the same request would be refused again
             _ => Delivery::Refused { reason },
         }
     }
+}
+
+/// The code with which an external system refuses a key it holds for another request.
+const KEY_REUSED: &str = "idempotency_key_reused";
+
+/// A problem body's `code`, when it has one.
+#[derive(serde::Deserialize)]
+struct ProblemCode {
+    code: Option<String>,
 }
 
 /// What the external system knows of an event, asked by its key or reference.

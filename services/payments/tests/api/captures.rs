@@ -124,7 +124,9 @@ async fn a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_
     );
 }
 
-async fn a_provider_that_fails_before_accepting_is_sent_the_same_request_again(backend: Backend) {
+/// A 503 may come from a gateway whose upstream took the request: the
+/// reconciler asks first, finds nothing, and the same request goes again.
+async fn a_provider_that_fails_before_accepting_is_asked_and_then_sent_the_same_request_again(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let intent_id = app.intent_for("order-1", "40.00").await;
     app.provider.set_faults(Faults {
@@ -136,16 +138,20 @@ async fn a_provider_that_fails_before_accepting_is_sent_the_same_request_again(b
     let operation_id = accepted.operation_id.clone().unwrap();
     app.deliver().await;
     let after_failure = app.operation(&operation_id).await;
-    let event_after_failure = outbox::event_of(&app.db.db, "acme", &operation_id).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    app.reconcile().await;
+    let event_after_asking = outbox::event_of(&app.db.db, "acme", &operation_id).await.unwrap();
     app.deliver().await;
     let after_retry = app.operation(&operation_id).await;
 
     assert_eq!(
-        after_failure["state"], "in_progress",
-        "nothing happened, nothing is unknown"
+        after_failure["state"], "unknown",
+        "a 503 does not prove nothing was taken"
     );
-    assert_eq!(event_after_failure, Some((EventState::Pending, 1)));
+    assert_eq!(
+        event_after_asking,
+        Some((EventState::Pending, 1)),
+        "not found, so sent again"
+    );
     assert_eq!(after_retry["state"], "completed");
     assert_eq!(
         outbox::event_of(&app.db.db, "acme", &operation_id).await.unwrap(),
@@ -153,6 +159,69 @@ async fn a_provider_that_fails_before_accepting_is_sent_the_same_request_again(b
     );
     let stats = app.provider.stats();
     assert_eq!((stats.requests, stats.charges_made), (2, 1));
+}
+
+/// The provider took the charge and answers as if it were still at it: a
+/// conflict that is not a reused key, 425, 429 with a reason, 500, 503. None
+/// of these says "not done": the capture is unknown, its order stays taken,
+/// and the reconciler finds the one charge.
+async fn an_answer_that_may_mean_still_processing_leaves_the_capture_unknown_and_the_order_taken_until_the_reconciler_finds_the_one_charge(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let statuses = [409, 425, 429, 500, 503];
+
+    for (i, status) in statuses.into_iter().enumerate() {
+        let order_id = format!("order-{i}");
+        let intent_id = app.intent_for(&order_id, "40.00").await;
+        app.provider.set_faults(Faults {
+            answer_after_accepting: vec![status],
+            ..Faults::default()
+        });
+        let accepted = app.capture(&intent_id, &format!("cap-{i}"), &json!({})).await;
+        let operation_id = accepted.operation_id.clone().unwrap();
+        app.deliver().await;
+        let after_answer = app.operation(&operation_id).await;
+        let second_intent = app.create(&format!("another-intent-{i}"), &order_id).await;
+        app.provider.set_faults(Faults::default());
+        app.reconcile().await;
+        let settled = app.operation(&operation_id).await;
+        let capture = app
+            .get(&format!("/v1/captures/{}", accepted.str("id")), ACME_AGENT)
+            .await
+            .json();
+
+        assert_eq!(after_answer["state"], "unknown", "{status}: {after_answer}");
+        assert_eq!(
+            second_intent.status,
+            StatusCode::CONFLICT,
+            "{status}: {:?}",
+            second_intent.body
+        );
+        assert_eq!(
+            second_intent.json()["code"],
+            "order_already_has_payment",
+            "{status}: the order is not freed"
+        );
+        assert_eq!(settled["state"], "completed", "{status}: {settled}");
+        assert_eq!(capture["state"], "succeeded", "{status}");
+        let at_provider = app
+            .provider
+            .charges_with_key(&format!("retrysafe-{operation_id}"))
+            .await;
+        assert_eq!(
+            at_provider["data"].as_array().map(Vec::len),
+            Some(1),
+            "{status}: {at_provider}"
+        );
+        assert_eq!(settled["external_ref"], at_provider["data"][0]["id"]);
+    }
+    let stats = app.provider.stats();
+    assert_eq!(
+        (stats.requests, stats.charges_made),
+        (5, 5),
+        "one charge per capture, nothing sent twice"
+    );
 }
 
 async fn a_charge_the_provider_declines_fails_the_capture_and_frees_the_order(backend: Backend) {
@@ -433,7 +502,8 @@ platform::both_backends!(
     four_outbox_workers_racing_on_one_database_send_each_charge_once,
     a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_key_derived_from_the_operation,
     a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_finds_the_one_charge,
-    a_provider_that_fails_before_accepting_is_sent_the_same_request_again,
+    a_provider_that_fails_before_accepting_is_asked_and_then_sent_the_same_request_again,
+    an_answer_that_may_mean_still_processing_leaves_the_capture_unknown_and_the_order_taken_until_the_reconciler_finds_the_one_charge,
     a_charge_the_provider_declines_fails_the_capture_and_frees_the_order,
     a_key_collision_at_the_provider_is_never_taken_for_the_capture_s_charge,
     another_account_can_neither_see_nor_capture_an_intent,
