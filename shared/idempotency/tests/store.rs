@@ -231,6 +231,31 @@ async fn a_changed_command_under_the_same_key_is_422_and_runs_nothing(backend: B
     assert_eq!(f.effects().await, 1);
 }
 
+/// 2^53 + 1 and 2^53 are one double: canonical JSON would give both one
+/// fingerprint, so the first is refused instead of confused with the second.
+async fn a_command_holding_an_integer_a_double_cannot_hold_is_400_naming_it_and_claims_nothing(backend: Backend) {
+    let f = fixture(backend).await;
+    let runs = AtomicUsize::new(0);
+
+    let (status, parts, body) = f
+        .run("k", json!({"line": {"quantity": 9_007_199_254_740_993_i64}}), &runs)
+        .await;
+    let (retried, _, _) = f
+        .run("k", json!({"line": {"quantity": 9_007_199_254_740_992_i64}}), &runs)
+        .await;
+    let (fixed, _, _) = f.run("k", json!({"line": {"quantity": 3}}), &runs).await;
+
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let problem = serde_json::from_slice::<serde_json::Value>(&body).unwrap();
+    assert_eq!(problem["code"], "invalid_request");
+    assert_eq!(problem["errors"][0]["field"], "line.quantity", "{problem}");
+    assert_eq!(header(&parts, "operation-id"), None);
+    assert_eq!(retried, StatusCode::BAD_REQUEST, "never a replay of another number");
+    assert_eq!(fixed, StatusCode::CREATED, "nothing was claimed by the 400s");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(f.effects().await, 1);
+}
+
 async fn a_duplicate_is_409_while_another_attempt_holds_the_lease(backend: Backend) {
     let f = fixture(backend).await;
     f.claim("k", &json!({"n": 1}), Timestamp::now().plus(Duration::from_secs(30)))
@@ -835,6 +860,7 @@ platform::both_backends!(
     claiming_a_taken_key_writes_nothing,
     an_operation_runs_its_effect_once_and_replays_its_stored_answer,
     a_changed_command_under_the_same_key_is_422_and_runs_nothing,
+    a_command_holding_an_integer_a_double_cannot_hold_is_400_naming_it_and_claims_nothing,
     a_duplicate_is_409_while_another_attempt_holds_the_lease,
     of_many_racing_takers_of_an_expired_lease_exactly_one_wins,
     a_lease_that_has_not_run_out_cannot_be_taken_over,
