@@ -9,8 +9,9 @@
 //!   true`); another body under that key is 422 and starts nothing;
 //! - **status** by its own id, by the caller's key, and by the caller's reference;
 //! - **faults switchable at run time** (`PUT /admin/faults`): latency, a 503
-//!   before accepting, accept-then-drop-the-answer, fail the next rollout, and
-//!   crash mid-rollout — the process exits while a rollout runs;
+//!   before accepting, accept-then-drop-the-answer, accept and then answer as
+//!   if still starting (409, 425, 429, 5xx), fail the next rollout, and crash
+//!   mid-rollout — the process exits while a rollout runs;
 //! - **a count of the rollouts it really started** (`GET /admin/stats`).
 //!
 //! With a state file (`DEPLOY_CONTROLLER_STATE`), what it knows survives a
@@ -35,7 +36,7 @@ use axum::{
 };
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
-    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash},
+    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash, still_processing},
 };
 use serde::{Deserialize, Serialize};
 use validator::Validate;
@@ -60,6 +61,10 @@ pub struct Faults {
     pub fail_next: u32,
     /// The next N rollout requests are accepted (the rollout starts), and then never answered.
     pub drop_next: u32,
+    /// The next rollout requests are accepted (the rollout starts), and each
+    /// answered with the next of these statuses instead: 409
+    /// `request_in_progress`, 425, 429 with a body, 500, 503.
+    pub answer_after_accepting: Vec<u16>,
     /// The next N rollouts run, and end `failed`.
     pub fail_next_rollout: u32,
     /// The next rollout to start running takes the whole process down with it
@@ -153,6 +158,30 @@ struct Ledger {
     index: HashMap<(Tenant, String), usize>,
     #[serde(skip)]
     faults: Faults,
+}
+
+/// What a fault does to the answer of a rollout request that was just accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerFault {
+    None,
+    /// `drop_next`: no answer at all.
+    Drop,
+    /// `answer_after_accepting`: this status instead of the rollout.
+    Status(u16),
+}
+
+impl Ledger {
+    /// What happens to the answer of the rollout just started.
+    fn answer_fault(&mut self) -> AnswerFault {
+        if self.faults.drop_next > 0 {
+            self.faults.drop_next -= 1;
+            return AnswerFault::Drop;
+        }
+        if self.faults.answer_after_accepting.is_empty() {
+            return AnswerFault::None;
+        }
+        AnswerFault::Status(self.faults.answer_after_accepting.remove(0))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -260,8 +289,13 @@ impl Controller {
 
     /// Starts the rollout a tenant's key names, once: the same key and body
     /// again is the same rollout (`true`: a replay); another body is refused.
-    /// The last flag: the `drop_next` fault takes this answer.
-    fn start(&self, tenant: Tenant, key: String, request: RolloutRequest) -> Result<(Rollout, bool, bool), ApiError> {
+    /// The last: what a fault does to its answer.
+    fn start(
+        &self,
+        tenant: Tenant,
+        key: String,
+        request: RolloutRequest,
+    ) -> Result<(Rollout, bool, AnswerFault), ApiError> {
         let hash = request_hash(&request);
         let mut ledger = self.lock();
         if let Some(&at) = ledger.index.get(&(tenant.clone(), key.clone())) {
@@ -272,7 +306,7 @@ impl Controller {
                     format!("replayed {}: the same key, nothing started again", rollout.id),
                     Some(&key),
                 );
-                Ok((rollout, true, false))
+                Ok((rollout, true, AnswerFault::None))
             } else {
                 self.events
                     .record("422: the key names another rollout, nothing started", Some(&key));
@@ -324,14 +358,11 @@ impl Controller {
             ),
             Some(&rollout.idempotency_key),
         );
-        let drop_answer = ledger.faults.drop_next > 0;
-        if drop_answer {
-            ledger.faults.drop_next -= 1;
-        }
+        let fault = ledger.answer_fault();
         self.saved(&ledger);
         drop(ledger);
         tokio::spawn(self.clone().run(at));
-        Ok((rollout, false, drop_answer))
+        Ok((rollout, false, fault))
     }
 
     /// A rollout's life: a step queued, a step running, then its end — unless
@@ -442,13 +473,23 @@ async fn create_rollout(
             "the controller failed before accepting the rollout; nothing was started",
         ));
     }
-    let (rollout, replayed, drop_answer) = controller.start(tenant, key.clone(), request)?;
-    if drop_answer {
-        tracing::warn!("fault: accepted, and the answer is dropped");
-        controller
-            .events
-            .record("the answer is dropped (fault drop_next)", Some(&key));
-        tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
+    let (rollout, replayed, fault) = controller.start(tenant, key.clone(), request)?;
+    match fault {
+        AnswerFault::None => {}
+        AnswerFault::Drop => {
+            tracing::warn!("fault: accepted, and the answer is dropped");
+            controller
+                .events
+                .record("the answer is dropped (fault drop_next)", Some(&key));
+            tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
+        }
+        AnswerFault::Status(status) => {
+            controller.events.record(
+                format!("accepted, and answered {status} (fault answer_after_accepting)"),
+                Some(&key),
+            );
+            return Err(still_processing(status));
+        }
     }
     let mut response = (StatusCode::ACCEPTED, Json(rollout)).into_response();
     response.headers_mut().insert(

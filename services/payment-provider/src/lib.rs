@@ -35,7 +35,7 @@ use axum::{
 };
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
-    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash},
+    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash, still_processing},
 };
 use serde::{Deserialize, Serialize};
 use validator::Validate;
@@ -299,19 +299,6 @@ async fn answer(provider: &Provider, key: &str, fault: AnswerFault, response: Re
             still_processing(status).into_response()
         }
     }
-}
-
-/// An answer a busy provider may give for a request it has taken.
-fn still_processing(status: u16) -> ApiError {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let (code, title) = match status {
-        StatusCode::CONFLICT => ("request_in_progress", "A request with this key is being processed"),
-        StatusCode::TOO_EARLY => ("too_early", "Too early"),
-        StatusCode::TOO_MANY_REQUESTS => ("request_in_progress", "Too many requests with this key"),
-        StatusCode::SERVICE_UNAVAILABLE => ("provider_unavailable", "Provider unavailable"),
-        _ => ("internal_error", "Internal error"),
-    };
-    ApiError::new(status, code, title, "try again later")
 }
 
 fn made(status: StatusCode, replayed: bool, body: &impl Serialize) -> Response {

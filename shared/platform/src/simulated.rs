@@ -6,7 +6,7 @@
 
 use axum::{
     extract::FromRequestParts,
-    http::{HeaderMap, header, request::Parts},
+    http::{HeaderMap, StatusCode, header, request::Parts},
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -51,6 +51,26 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
 /// What a request asked for, to tell a repeat from another request under the same key.
 pub fn request_hash(request: &impl Serialize) -> String {
     hex::encode(Sha256::digest(serde_json::to_vec(request).unwrap_or_default()))
+}
+
+/// The answer of a system that has taken a request and is still at it, as
+/// its caller may get it: 409 (a request with this key is being processed),
+/// 425, 429 with a body, or a 5xx. None of them says "not done".
+pub fn still_processing(status: u16) -> ApiError {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let (code, title) = match status {
+        StatusCode::CONFLICT => ("request_in_progress", "A request with this key is being processed"),
+        StatusCode::TOO_EARLY => ("too_early", "Too early"),
+        StatusCode::TOO_MANY_REQUESTS => ("request_in_progress", "Too many requests with this key"),
+        StatusCode::SERVICE_UNAVAILABLE => ("unavailable", "Unavailable"),
+        _ => ("internal_error", "Internal error"),
+    };
+    ApiError::new(
+        status,
+        code,
+        title,
+        "the request was taken and is still being processed; try again later",
+    )
 }
 
 /// Something a simulated external system did, for a timeline a person reads.

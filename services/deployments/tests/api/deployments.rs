@@ -58,6 +58,52 @@ async fn the_article_s_failure_sequence_locks_out_the_second_plan_and_starts_one
     assert_eq!(operation["external_ref"], finished["controller_rollout_id"]);
 }
 
+/// The controller took the rollout and answers as if it were still starting
+/// it: a conflict that is not a reused key, 425, 429 with a reason, 500, 503.
+/// None says "not started": the deployment is unknown, its environment stays
+/// locked, and the reconciler finds the one rollout.
+async fn an_answer_that_may_mean_still_starting_leaves_the_deployment_unknown_and_locked_until_the_reconciler_finds_the_one_rollout(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let statuses = [409, 425, 429, 500, 503];
+
+    for (i, status) in statuses.into_iter().enumerate() {
+        let environment = format!("staging-{i}");
+        app.controller.set_faults(Faults {
+            answer_after_accepting: vec![status],
+            ..Faults::default()
+        });
+        let first = app
+            .deploy(
+                &format!("deploy-{i}"),
+                &release(&environment, &digest('a'), Some(COMMIT_A1B2C3)),
+            )
+            .await;
+        app.deliver().await;
+        let after_answer = app.operation(first.operation_id.as_deref().unwrap()).await;
+        let second = app
+            .deploy(
+                &format!("other-{i}"),
+                &release(&environment, &digest('d'), Some(COMMIT_D4E5F6)),
+            )
+            .await;
+        assert_eq!(first.status, StatusCode::ACCEPTED, "{status}: {:?}", first.body);
+        assert_eq!(after_answer["state"], "unknown", "{status}: {after_answer}");
+        second.assert_problem(StatusCode::CONFLICT, "environment_locked");
+
+        app.controller.set_faults(Faults::default());
+        app.reconcile().await;
+        let finished = app.until(&first.str("id"), "succeeded").await;
+        assert_eq!(finished["commit_sha"], COMMIT_A1B2C3, "{status}");
+    }
+    assert_eq!(
+        app.controller.stats().rollouts_started,
+        5,
+        "one rollout per deployment, nothing started twice"
+    );
+}
+
 /// "The claim decides before the lock is looked at": the same key with
 /// another digest is 422 — not 409, and never a second rollout.
 async fn the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout(backend: Backend) {
@@ -362,6 +408,7 @@ async fn another_account_sees_none_of_it(backend: Backend) {
 
 platform::both_backends!(
     the_article_s_failure_sequence_locks_out_the_second_plan_and_starts_one_rollout,
+    an_answer_that_may_mean_still_starting_leaves_the_deployment_unknown_and_locked_until_the_reconciler_finds_the_one_rollout,
     the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout,
     a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_current_release,
     a_stale_expected_current_deployment_is_409_version_mismatch,
