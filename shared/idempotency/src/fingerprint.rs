@@ -35,7 +35,7 @@ impl Fingerprint {
     /// integer that canonical JSON would round, naming where it is.
     pub fn of<C: Serialize>(method: &str, route: &str, account_id: &str, command: &C) -> Result<Self, InexactNumber> {
         let command = serde_json::to_value(command).expect("a command serializes to JSON");
-        if let Some(field) = inexact_integer_at(&command, String::new()) {
+        if let Some(field) = inexact_integer_at(&command) {
             return Err(InexactNumber { field });
         }
         let canonical = canonical_json(&Fingerprinted {
@@ -71,29 +71,34 @@ impl fmt::Display for InexactNumber {
     }
 }
 
-/// The path of the first integer in `value` that a double cannot hold exactly.
-fn inexact_integer_at(value: &Value, path: String) -> Option<String> {
+/// The path of the first integer in `value` that a double cannot hold
+/// exactly. The path is built on the way out, so the common case allocates nothing.
+fn inexact_integer_at(value: &Value) -> Option<String> {
     match value {
         Value::Number(number) => {
             let magnitude = number
                 .as_u64()
                 .or_else(|| number.as_i64().map(i64::unsigned_abs))
                 .unwrap_or(0);
-            (magnitude > MAX_EXACT_INTEGER).then_some(path)
+            (magnitude > MAX_EXACT_INTEGER).then(String::new)
         }
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .find_map(|(i, item)| inexact_integer_at(item, format!("{path}[{i}]"))),
-        Value::Object(members) => members.iter().find_map(|(name, member)| {
-            let path = if path.is_empty() {
-                name.clone()
-            } else {
-                format!("{path}.{name}")
-            };
-            inexact_integer_at(member, path)
-        }),
+            .find_map(|(i, item)| inexact_integer_at(item).map(|rest| format!("[{i}]{}", member_path(&rest)))),
+        Value::Object(members) => members
+            .iter()
+            .find_map(|(name, member)| inexact_integer_at(member).map(|rest| format!("{name}{}", member_path(&rest)))),
         Value::Null | Value::Bool(_) | Value::String(_) => None,
+    }
+}
+
+/// What follows a step of a path: nothing, an index, or `.` and a member.
+fn member_path(rest: &str) -> String {
+    if rest.is_empty() || rest.starts_with('[') {
+        rest.to_owned()
+    } else {
+        format!(".{rest}")
     }
 }
 

@@ -112,7 +112,8 @@ pub fn outbox_config() -> OutboxConfig {
 }
 
 impl TestApp {
-    /// The sandbox's policy: captures of 1,000 major units or more wait for an approver.
+    /// The sandbox's policy: captures from 1,000 EUR (150,000 JPY, 300 KWD…)
+    /// wait for an approver, and every capture in a currency without a threshold.
     pub async fn spawn(backend: Backend) -> TestApp {
         TestApp::spawn_with(backend, PaymentsPolicy::default()).await
     }
