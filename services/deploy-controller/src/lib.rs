@@ -79,6 +79,9 @@ pub struct Stats {
     pub rollouts_started: u64,
     /// Rollout requests received, replays and refusals included.
     pub requests: u64,
+    /// Requests to cancel a rollout, whatever they found.
+    #[serde(default)]
+    pub cancel_requests: u64,
 }
 
 /// `POST /v1/rollouts`, as a caller sends it.
@@ -521,6 +524,7 @@ async fn cancel_rollout(
     ApiPath(rollout_id): ApiPath<String>,
 ) -> Result<Json<Rollout>, ApiError> {
     let mut ledger = controller.lock();
+    ledger.stats.cancel_requests += 1;
     let at = ledger
         .rollouts
         .iter()

@@ -2,6 +2,9 @@
 //! authenticate, parse into a validated command (immutable references only),
 //! ask the policy whether a human must look, hand the command and its
 //! business write to the idempotency layer, answer what it answers.
+//!
+//! Every POST has [the shape of a route](idempotency#how-a-route-is-shaped):
+//! parse → read-only lookups → `execute` with a closure doing every write → answer.
 
 use axum::{
     Json, Router,
@@ -216,6 +219,15 @@ async fn rollback_target(
 /// has it, the controller is asked to stop it. A cancel needs no key
 /// (cancelling what is cancelled answers 200, unchanged); with a key, it is an
 /// operation like any other.
+///
+/// The controller is asked only once the request is on record, and the
+/// cancel is recorded after its answer, which decides it: with a key, the
+/// claim commits first and the controller is asked under the operation's
+/// lease ([`idempotency::Idempotency::execute_calling_out`]), so a replay, a
+/// 409 or a 422 never reaches it; with none, the deployment's history names
+/// who asked before the controller is asked. (Through the outbox, the answer
+/// would be a 202 with the deployment still running: a cancel that says
+/// "cancelled" or "it had finished" needs the controller's answer first.)
 #[utoipa::path(
     post,
     path = "/v1/deployments/{deployment_id}/cancel",
@@ -238,14 +250,14 @@ pub async fn cancel_deployment(
     ApiPath(deployment_id): ApiPath<String>,
 ) -> Response {
     let command = CancelDeployment { deployment_id };
-    // the controller is asked first, outside any transaction: its cancel is
-    // idempotent, and no write waits on another service meanwhile
-    let stopped = match stop_at_the_controller(&app, &principal, &command.deployment_id).await {
-        Ok(stopped) => stopped,
-        Err(error) => return error.into_response(),
-    };
+    // the controller is asked outside any transaction, so no write waits on
+    // another service meanwhile; its cancel is idempotent
     let Some(key) = key else {
         let cancelled = async {
+            let mut tx = app.db.begin().await?;
+            record_cancel_request(&mut tx, &principal, &command.deployment_id).await?;
+            tx.commit().await?;
+            let stopped = stop_at_the_controller(&app, &principal, &command.deployment_id).await?;
             let mut tx = app.db.begin().await?;
             let deployment = cancel(&mut tx, &principal, &command.deployment_id, stopped).await?;
             tx.commit().await?;
@@ -257,10 +269,11 @@ pub async fn cancel_deployment(
         };
     };
     app.idempotency
-        .execute(
+        .execute_calling_out(
             Attempt::post(CANCEL_DEPLOYMENT, &principal, key),
             &command,
-            async |tx, _| {
+            async |_| stop_at_the_controller(&app, &principal, &command.deployment_id).await,
+            async |tx, _, stopped| {
                 let deployment = cancel(tx, &principal, &command.deployment_id, stopped).await?;
                 let (id, url) = (deployment.id.clone(), deployment.status_url.clone());
                 Ok(Effect::json(StatusCode::OK, &deployment).with_resource(deployment.kind.as_str(), &id, url))
@@ -281,12 +294,36 @@ async fn stop_at_the_controller(
     let Some(deployment) = store::get(&app.db, &principal.account_id, deployment_id).await? else {
         return Ok(None);
     };
-    match (deployment.state, &deployment.controller_rollout_id) {
-        (DeploymentState::Queued | DeploymentState::Running, Some(rollout_id)) => {
-            Ok(Some(app.controller.cancel(rollout_id).await?))
-        }
-        _ => Ok(None),
+    match rollout_to_stop(&deployment) {
+        Some(rollout_id) => Ok(Some(app.controller.cancel(rollout_id).await?)),
+        None => Ok(None),
     }
+}
+
+/// The controller's rollout of a deployment, while the controller may still stop it.
+fn rollout_to_stop(deployment: &Deployment) -> Option<&str> {
+    match (deployment.state, &deployment.controller_rollout_id) {
+        (DeploymentState::Queued | DeploymentState::Running, Some(rollout_id)) => Some(rollout_id),
+        _ => None,
+    }
+}
+
+/// A cancel without a key has no claim to stand for it: before the
+/// controller is asked to stop a rollout, the deployment's history records
+/// who asked, so a crash after the controller stopped it leaves the request
+/// on record (the watcher then records the cancel itself).
+async fn record_cancel_request(tx: &mut Tx, principal: &Principal, deployment_id: &str) -> Result<(), ApiError> {
+    let Some(deployment) = store::get_in(tx, &principal.account_id, deployment_id).await? else {
+        return Ok(());
+    };
+    if rollout_to_stop(&deployment).is_some() {
+        let note = format!(
+            "{} asked to cancel it: the controller is asked to stop it",
+            principal.principal_id
+        );
+        store::note(tx, deployment_id, deployment.state, &note).await?;
+    }
+    Ok(())
 }
 
 /// The cancel itself, in `tx`: before the controller has the rollout, its

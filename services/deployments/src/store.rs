@@ -212,6 +212,11 @@ async fn record_state(
     Ok(())
 }
 
+/// Adds `note` to a deployment's history without changing its state.
+pub async fn note(tx: &mut Tx, deployment_id: &str, state: DeploymentState, note: &str) -> Result<(), sqlx::Error> {
+    record_state(tx, deployment_id, state, note, Timestamp::now()).await
+}
+
 /// Moves a deployment from one of `from` to `to`, records why, and — when it
 /// succeeded — makes it the environment's current release, all in `tx`.
 /// `false`: it was in none of `from` (someone else moved it first).

@@ -2,6 +2,9 @@
 //! parse into a validated command (amounts into minor units), hand the
 //! command and its business write to the idempotency layer, answer what it
 //! answers.
+//!
+//! Every POST has [the shape of a route](idempotency#how-a-route-is-shaped):
+//! parse → read-only lookups → `execute` with a closure doing every write → answer.
 
 use axum::{
     Json, Router,

@@ -32,6 +32,15 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// How often a duplicate that was asked to wait (`Prefer: wait`) looks again.
 const WAIT_POLL: Duration = Duration::from_millis(25);
 
+/// A route's effect, as one that is given what its call-out said: nothing.
+/// A closure written in place rather than returned by a function, so that
+/// its future keeps a type the compiler can see is `Send`.
+macro_rules! without_call_out {
+    ($effect:expr) => {
+        async move |tx: &mut Tx, operation_id: &str, (): ()| ($effect)(tx, operation_id).await
+    };
+}
+
 /// One request that carries an idempotency key: who sent it, to which route,
 /// and whether the route's policy wants a human to approve it first.
 #[derive(Debug)]
@@ -221,11 +230,71 @@ impl Idempotency {
         if self.config.claim == ClaimMode::InTransaction {
             return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
         }
-        match self.claim_or_decide(&attempt, &fingerprint).await {
+        self.execute_leased(&attempt, &fingerprint, nothing_to_call, without_call_out!(effect))
+            .await
+    }
+
+    /// [`Self::execute`] for an operation that must ask another system before
+    /// it can record its effect (a cancel at a deployment controller, whose
+    /// answer says whether the deployment is cancelled). `call_out` runs once
+    /// the claim has committed, under the operation's lease and outside any
+    /// transaction; `effect` then records what it said, and the operation's
+    /// completion, in one transaction.
+    ///
+    /// The claim is always [`ClaimMode::Leased`] here, whatever the service's
+    /// setting: claiming in the effect's transaction would call out before the
+    /// claim is decided, or with a write transaction open. A duplicate meanwhile
+    /// gets `request_in_progress` (or waits, with `Prefer: wait`); a replay, a
+    /// 409 or a 422 never calls out. `call_out` runs again when a crashed
+    /// holder's lease is taken over, so it must be safe to repeat (a cancel is).
+    /// Such a route takes no approval: an approval is re-checked in the
+    /// effect's transaction, which would come after the call.
+    pub async fn execute_calling_out<C, T, W, F>(
+        &self,
+        attempt: Attempt<'_>,
+        command: &C,
+        call_out: W,
+        effect: F,
+    ) -> Response
+    where
+        C: Serialize,
+        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
+    {
+        debug_assert!(attempt.approval.is_none(), "a route that calls out takes no approval");
+        if !self.config.enabled {
+            let operation_id = new_operation_id();
+            return match call_out(&operation_id).await {
+                Ok(said) => self.run_unguarded(async |tx, id| effect(tx, id, said).await).await,
+                Err(error) => error.into_response(),
+            };
+        }
+        let account_id = attempt.principal.account_id.as_str();
+        let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
+        if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
+            return self.replay_cached(&attempt, &answer, &fingerprint);
+        }
+        self.execute_leased(&attempt, &fingerprint, call_out, effect).await
+    }
+
+    /// [`ClaimMode::Leased`]: the claim commits on its own, then this attempt
+    /// calls out (if the route does) and runs the effect under its lease.
+    async fn execute_leased<T, W, F>(
+        &self,
+        attempt: &Attempt<'_>,
+        fingerprint: &Fingerprint,
+        call_out: W,
+        effect: F,
+    ) -> Response
+    where
+        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
+    {
+        match self.claim_or_decide(attempt, fingerprint).await {
             Ok(Decision::Run(operation)) => {
                 telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
                 fail_point("idempotency::after_claim").await;
-                self.run(&attempt, *operation, effect).await
+                self.run(attempt, *operation, call_out, effect).await
             }
             Ok(Decision::Answer(response)) => response,
             Ok(Decision::Vanished) => {
@@ -233,7 +302,7 @@ impl Idempotency {
             }
             Err(error) => {
                 self.journal
-                    .observe([attempt.audit(AuditEvent::Attempted, None, &fingerprint, attempt.started)]);
+                    .observe([attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started)]);
                 error.into_response()
             }
         }
@@ -275,7 +344,9 @@ impl Idempotency {
                         Ok(false) => {
                             // The key was taken (PostgreSQL waited for its holder to commit): ours is undone.
                             let _ = tx.rollback().await;
-                            return self.answer_taken_key(attempt, fingerprint, effect).await;
+                            return self
+                                .answer_taken_key(attempt, fingerprint, nothing_to_call, without_call_out!(effect))
+                                .await;
                         }
                         Err(e) => {
                             let _ = tx.rollback().await;
@@ -311,7 +382,10 @@ impl Idempotency {
                             self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
                             with_retry_after(stored_response(&response, operation_id, false), &error)
                         }
-                        Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
+                        Ok(false) => {
+                            self.answer_taken_key(attempt, fingerprint, nothing_to_call, without_call_out!(effect))
+                                .await
+                        }
                         Err(e) => self.server_error_unclaimed(attempt, fingerprint, e.into()),
                     }
                 }
@@ -479,7 +553,10 @@ impl Idempotency {
                 telemetry::record_outcome("awaiting_approval");
                 stored_response(&answer, &new.operation_id, false)
             }
-            Ok(false) => self.answer_taken_key(attempt, fingerprint, effect).await,
+            Ok(false) => {
+                self.answer_taken_key(attempt, fingerprint, nothing_to_call, without_call_out!(effect))
+                    .await
+            }
             Err(e) => self.server_error_unclaimed(attempt, fingerprint, e.into()),
         }
     }
@@ -559,9 +636,16 @@ impl Idempotency {
     /// The answer for an attempt that found its key taken: whatever the
     /// operation stored, 409 while it runs — or, when its holder died and the
     /// lease ran out (or a human approved it), this attempt runs the effect.
-    async fn answer_taken_key<F>(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint, effect: F) -> Response
+    async fn answer_taken_key<T, W, F>(
+        &self,
+        attempt: &Attempt<'_>,
+        fingerprint: &Fingerprint,
+        call_out: W,
+        effect: F,
+    ) -> Response
     where
-        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
     {
         let account_id = &attempt.principal.account_id;
         let decided = match self.find_and_count(account_id, &attempt.headers.key).await {
@@ -571,7 +655,7 @@ impl Idempotency {
         };
         match decided {
             Ok(Decision::Answer(response)) => response,
-            Ok(Decision::Run(operation)) => self.run(attempt, *operation, effect).await,
+            Ok(Decision::Run(operation)) => self.run(attempt, *operation, call_out, effect).await,
             // freed by a failed first attempt, or reaped: nothing holds the key now
             Ok(Decision::Vanished) => self.server_error_unclaimed(
                 attempt,
@@ -786,12 +870,15 @@ impl Idempotency {
         Ok(stored_response(stored, &operation.operation_id, true))
     }
 
-    /// Runs the effect of an operation this attempt holds the lease of. An
-    /// operation bound to an approval runs only if the approval still allows
-    /// it, checked in the effect's own transaction.
-    async fn run<F>(&self, attempt: &Attempt<'_>, operation: OperationRecord, effect: F) -> Response
+    /// Runs the effect of an operation this attempt holds the lease of: first
+    /// its call-out, if the route has one, outside any transaction; then the
+    /// effect with what the call-out said. An operation bound to an approval
+    /// runs only if the approval still allows it, checked in the effect's own
+    /// transaction.
+    async fn run<T, W, F>(&self, attempt: &Attempt<'_>, operation: OperationRecord, call_out: W, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
     {
         let token = operation.lease_token.clone().unwrap_or_default();
         let by = attempt.principal.principal_id.as_str();
@@ -811,7 +898,37 @@ impl Idempotency {
             telemetry::record_outcome("server_error");
             with_operation_headers(error.into_response(), operation_id, false)
         };
+        // a final business failure is stored and replayed; a server error frees the key
+        let failed = async |error: ApiError| {
+            if !error.is_final() {
+                return give_back(error).await;
+            }
+            let response = problem_response(&error);
+            let completion = Completion::failed(&response);
+            match self
+                .complete_alone(
+                    &operation,
+                    &token,
+                    &completion,
+                    &journaled(AuditEvent::Failed, completion.now),
+                )
+                .await
+            {
+                Ok(true) => {
+                    telemetry::record_outcome("failed");
+                    self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
+                    with_retry_after(stored_response(&response, operation_id, false), &error)
+                }
+                Ok(false) => self.answer_current(attempt, &operation).await,
+                Err(e) => give_back(e.into()).await,
+            }
+        };
 
+        // the claim has committed: only now may the operation reach another system
+        let said = match call_out(operation_id).await {
+            Ok(said) => said,
+            Err(error) => return failed(error).await,
+        };
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
             Err(e) => return give_back(e.into()).await,
@@ -857,7 +974,7 @@ impl Idempotency {
                 }
             }
         }
-        match effect(&mut tx, operation_id).await {
+        match effect(&mut tx, operation_id, said).await {
             Ok(done) => {
                 let completion = done.completion();
                 match store::complete(&mut tx, account_id, key, &token, &completion).await {
@@ -893,31 +1010,9 @@ impl Idempotency {
                 self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
                 stored_response(&done.response, operation_id, false)
             }
-            Err(error) if error.is_final() => {
-                let _ = tx.rollback().await;
-                let response = problem_response(&error);
-                let completion = Completion::failed(&response);
-                match self
-                    .complete_alone(
-                        &operation,
-                        &token,
-                        &completion,
-                        &journaled(AuditEvent::Failed, completion.now),
-                    )
-                    .await
-                {
-                    Ok(true) => {
-                        telemetry::record_outcome("failed");
-                        self.remember(account_id, key, operation_id, &operation.fingerprint, &completion);
-                        with_retry_after(stored_response(&response, operation_id, false), &error)
-                    }
-                    Ok(false) => self.answer_current(attempt, &operation).await,
-                    Err(e) => give_back(e.into()).await,
-                }
-            }
             Err(error) => {
                 let _ = tx.rollback().await;
-                give_back(error).await
+                failed(error).await
             }
         }
     }
@@ -926,7 +1021,7 @@ impl Idempotency {
     /// transaction, and nothing else of this module.
     async fn run_unguarded<F>(&self, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError>,
     {
         let mut tx = match self.db.begin().await {
             Ok(tx) => tx,
@@ -963,6 +1058,11 @@ impl Idempotency {
             Err(e) => ApiError::from(e).into_response(),
         }
     }
+}
+
+/// The call-out of an operation whose effect is all in its database: none.
+async fn nothing_to_call(_operation_id: &str) -> Result<(), ApiError> {
+    Ok(())
 }
 
 /// A commit whose outcome the server cannot know (the connection broke while

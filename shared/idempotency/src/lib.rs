@@ -9,6 +9,26 @@
 //! 422 for a changed request. [`routes`] serves the operation status resource;
 //! [`reaper`] removes finished operations after the retention period.
 //!
+//! # How a route is shaped
+//!
+//! Nothing happens before the claim (CONTRACT §3): an attempt answered with a
+//! replay, a 409 or a 422 has had no effect at all. So every POST handler
+//! does, in this order, and nothing else:
+//!
+//! 1. **parse** the request into a validated command (a 400 claims nothing);
+//! 2. **look up, read-only**, what the command or an approver's summary needs
+//!    (the intent a capture names, the release a rollback restores) — never a
+//!    write, a call to another system or a state change;
+//! 3. **[`Idempotency::execute`]** with a closure doing *every* write, in the
+//!    transaction it is given. Work for another system goes to the outbox
+//!    ([`Effect::with_outbox`]); a call whose answer the effect needs (a
+//!    cancel at a controller) is the call-out of
+//!    [`Idempotency::execute_calling_out`], made once the claim has committed;
+//! 4. **answer** what the crate answers.
+//!
+//! A POST that needs no key (a cancel) keeps the same order with no claim:
+//! whatever it sends out follows a committed record of the request.
+//!
 //! ```ignore
 //! async fn create_ticket(State(app): State<App>, principal: Principal, key: IdempotencyHeaders,
 //!                        ApiJson(body): ApiJson<CreateTicketBody>) -> Response {

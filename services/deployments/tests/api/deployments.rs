@@ -380,6 +380,90 @@ async fn a_cancel_while_the_rollout_is_being_handed_over_asks_to_be_sent_again(b
     assert_eq!(app.controller.stats().rollouts_started, 1);
 }
 
+/// Nothing happens before the claim: a cancel whose key already names
+/// another request is 422 and the controller is never asked; the rollout runs
+/// on. A fresh key cancels it, and its replay does not ask the controller again.
+async fn a_cancel_with_a_key_used_for_another_request_is_422_and_the_rollout_runs_on(backend: Backend) {
+    let app = TestApp::spawn_with_step(backend, SLOW_STEP).await;
+    let running = app
+        .deploy("deploy-1", &release("staging", &digest('a'), None))
+        .await
+        .str("id");
+    app.deliver().await;
+    app.until(&running, "running").await;
+    let other = app
+        .deploy(
+            "deploy-2",
+            &json!({"service": "billing", "environment": "staging", "artifact_digest": digest('b')}),
+        )
+        .await
+        .str("id");
+    let cancel = |id: &str| format!("/v1/deployments/{id}/cancel");
+    let first = app
+        .post(&cancel(&other), ACME_AGENT, Some("cancel-k"), &json!({}))
+        .await;
+
+    let reused = app
+        .post(&cancel(&running), ACME_AGENT, Some("cancel-k"), &json!({}))
+        .await;
+    app.service.controller.watch_once(&app.db.db).await.unwrap();
+    let still = app.deployment(&running).await;
+    let asked_after_422 = app.controller.stats().cancel_requests;
+    let stopped = app
+        .post(&cancel(&running), ACME_AGENT, Some("cancel-fresh"), &json!({}))
+        .await;
+    let replayed = app
+        .post(&cancel(&running), ACME_AGENT, Some("cancel-fresh"), &json!({}))
+        .await;
+
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+    reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
+    assert_eq!(asked_after_422, 0, "a refused attempt never reaches the controller");
+    assert_eq!(still["state"], "running", "{still}");
+    assert_eq!(stopped.status, StatusCode::OK, "{:?}", stopped.body);
+    assert_eq!(stopped.json()["state"], "cancelled");
+    assert_eq!(replayed.replayed.as_deref(), Some("true"));
+    assert_eq!(replayed.body, stopped.body);
+    assert_eq!(
+        app.controller.stats().cancel_requests,
+        1,
+        "the replay is answered from what was stored"
+    );
+    assert_eq!(app.deployment(&running).await["state"], "cancelled");
+}
+
+/// A cancel without a key has no claim to stand for it: the deployment's
+/// history says who asked before the controller is asked to stop it.
+async fn a_cancel_without_a_key_is_on_record_before_the_controller_is_asked(backend: Backend) {
+    let app = TestApp::spawn_with_step(backend, SLOW_STEP).await;
+    let running = app
+        .deploy("deploy-1", &release("staging", &digest('a'), None))
+        .await
+        .str("id");
+    app.deliver().await;
+    app.until(&running, "running").await;
+
+    let cancelled = app
+        .post(
+            &format!("/v1/deployments/{running}/cancel"),
+            ACME_AGENT,
+            None,
+            &json!({}),
+        )
+        .await;
+
+    assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
+    let history = cancelled.json()["history"].as_array().unwrap().clone();
+    let notes: Vec<&str> = history.iter().map(|c| c["note"].as_str().unwrap()).collect();
+    let asked = notes.iter().position(|n| n.contains("asked to cancel it"));
+    let stopped = notes.iter().position(|n| n.starts_with("cancelled at the controller"));
+    assert!(
+        asked.is_some() && asked < stopped,
+        "the request is recorded before the cancel: {notes:?}"
+    );
+    assert_eq!(history.last().unwrap()["state"], "cancelled");
+}
+
 async fn another_account_sees_none_of_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let ours = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
@@ -417,4 +501,6 @@ platform::both_backends!(
     a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_controller_and_never_after_it_ends,
     another_account_sees_none_of_it,
     a_cancel_while_the_rollout_is_being_handed_over_asks_to_be_sent_again,
+    a_cancel_with_a_key_used_for_another_request_is_422_and_the_rollout_runs_on,
+    a_cancel_without_a_key_is_on_record_before_the_controller_is_asked,
 );
