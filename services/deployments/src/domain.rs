@@ -322,37 +322,90 @@ pub struct Environment {
     pub locked_by: Option<LockHolder>,
 }
 
-/// Which deployments wait for a human (CONTRACT §6): every rollback, every
-/// deployment to production, and every deployment to one of
-/// `approval_environments`.
+/// The environments a deployment may go to, and which of them wait for a
+/// human (CONTRACT §6, §7). Environments are configuration: a name that is
+/// not configured is 400 `unknown_environment` before anything is looked up
+/// or claimed, so `prod` can never slip past a policy written for
+/// `production`. Every rollback waits too, and production always does.
 #[derive(Debug, Clone)]
 pub struct DeploymentsPolicy {
+    /// Every environment there is, in the order they are configured.
+    pub environments: Vec<String>,
+    /// The protected ones: deployments to them wait for an approver.
     pub approval_environments: Vec<String>,
 }
 
+/// The sandbox's environments, and the one of them that is protected.
+const SANDBOX_ENVIRONMENTS: &str = "development,staging,production";
+const SANDBOX_APPROVAL_ENVIRONMENTS: &str = "production";
+
 impl Default for DeploymentsPolicy {
     fn default() -> Self {
-        DeploymentsPolicy {
-            approval_environments: vec!["production".into()],
-        }
+        DeploymentsPolicy::parse(SANDBOX_ENVIRONMENTS, SANDBOX_APPROVAL_ENVIRONMENTS)
+            .expect("the sandbox's environments are valid")
     }
 }
 
 impl DeploymentsPolicy {
-    /// `DEPLOYMENTS_APPROVAL_ENVIRONMENTS`: a comma-separated list of
-    /// environments that wait besides production. Production and rollbacks
-    /// always wait, whatever it says.
-    pub fn from_env() -> Self {
-        match std::env::var("DEPLOYMENTS_APPROVAL_ENVIRONMENTS") {
-            Ok(list) => DeploymentsPolicy {
-                approval_environments: list
-                    .split(',')
-                    .map(|e| e.trim().to_owned())
-                    .filter(|e| !e.is_empty())
-                    .collect(),
-            },
-            Err(_) => DeploymentsPolicy::default(),
+    /// `DEPLOYMENTS_ENVIRONMENTS` (default `development,staging,production`)
+    /// and `DEPLOYMENTS_APPROVAL_ENVIRONMENTS` (default `production`), both
+    /// comma-separated; a protected environment must be one of the
+    /// environments.
+    pub fn from_env() -> Result<Self, String> {
+        let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+        DeploymentsPolicy::parse(
+            &var("DEPLOYMENTS_ENVIRONMENTS", SANDBOX_ENVIRONMENTS),
+            &var("DEPLOYMENTS_APPROVAL_ENVIRONMENTS", SANDBOX_APPROVAL_ENVIRONMENTS),
+        )
+    }
+
+    /// The policy from its two comma-separated lists.
+    pub fn parse(environments: &str, approval_environments: &str) -> Result<Self, String> {
+        let list = |names: &str| -> Vec<String> {
+            names
+                .split(',')
+                .map(|e| e.trim().to_owned())
+                .filter(|e| !e.is_empty())
+                .collect()
+        };
+        let (environments, approval_environments) = (list(environments), list(approval_environments));
+        if environments.is_empty() {
+            return Err("DEPLOYMENTS_ENVIRONMENTS names no environment".into());
         }
+        if let Some(bad) = environments.iter().find(|e| validate_name(e).is_err()) {
+            return Err(format!(
+                "DEPLOYMENTS_ENVIRONMENTS: `{bad}` is not 1 to 63 of a-z, 0-9 and '-'"
+            ));
+        }
+        if let Some(stray) = approval_environments.iter().find(|e| !environments.contains(e)) {
+            return Err(format!(
+                "DEPLOYMENTS_APPROVAL_ENVIRONMENTS: `{stray}` is not one of DEPLOYMENTS_ENVIRONMENTS ({})",
+                environments.join(", ")
+            ));
+        }
+        Ok(DeploymentsPolicy {
+            environments,
+            approval_environments,
+        })
+    }
+
+    /// `Ok` when `environment` is configured; else 400 `unknown_environment`
+    /// naming the known ones.
+    pub fn known(&self, environment: &str) -> Result<(), ApiError> {
+        if self.environments.iter().any(|e| e == environment) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unknown_environment",
+            "Unknown environment",
+            format!(
+                "there is no environment `{environment}`; the environments are {}. Nothing was claimed",
+                self.environments.join(", ")
+            ),
+        )
+        .with("environment", environment)
+        .with("known_environments", &self.environments))
     }
 
     /// Whether deployments to `environment` wait for a human.
@@ -452,4 +505,26 @@ fn release_identifiers(
 
 pub fn new_id(kind: DeploymentKind) -> String {
     format!("{}_{}", kind.id_prefix(), uuid::Uuid::now_v7().simple())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeploymentsPolicy;
+
+    #[test]
+    fn a_protected_environment_must_be_one_of_the_environments() {
+        let stray = DeploymentsPolicy::parse("development,staging,production", "prod");
+
+        assert!(stray.unwrap_err().contains("`prod` is not one of"));
+    }
+
+    #[test]
+    fn only_a_configured_environment_is_known() {
+        let policy = DeploymentsPolicy::parse(" development, staging ,production", "production").unwrap();
+
+        assert!(policy.known("staging").is_ok());
+        assert!(policy.known("prod").is_err());
+        assert!(policy.wants_approval("production"));
+        assert!(!policy.wants_approval("staging"));
+    }
 }

@@ -94,11 +94,11 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// `DEPLOYMENTS_APPROVAL_ENVIRONMENTS`, `DEPLOYMENTS_CONTROLLER_URL`,
+    /// `DEPLOYMENTS_ENVIRONMENTS`, `DEPLOYMENTS_APPROVAL_ENVIRONMENTS`, `DEPLOYMENTS_CONTROLLER_URL`,
     /// `DEPLOYMENTS_CONTROLLER_KEY` and the outbox's `RETRYSAFE_OUTBOX_*`.
     pub fn from_env() -> Result<Self, String> {
         Ok(Settings {
-            policy: DeploymentsPolicy::from_env(),
+            policy: DeploymentsPolicy::from_env()?,
             controller: ControllerConfig::from_env(),
             outbox: OutboxConfig::from_env()?,
             ..Settings::default()
@@ -181,7 +181,8 @@ pub async fn serve(
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
-        controller = %settings.controller.url, approval_environments = ?settings.policy.approval_environments,
+        controller = %settings.controller.url, environments = ?settings.policy.environments,
+        approval_environments = ?settings.policy.approval_environments,
         "deployments listening");
     let served = platform::serve(listener, build_router(app), shutdown).await;
     background.stop().await;

@@ -73,7 +73,7 @@ fn queued(deployment: &Deployment) -> Effect {
     params(("Idempotency-Key" = String, Header, description = "Made once per intended deployment; the same on every retry")),
     responses(
         (status = 202, description = "Accepted: the deployment, `queued`; or, for production, the approval request", body = Deployment),
-        (status = 400, description = "`mutable_reference_rejected` (a tag, a branch, `latest`, a short SHA), or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`mutable_reference_rejected` (a tag, a branch, `latest`, a short SHA), `unknown_environment` (not configured; `known_environments` names the ones there are), or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`environment_locked` (the holder's `deployment_id` and `operation_id`) or `version_mismatch`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: the same key with another digest, commit or environment", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
@@ -85,7 +85,10 @@ pub async fn create_deployment(
     key: IdempotencyHeaders,
     ApiJson(body): ApiJson<CreateDeploymentBody>,
 ) -> Response {
-    let command = match CreateDeployment::try_from(body) {
+    let command = match CreateDeployment::try_from(body).and_then(|command| {
+        app.policy.known(&command.environment)?;
+        Ok(command)
+    }) {
         Ok(command) => command,
         Err(invalid) => return invalid.into_response(),
     };
@@ -136,6 +139,7 @@ pub async fn create_deployment(
     params(("Idempotency-Key" = String, Header, description = "Made once per intended rollback")),
     responses(
         (status = 202, description = "The approval request; once approved, the retry answers 202 with the rollback, `queued`", body = Deployment),
+        (status = 400, description = "`unknown_environment` (not configured; `known_environments` names the ones there are) or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such target in this account; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`invalid_state`: the target never succeeded in this environment, or is its current release; `environment_locked`", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
@@ -147,6 +151,9 @@ pub async fn create_rollback(
     key: IdempotencyHeaders,
     ApiJson(body): ApiJson<RollbackBody>,
 ) -> Response {
+    if let Err(unknown) = app.policy.known(&body.environment) {
+        return unknown.into_response();
+    }
     let (target, current) = match rollback_target(&app, &principal, &body).await {
         Ok(found) => found,
         Err(refused) => return refused.into_response(),
@@ -476,13 +483,18 @@ pub async fn list_deployments(
     Ok(Json(Page::from_rows(rows, page)))
 }
 
-/// An environment: its current release and who holds its lock.
+/// An environment: its current release and who holds its lock. An
+/// environment that is not configured is 400 `unknown_environment`, as for a
+/// deployment to it: it has no releases, and the answer names the ones there are.
 #[utoipa::path(
     get,
     path = "/v1/environments/{service}/{environment}",
     tag = "deployments",
     params(("service" = String, Path), ("environment" = String, Path)),
-    responses((status = 200, body = Environment)),
+    responses(
+        (status = 200, body = Environment),
+        (status = 400, description = "`unknown_environment`: not configured; `known_environments` names the ones there are", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn get_environment(
@@ -490,6 +502,7 @@ pub async fn get_environment(
     principal: Principal,
     ApiPath((service, environment)): ApiPath<(String, String)>,
 ) -> Result<Json<Environment>, ApiError> {
+    app.policy.known(&environment)?;
     Ok(Json(
         store::environment(&app.db, &principal.account_id, &service, &environment).await?,
     ))

@@ -106,7 +106,9 @@ async fn a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replace
 async fn a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claims_nothing(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let current = app.deployed("deploy-1", &release("staging", &digest('a'), None)).await;
-    let elsewhere = app.deployed("deploy-2", &release("qa", &digest('b'), None)).await;
+    let elsewhere = app
+        .deployed("deploy-2", &release("development", &digest('b'), None))
+        .await;
     let queued = app
         .deploy("deploy-3", &release("staging", &digest('c'), None))
         .await
@@ -133,8 +135,49 @@ async fn a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claim
     );
 }
 
+/// Environments are configuration: `prod` is not `production` under another
+/// name, it is no environment at all. It is refused before anything is
+/// claimed, naming the ones there are, and the same key then works for the
+/// protected one — which waits for a human.
+async fn an_unconfigured_environment_is_400_naming_the_known_ones_and_claims_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let current = app.deployed("deploy-0", &release("staging", &digest('a'), None)).await;
+
+    let prod = app.deploy("deploy-1", &release("prod", &digest('b'), None)).await;
+    let production = app.deploy("deploy-1", &release("production", &digest('b'), None)).await;
+    let rollback = app
+        .rollback(
+            "rollback-1",
+            &json!({"service": "checkout", "environment": "prod", "to_deployment_id": current, "reason": "back"}),
+        )
+        .await;
+    let environment = app.get("/v1/environments/checkout/prod", ACME_AGENT).await;
+    let claimed = app
+        .get("/v1/operations?idempotency_key=rollback-1", ACME_AGENT)
+        .await
+        .json();
+
+    prod.assert_problem(StatusCode::BAD_REQUEST, "unknown_environment");
+    assert_eq!(
+        prod.json()["known_environments"],
+        json!(["development", "staging", "production"])
+    );
+    assert_eq!(prod.operation_id, None, "nothing was claimed");
+    assert_eq!(production.status, StatusCode::ACCEPTED, "{:?}", production.body);
+    assert_eq!(
+        production.json()["state"],
+        "awaiting_approval",
+        "the same key works once the environment is right, and production waits"
+    );
+    rollback.assert_problem(StatusCode::BAD_REQUEST, "unknown_environment");
+    assert_eq!(claimed["data"], json!([]), "a refused rollback claims nothing");
+    environment.assert_problem(StatusCode::BAD_REQUEST, "unknown_environment");
+    assert_eq!(app.controller.stats().rollouts_started, 1);
+}
+
 platform::both_backends!(
     a_production_deployment_waits_for_an_approval_of_its_exact_release_and_rolls_out_once,
     a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replaces_and_restores,
     a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claims_nothing,
+    an_unconfigured_environment_is_400_naming_the_known_ones_and_claims_nothing,
 );
