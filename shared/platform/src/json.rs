@@ -10,8 +10,8 @@ use axum::{
     extract::{FromRequest, FromRequestParts, Path, Request},
     http::{StatusCode, header, request::Parts},
 };
-use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
 use validator::{Validate, ValidationErrors, ValidationErrorsKind};
 
 use crate::error::{ApiError, FieldError};
@@ -52,6 +52,9 @@ where
     }
 }
 
+/// `application/json` (or `application/…+json`), in UTF-8: JSON has no other
+/// encoding (RFC 8259), so a body declared in another charset is refused
+/// rather than misread.
 fn is_json(request: &Request) -> bool {
     let Some(content_type) = request
         .headers()
@@ -60,20 +63,22 @@ fn is_json(request: &Request) -> bool {
     else {
         return false;
     };
-    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let mut parts = content_type.split(';');
+    let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let json = essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"));
+    json && parts.all(|parameter| match parameter.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        _ => true,
+    })
 }
 
 /// Parses `bytes` as a JSON object and deserializes it, naming the field any
 /// failure is about. NUL characters are refused everywhere: PostgreSQL cannot
 /// store them in text, and the two backends must answer alike.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::invalid_request(
-            format!("the body is not valid JSON (line {}, column {})", e.line(), e.column()),
-            vec![],
-        )
-    })?;
+    let value = parse_unambiguous(bytes)?;
     if !value.is_object() {
         return Err(ApiError::invalid_request("the body must be a JSON object", vec![]));
     }
@@ -81,6 +86,143 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         return Err(ApiError::invalid_field(field, "must not contain the NUL character"));
     }
     serde_path_to_error::deserialize(value).map_err(|e| field_problem(&e.path().to_string(), &e.inner().to_string()))
+}
+
+/// The body as a JSON value, refusing what serde_json alone would accept
+/// silently or describe wrongly: a member named twice in one object (which
+/// one counts is a guess, CONTRACT §1) and nesting past serde_json's
+/// recursion limit.
+fn parse_unambiguous(bytes: &[u8]) -> Result<Value, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed = UniqueMembers { path: &Member::Body }
+        .deserialize(&mut deserializer)
+        .and_then(|value| deserializer.end().map(|()| value));
+    parsed.map_err(|e| {
+        let message = e.to_string();
+        if let Some(member) = duplicate_member(&message) {
+            ApiError::invalid_field(member, "is named twice; a member may appear once in an object")
+        } else if message.starts_with("recursion limit exceeded") {
+            ApiError::invalid_request(
+                format!("the body is nested too deep (line {}, column {})", e.line(), e.column()),
+                vec![],
+            )
+        } else {
+            ApiError::invalid_request(
+                format!("the body is not valid JSON (line {}, column {})", e.line(), e.column()),
+                vec![],
+            )
+        }
+    })
+}
+
+const DUPLICATE_MEMBER: &str = "duplicate member ";
+
+/// The path in a duplicate-member error, which may itself hold backticks.
+fn duplicate_member(message: &str) -> Option<&str> {
+    let quoted = message.strip_prefix(DUPLICATE_MEMBER)?.strip_prefix('`')?;
+    Some(&quoted[..quoted.rfind('`')?])
+}
+
+/// Where a value sits in the body, kept on the stack while parsing and
+/// written out (`payee.name`, `items[2]`) only for an error.
+enum Member<'a> {
+    Body,
+    Named(&'a Member<'a>, &'a str),
+    Item(&'a Member<'a>, usize),
+}
+
+impl std::fmt::Display for Member<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Member::Body => Ok(()),
+            Member::Named(Member::Body, name) => f.write_str(name),
+            Member::Named(parent, name) => write!(f, "{parent}.{name}"),
+            Member::Item(parent, index) => write!(f, "{parent}[{index}]"),
+        }
+    }
+}
+
+/// A `serde_json::Value` that refuses an object naming one member twice.
+struct UniqueMembers<'a> {
+    path: &'a Member<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for UniqueMembers<'_> {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UniqueMembers<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        let mut members = Map::new();
+        while let Some(name) = access.next_key::<String>()? {
+            if members.contains_key(&name) {
+                let path = Member::Named(self.path, &name);
+                return Err(de::Error::custom(format_args!("{DUPLICATE_MEMBER}`{path}`")));
+            }
+            let value = access.next_value_seed(UniqueMembers {
+                path: &Member::Named(self.path, &name),
+            })?;
+            members.insert(name, value);
+        }
+        Ok(Value::Object(members))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(access.size_hint().unwrap_or(0));
+        while let Some(item) = access.next_element_seed(UniqueMembers {
+            path: &Member::Item(self.path, items.len()),
+        })? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    // everything but objects and arrays is read as serde_json reads it
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        self.deserialize(deserializer)
+    }
 }
 
 fn first_nul(value: &Value, path: &str) -> Option<String> {

@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
+use axum::{
+    body::Body,
+    http::{Request, StatusCode},
+};
 use futures::future::join_all;
 use platform::{Backend, on_pool};
 use serde_json::json;
@@ -320,7 +323,43 @@ async fn an_intent_takes_at_most_ten_to_the_fifteen_minor_units(backend: Backend
     assert_eq!(one_cent_more.json()["errors"][0]["field"], "amount");
 }
 
+async fn a_payee_naming_a_member_twice_is_400_naming_it_and_claims_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let post = |body: &'static str| {
+        app.send(
+            Request::post("/v1/payment_intents")
+                .header("authorization", format!("Bearer {ACME_AGENT}"))
+                .header("content-type", "application/json")
+                .header("idempotency-key", "k1")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+    };
+
+    let ambiguous = post(
+        r#"{"order_id":"order-1","amount":"5.00","currency":"EUR",
+            "payee":{"name":"Acme Supplies GmbH","account":"DE89370400440532013000","name":"Mallory Ltd"}}"#,
+    )
+    .await;
+    let fixed = post(
+        r#"{"order_id":"order-1","amount":"5.00","currency":"EUR",
+            "payee":{"name":"Acme Supplies GmbH","account":"DE89370400440532013000"}}"#,
+    )
+    .await;
+
+    assert_eq!(ambiguous.status, StatusCode::BAD_REQUEST);
+    assert_eq!(ambiguous.json()["code"], "invalid_request");
+    assert_eq!(
+        ambiguous.json()["errors"][0]["field"],
+        "payee.name",
+        "{:?}",
+        ambiguous.body
+    );
+    assert_eq!(fixed.status, StatusCode::CREATED, "nothing was claimed by the 400");
+}
+
 platform::both_backends!(
+    a_payee_naming_a_member_twice_is_400_naming_it_and_claims_nothing,
     creates_racing_a_cancel_of_the_order_s_intent_are_told_which_intent_is_live,
     an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it,
     an_amount_sent_as_a_json_number_claims_nothing_and_the_key_then_works,

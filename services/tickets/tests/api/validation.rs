@@ -106,6 +106,55 @@ async fn a_body_that_is_not_json_is_400_and_a_non_json_content_type_is_415(backe
     assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_operations").await, 0);
 }
 
+async fn a_body_naming_a_member_twice_is_400_naming_it_and_claims_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let ambiguous = app
+        .create_ticket("key-1", r#"{"project":"ops","title":"a","title":"b"}"#)
+        .await;
+
+    ambiguous.assert_problem(400, "invalid_request");
+    assert_eq!(ambiguous.json()["errors"][0]["field"], "title");
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_operations").await, 0);
+    let fixed = app.create_ticket("key-1", ROTATE_CERT).await;
+    assert_eq!(fixed.status, 201, "the key was left unclaimed");
+}
+
+async fn a_body_nested_too_deep_is_400_saying_so(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let deep = format!(
+        r#"{{"project":"ops","title":"x","labels":{}{}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let response = app.create_ticket("key-1", &deep).await;
+
+    response.assert_problem(400, "invalid_request");
+    let detail = response.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("nested too deep"), "{detail}");
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_operations").await, 0);
+}
+
+async fn a_json_body_declared_in_a_charset_other_than_utf8_is_415(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let send = |key: &'static str, content_type: &'static str| {
+        app.send(
+            Request::post("/v1/tickets")
+                .header("authorization", format!("Bearer {ACME_AGENT}"))
+                .header("content-type", content_type)
+                .header("idempotency-key", key)
+                .body(Body::from(ROTATE_CERT))
+                .unwrap(),
+        )
+    };
+
+    let latin1 = send("key-1", "application/json; charset=latin1").await;
+    let utf8 = send("key-2", "application/json; charset=\"UTF-8\"").await;
+
+    latin1.assert_problem(415, "unsupported_media_type");
+    assert_eq!(utf8.status, 201);
+    assert_eq!(app.ticket_count().await, 1);
+}
+
 async fn unknown_routes_and_methods_answer_in_problem_json(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     app.get("/v1/nothing-here", ACME_AGENT)
@@ -236,4 +285,7 @@ platform::both_backends!(
     a_wrong_type_or_an_unknown_priority_is_400_naming_the_field,
     a_body_that_is_not_json_is_400_and_a_non_json_content_type_is_415,
     unknown_routes_and_methods_answer_in_problem_json,
+    a_body_naming_a_member_twice_is_400_naming_it_and_claims_nothing,
+    a_body_nested_too_deep_is_400_saying_so,
+    a_json_body_declared_in_a_charset_other_than_utf8_is_415,
 );
