@@ -262,7 +262,7 @@ pub async fn get_comment(
     responses(
         (status = 200, body = TicketStatusChanged),
         (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`version_mismatch` (stale `expected_version`) or `invalid_state` (closed)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`version_mismatch` (stale `expected_version`) or `invalid_state` (closed: `ticket_status` names it)", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -257,7 +257,7 @@ pub async fn set_status(
     } else if current.status == TicketStatus::Closed {
         Err(
             ApiError::invalid_state("the ticket is closed; a closed ticket does not change status")
-                .with("status", current.status),
+                .with("ticket_status", current.status),
         )
     } else {
         Err(ApiError::version_mismatch(

@@ -42,6 +42,8 @@ struct ProblemParts {
     code: &'static str,
     title: &'static str,
     detail: String,
+    /// The `{field, message}` list of a 400 `invalid_request`.
+    errors: Option<Vec<FieldError>>,
     extensions: Map<String, Value>,
     retry_after: Option<u64>,
     internal_cause: Option<String>,
@@ -70,7 +72,15 @@ pub struct Problem {
     operation_id: Option<String>,
     state: Option<String>,
     status_url: Option<String>,
+    /// Present on a 409 about a ticket's state: the ticket's status (never
+    /// `status`, which is the HTTP status).
+    ticket_status: Option<String>,
 }
+
+/// The members every problem has (RFC 9457's and the contract's `code` and
+/// `errors`): an extension member by one of these names would make the body
+/// name a member twice.
+const RESERVED_MEMBERS: &[&str] = &["type", "title", "status", "detail", "instance", "code", "errors"];
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
@@ -79,14 +89,25 @@ impl ApiError {
             code,
             title,
             detail: detail.into(),
+            errors: None,
             extensions: Map::new(),
             retry_after: None,
             internal_cause: None,
         }))
     }
 
-    /// Adds a contract-named extra member (`operation_id`, `state`, …).
+    /// Adds a contract-named extra member (`operation_id`, `state`, …). A
+    /// member is added once, and never under a name every problem already
+    /// has: a body never names a member twice.
     pub fn with(mut self, member: &str, value: impl Serialize) -> Self {
+        debug_assert!(
+            !RESERVED_MEMBERS.contains(&member),
+            "`{member}` is a member of every problem, not an extension"
+        );
+        debug_assert!(
+            !self.0.extensions.contains_key(member),
+            "the extension `{member}` is added twice"
+        );
         self.0
             .extensions
             .insert(member.to_owned(), serde_json::to_value(value).unwrap_or(Value::Null));
@@ -162,7 +183,9 @@ impl ApiError {
     }
 
     pub fn invalid_request(detail: impl Into<String>, errors: Vec<FieldError>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail).with("errors", errors)
+        let mut error = Self::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail);
+        error.0.errors = Some(errors);
+        error
     }
 
     pub fn invalid_field(field: impl Into<String>, message: impl Into<String>) -> Self {
@@ -242,7 +265,18 @@ impl ApiError {
             .with_extensions({
                 let mut members = Map::new();
                 members.insert("code".into(), json!(self.0.code));
-                members.extend(self.0.extensions.clone());
+                if let Some(errors) = &self.0.errors {
+                    members.insert("errors".into(), json!(errors));
+                }
+                // a reserved name slipped past `with` in a release build is
+                // left out rather than sent as a second member
+                members.extend(
+                    self.0
+                        .extensions
+                        .iter()
+                        .filter(|(name, _)| !RESERVED_MEMBERS.contains(&name.as_str()))
+                        .map(|(name, value)| (name.clone(), value.clone())),
+                );
                 members
             });
         serde_json::to_vec(&problem).unwrap_or_default()
@@ -301,5 +335,37 @@ mod tests {
         let body = String::from_utf8(ApiError::internal("password=hunter2 at db.rs:12").to_problem_json()).unwrap();
         assert!(!body.contains("hunter2"));
         assert!(body.contains("\"code\":\"internal_error\""));
+    }
+
+    #[test]
+    fn a_problem_names_each_member_once() {
+        let problem = ApiError::invalid_field("title", "is required").with("operation_id", "op_1");
+        let body: Map<String, Value> = serde_json::from_slice(&problem.to_problem_json()).unwrap();
+        let mut names: Vec<_> = body.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["code", "detail", "errors", "operation_id", "status", "title", "type"]
+        );
+        let text = String::from_utf8(problem.to_problem_json()).unwrap();
+        for name in names {
+            assert_eq!(text.matches(&format!("\"{name}\":")).count(), 1, "`{name}` once");
+        }
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "not an extension")]
+    fn an_extension_may_not_reuse_a_member_every_problem_has() {
+        let _ = ApiError::invalid_state("closed").with("status", "closed");
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "added twice")]
+    fn an_extension_may_not_be_added_twice() {
+        let _ = ApiError::invalid_state("busy")
+            .with("state", "running")
+            .with("state", "unknown");
     }
 }

@@ -154,3 +154,26 @@ impl TestResponse {
 }
 
 pub const ROTATE_CERT: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
+
+/// The member names of a JSON object, read from its bytes in order and with
+/// repeats kept (a `serde_json::Value` would keep only the last of two).
+pub fn member_names(body: &[u8]) -> Vec<String> {
+    struct Names;
+    impl<'de> serde::de::Visitor<'de> for Names {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut members: A) -> Result<Vec<String>, A::Error> {
+            let mut names = Vec::new();
+            while let Some((name, _)) = members.next_entry::<String, serde::de::IgnoredAny>()? {
+                names.push(name);
+            }
+            Ok(names)
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    serde::Deserializer::deserialize_map(&mut deserializer, Names).expect("a JSON object")
+}

@@ -172,7 +172,7 @@ async fn a_stale_expected_version_is_409_version_mismatch(backend: Backend) {
     );
 }
 
-async fn a_closed_ticket_does_not_change_status(backend: Backend) {
+async fn a_closed_ticket_does_not_change_status_and_the_409_names_its_status_once(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let id = app.create_ticket("k", ROTATE_CERT).await.json()["id"]
         .as_str()
@@ -183,6 +183,10 @@ async fn a_closed_ticket_does_not_change_status(backend: Backend) {
     let reopen = set_status(&app, &id, json!({"status": "open"})).await;
 
     reopen.assert_problem(409, "invalid_state");
+    let names = member_names(&reopen.body);
+    assert_eq!(names.iter().filter(|name| *name == "status").count(), 1, "{names:?}");
+    assert_eq!(reopen.json()["status"], 409, "`status` is the HTTP status");
+    assert_eq!(reopen.json()["ticket_status"], "closed");
 }
 
 async fn lists_page_through_every_ticket_in_creation_order(backend: Backend) {
@@ -249,7 +253,7 @@ platform::both_backends!(
     each_comment_is_its_own_operation_and_a_retried_comment_is_added_once,
     setting_the_current_status_again_changes_nothing,
     a_stale_expected_version_is_409_version_mismatch,
-    a_closed_ticket_does_not_change_status,
+    a_closed_ticket_does_not_change_status_and_the_409_names_its_status_once,
     lists_page_through_every_ticket_in_creation_order,
     the_service_serves_health_and_its_openapi_document,
 );
