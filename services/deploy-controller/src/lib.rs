@@ -445,7 +445,7 @@ pub async fn serve(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing::info!(addr = %listener.local_addr()?, step = ?controller.config.step,
         state_file = ?controller.config.state_file, "simulated deployment controller listening");
-    Ok(platform::serve(listener, router(controller), shutdown).await?)
+    Ok(platform::serve(listener, router(controller), Default::default(), shutdown).await?)
 }
 
 async fn create_rollout(

@@ -184,7 +184,7 @@ pub async fn serve(
         controller = %settings.controller.url, environments = ?settings.policy.environments,
         approval_environments = ?settings.policy.approval_environments,
         "deployments listening");
-    let served = platform::serve(listener, build_router(app), shutdown).await;
+    let served = platform::serve(listener, build_router(app), config.limits, shutdown).await;
     background.stop().await;
     db.close().await;
     Ok(served?)

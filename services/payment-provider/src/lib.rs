@@ -203,7 +203,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing::info!(addr = %listener.local_addr()?, "simulated payment provider listening");
-    Ok(platform::serve(listener, router(provider), shutdown).await?)
+    Ok(platform::serve(listener, router(provider), Default::default(), shutdown).await?)
 }
 
 /// What the faults do to a charge or refund request before it is accepted:

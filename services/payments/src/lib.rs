@@ -160,7 +160,7 @@ pub async fn serve(
     };
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
         provider = %settings.provider.url, capture_thresholds = ?settings.policy.capture_thresholds, "payments listening");
-    let served = platform::serve(listener, build_router(app), shutdown).await;
+    let served = platform::serve(listener, build_router(app), config.limits, shutdown).await;
     background.stop().await;
     db.close().await;
     Ok(served?)

@@ -89,7 +89,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing::info!(addr = %listener.local_addr()?, "approval console listening");
-    Ok(platform::serve(listener, router(config), shutdown).await?)
+    Ok(platform::serve(listener, router(config), Default::default(), shutdown).await?)
 }
 
 /// On every answer, pages, redirects and errors alike: no other page may

@@ -107,7 +107,7 @@ pub async fn serve(
         None => tokio::net::TcpListener::bind(config.listen).await?,
     };
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, approval_from = ?policy.approval_from, "tickets listening");
-    let served = platform::serve(listener, build_router(app), shutdown).await;
+    let served = platform::serve(listener, build_router(app), config.limits, shutdown).await;
     background.stop().await;
     db.close().await;
     Ok(served?)

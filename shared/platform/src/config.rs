@@ -7,9 +7,11 @@
 //! | `DATABASE_URL` | a PostgreSQL URL; each service uses its own database `<name>_<service>` on that server | — |
 //! | `RETRYSAFE_DATA_DIR` | where the SQLite files live | `./.sandbox` |
 //! | `RETRYSAFE_SANDBOX` | `true` turns on the demo keys | `false` (`true` under `cargo run`) |
+//! | `RETRYSAFE_HEADER_TIMEOUT_SECS` | a connection whose request headers take longer is closed | `10` |
+//! | `RETRYSAFE_BODY_TIMEOUT_SECS` | a request body that takes longer after its headers is answered 408 | `10` |
 //! | `LOG_FORMAT` | `text` or `json` | `text` |
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -20,6 +22,54 @@ pub struct ServiceConfig {
     /// Sandbox mode: the demo keys of CONTRACT §12 exist.
     pub sandbox: bool,
     pub max_connections: u32,
+    pub limits: ConnectionLimits,
+}
+
+/// What one client may hold of a server (CONTRACT §1): a slow or idle
+/// client costs a socket for a bounded time, never a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// A connection whose request headers are not complete within this is
+    /// closed; so is a kept-alive connection idle for this long.
+    pub header_timeout: Duration,
+    /// Request headers (with the request line) larger than this → 431.
+    pub max_header_bytes: usize,
+    /// A request body not all received within this of its headers → 408.
+    pub body_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_timeout: Duration::from_secs(10),
+            max_header_bytes: 32 * 1024,
+            body_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ConnectionLimits {
+    /// The defaults, with `RETRYSAFE_HEADER_TIMEOUT_SECS` and
+    /// `RETRYSAFE_BODY_TIMEOUT_SECS` applied.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let defaults = ConnectionLimits::default();
+        Ok(ConnectionLimits {
+            header_timeout: seconds("RETRYSAFE_HEADER_TIMEOUT_SECS")?.unwrap_or(defaults.header_timeout),
+            body_timeout: seconds("RETRYSAFE_BODY_TIMEOUT_SECS")?.unwrap_or(defaults.body_timeout),
+            ..defaults
+        })
+    }
+}
+
+fn seconds(name: &str) -> Result<Option<Duration>, ConfigError> {
+    env(name)
+        .map(|v| match v.parse::<u64>() {
+            Ok(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
+            _ => Err(ConfigError(format!(
+                "{name} `{v}` is not a whole number of seconds above 0"
+            ))),
+        })
+        .transpose()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +102,7 @@ impl ServiceConfig {
             database_url,
             sandbox,
             max_connections,
+            limits: ConnectionLimits::from_env()?,
         })
     }
 }

@@ -202,6 +202,17 @@ impl ApiError {
         )
     }
 
+    /// The body did not arrive in time. Not final: nothing was claimed, and
+    /// the same request may be sent again with the same key.
+    pub fn request_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "Request timeout",
+            "the request body did not arrive in time; nothing was claimed, send it again with the same key",
+        )
+    }
+
     pub fn idempotency_key_missing() -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,

@@ -42,6 +42,8 @@ where
                     "Body too large",
                     format!("the body may be at most {MAX_BODY_BYTES} bytes"),
                 )
+            } else if is_late(&rejection) {
+                ApiError::request_timeout()
             } else {
                 ApiError::invalid_request("the body could not be read", vec![])
             }
@@ -55,6 +57,19 @@ where
 /// `application/json` (or `application/…+json`), in UTF-8: JSON has no other
 /// encoding (RFC 8259), so a body declared in another charset is refused
 /// rather than misread.
+/// Whether the body failed to read because it missed the server's deadline
+/// (see [`crate::serve`]).
+fn is_late(rejection: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(rejection);
+    while let Some(error) = cause {
+        if error.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 fn is_json(request: &Request) -> bool {
     let Some(content_type) = request
         .headers()

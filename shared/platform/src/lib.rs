@@ -76,26 +76,51 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1
 /// requests under way finish for up to [`SHUTDOWN_GRACE`]. A request still
 /// running after that is dropped: its transaction never commits, and its
 /// claim is taken over by a retry once the lease runs out.
+///
+/// Every connection is held to `limits`: headers late or too large close it
+/// (hyper answers 431 itself, with an empty body), and a body that does not
+/// arrive in time fails to read, which [`ApiJson`] answers with 408.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    mut listener: tokio::net::TcpListener,
     router: axum::Router,
+    limits: config::ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let stopping = std::sync::Arc::new(tokio::sync::Notify::new());
-    let notify = stopping.clone();
-    let graceful = async move {
-        shutdown.await;
-        notify.notify_one();
+    use hyper_util::{
+        rt::{TokioIo, TokioTimer},
+        server::graceful::GracefulShutdown,
+        service::TowerToHyperService,
     };
-    let server = axum::serve(listener, router).with_graceful_shutdown(graceful);
-    tokio::select! {
-        served = server.into_future() => served,
-        () = async {
-            stopping.notified().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => {
-            tracing::warn!("requests still running after the grace period were dropped");
-            Ok(())
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(limits.max_header_bytes);
+    let service = TowerToHyperService::new(tower_http::timeout::RequestBodyDeadline::new(
+        router,
+        limits.body_timeout,
+    ));
+    let connections = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            // axum's accept logs and retries failures (out of file descriptors)
+            (stream, _) = axum::serve::Listener::accept(&mut listener) => {
+                let connection = connections.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, "connection closed");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
         }
     }
+    drop(listener);
+    tokio::select! {
+        () = connections.shutdown() => {}
+        () = tokio::time::sleep(SHUTDOWN_GRACE) => {
+            tracing::warn!("requests still running after the grace period were dropped");
+        }
+    }
+    Ok(())
 }

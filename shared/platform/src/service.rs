@@ -30,7 +30,16 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         404,
         "No such resource in the caller's account (another account's ids are 404 too).",
     ),
-    ("unsupported_media_type", 415, "The body is not `application/json`."),
+    (
+        "unsupported_media_type",
+        415,
+        "The body is not `application/json` in UTF-8.",
+    ),
+    (
+        "request_timeout",
+        408,
+        "The request body did not arrive within the server's time limit. Nothing was claimed: send it again with the same key.",
+    ),
     (
         "invalid_request",
         400,
