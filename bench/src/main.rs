@@ -25,8 +25,8 @@ use std::{
 use idempotency::{ClaimMode, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey};
 use platform::{Backend, Db, Principal, Role, Timestamp, on_pool};
 use report::{
-    BackendReport, CreateComparison, DbOnly, Figure, Machine, OtherWrite, ReplayComparison, Report, Storm, TableSize,
-    TargetCheck, WalPerCreate,
+    BackendReport, CreateComparison, DbOnly, Figure, IdleConnections, Machine, OtherWrite, ReplayComparison, Report,
+    Storm, TableSize, TargetCheck, WalPerCreate,
 };
 use tickets::{App, domain::CreateTicket};
 use tokio::runtime::Runtime;
@@ -224,7 +224,7 @@ fn serve_router(
     };
     services.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        let _ = platform::serve(listener, router, async {
+        let _ = platform::serve(listener, router, Default::default(), async {
             let _ = stopped.await;
         })
         .await;
@@ -394,6 +394,8 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
     let wal = wal_per_create(&on, &off, plan.quick).await;
     // 5. The other services' writes, at the same concurrency.
     let other_writes = other_writes(backend, plan, &services, &load, concurrency, &on).await;
+    eprintln!("create beside {IDLE_CONNECTIONS} idle half-open connections");
+    let idle_connections = idle_connections(plan, &load, &on).await;
     let _ = on.stop.send(());
     let _ = off.stop.send(());
     on.db.close().await;
@@ -448,8 +450,49 @@ async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>) ->
         db_only,
         wal: Some(wal),
         other_writes,
+        idle_connections: Some(idle_connections),
         targets,
     })
+}
+
+/// How many idle half-open connections the create is measured beside.
+const IDLE_CONNECTIONS: usize = 500;
+
+/// The create at one client, alone and while [`IDLE_CONNECTIONS`] clients
+/// hold half-sent headers, alternated round by round. Each round opens them
+/// anew: the server closes them when their headers are late.
+async fn idle_connections(plan: &Plan, load: &Load, service: &Service) -> IdleConnections {
+    let creates = load.creates(service.addr, "beside-idle");
+    load.run(1, &creates).await;
+    let (mut unloaded, mut loaded) = (Vec::new(), Vec::new());
+    for _ in 0..plan.rounds {
+        unloaded.push(load.run(1, &creates).await);
+        let held = hold_half_open(service.addr, IDLE_CONNECTIONS).await;
+        loaded.push(load.run(1, &creates).await);
+        drop(held);
+    }
+    let (unloaded, loaded) = (median_figure(&unloaded), median_figure(&loaded));
+    IdleConnections {
+        held: IDLE_CONNECTIONS,
+        unloaded,
+        loaded,
+        p50_ratio: loaded.p50_ms / unloaded.p50_ms,
+    }
+}
+
+/// `count` connections to `addr`, each with the first half of a request's headers sent.
+async fn hold_half_open(addr: std::net::SocketAddr, count: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("a connection");
+        stream
+            .write_all(b"POST /v1/tickets HTTP/1.1\r\nHost: bench\r\n")
+            .await
+            .expect("half the headers sent");
+        held.push(stream);
+    }
+    held
 }
 
 /// The idempotent create vs the same create with the layer off, at each concurrency.
@@ -968,6 +1011,11 @@ fn print_table(report: &Report) {
                 "  {:<34} {:>10.2} {:>10.2}",
                 "  ratio (throughput, p50)", w.throughput_ratio, w.p50_ratio
             );
+        }
+        if let Some(idle) = &b.idle_connections {
+            row("create, c=1".into(), &idle.unloaded);
+            row(format!("  beside {} idle half-open", idle.held), &idle.loaded);
+            println!("  {:<34} {:>10} {:>10.2}", "  p50 ratio", "", idle.p50_ratio);
         }
         println!(
             "  storm: {} × {} copies, tickets per storm {:?}, answers {:?}, p50 {:.2} ms, p99 {:.2} ms",

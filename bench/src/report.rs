@@ -48,7 +48,22 @@ pub struct BackendReport {
     /// The other services' write paths, beside the tickets create.
     #[serde(default)]
     pub other_writes: Vec<OtherWrite>,
+    /// The create while idle half-open connections are held, beside none.
+    #[serde(default)]
+    pub idle_connections: Option<IdleConnections>,
     pub targets: Vec<TargetCheck>,
+}
+
+/// What idle half-open connections (headers begun, never finished) cost a
+/// client with a complete request: its create, one client, with `held` of
+/// them open and with none, alternated round by round.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IdleConnections {
+    pub held: usize,
+    pub unloaded: Figure,
+    pub loaded: Figure,
+    /// loaded.p50 / unloaded.p50
+    pub p50_ratio: f64,
 }
 
 /// Another service's write, measured against a baseline side by side: a

@@ -7,8 +7,8 @@
 //! | `DATABASE_URL` | a PostgreSQL URL; each service uses its own database `<name>_<service>` on that server | — |
 //! | `RETRYSAFE_DATA_DIR` | where the SQLite files live | `./.sandbox` |
 //! | `RETRYSAFE_SANDBOX` | `true` turns on the demo keys | `false` (`true` under `cargo run`) |
-//! | `RETRYSAFE_HEADER_TIMEOUT_SECS` | a connection whose request headers take longer is closed | `10` |
-//! | `RETRYSAFE_BODY_TIMEOUT_SECS` | a request body that takes longer after its headers is answered 408 | `10` |
+//! | `RETRYSAFE_HEADER_TIMEOUT_SECONDS` | a connection whose request headers take longer is closed | `10` |
+//! | `RETRYSAFE_BODY_TIMEOUT_SECONDS` | a request body that takes longer after its headers is answered 408 | `10` |
 //! | `LOG_FORMAT` | `text` or `json` | `text` |
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -49,13 +49,13 @@ impl Default for ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// The defaults, with `RETRYSAFE_HEADER_TIMEOUT_SECS` and
-    /// `RETRYSAFE_BODY_TIMEOUT_SECS` applied.
+    /// The defaults, with `RETRYSAFE_HEADER_TIMEOUT_SECONDS` and
+    /// `RETRYSAFE_BODY_TIMEOUT_SECONDS` applied.
     pub fn from_env() -> Result<Self, ConfigError> {
         let defaults = ConnectionLimits::default();
         Ok(ConnectionLimits {
-            header_timeout: seconds("RETRYSAFE_HEADER_TIMEOUT_SECS")?.unwrap_or(defaults.header_timeout),
-            body_timeout: seconds("RETRYSAFE_BODY_TIMEOUT_SECS")?.unwrap_or(defaults.body_timeout),
+            header_timeout: seconds("RETRYSAFE_HEADER_TIMEOUT_SECONDS")?.unwrap_or(defaults.header_timeout),
+            body_timeout: seconds("RETRYSAFE_BODY_TIMEOUT_SECONDS")?.unwrap_or(defaults.body_timeout),
             ..defaults
         })
     }
