@@ -54,9 +54,6 @@ where
     }
 }
 
-/// `application/json` (or `application/…+json`), in UTF-8: JSON has no other
-/// encoding (RFC 8259), so a body declared in another charset is refused
-/// rather than misread.
 /// Whether the body failed to read because it missed the server's deadline
 /// (see [`crate::serve`]).
 fn is_late(rejection: &(dyn std::error::Error + 'static)) -> bool {
@@ -70,6 +67,9 @@ fn is_late(rejection: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// `application/json` (or `application/…+json`), in UTF-8: JSON has no other
+/// encoding (RFC 8259), so a body declared in another charset is refused
+/// rather than misread.
 fn is_json(request: &Request) -> bool {
     let Some(content_type) = request
         .headers()
