@@ -75,6 +75,13 @@ impl<'a> Attempt<'a> {
         self
     }
 
+    /// The fingerprint of `command` sent on this attempt. A command the
+    /// fingerprint cannot hold exactly is bad input, refused before any claim.
+    fn fingerprint(&self, command: &impl Serialize) -> Result<Fingerprint, ApiError> {
+        Fingerprint::of(self.method, self.route, &self.principal.account_id, command)
+            .map_err(|inexact| ApiError::invalid_field(&inexact.field, inexact.to_string()))
+    }
+
     /// A journal record of this attempt about `operation_id`.
     fn audit(&self, event: AuditEvent, operation_id: Option<&str>, fingerprint: &Fingerprint, at: Timestamp) -> Record {
         Record {
@@ -216,10 +223,9 @@ impl Idempotency {
             return self.run_unguarded(effect).await;
         }
         let account_id = attempt.principal.account_id.as_str();
-        // a command the fingerprint cannot hold exactly is bad input: refused before any claim
-        let fingerprint = match Fingerprint::of(attempt.method, attempt.route, account_id, command) {
+        let fingerprint = match attempt.fingerprint(command) {
             Ok(fingerprint) => fingerprint,
-            Err(inexact) => return ApiError::invalid_field(&inexact.field, inexact.to_string()).into_response(),
+            Err(refused) => return refused.into_response(),
         };
         if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
             return self.replay_cached(&attempt, &answer, &fingerprint);
@@ -270,7 +276,10 @@ impl Idempotency {
             };
         }
         let account_id = attempt.principal.account_id.as_str();
-        let fingerprint = Fingerprint::of(attempt.method, attempt.route, account_id, command);
+        let fingerprint = match attempt.fingerprint(command) {
+            Ok(fingerprint) => fingerprint,
+            Err(refused) => return refused.into_response(),
+        };
         if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
             return self.replay_cached(&attempt, &answer, &fingerprint);
         }
