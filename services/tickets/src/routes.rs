@@ -12,7 +12,10 @@ use axum::{
     response::Response,
     routing::{get, post, put},
 };
-use idempotency::{Attempt, Effect, IdempotencyHeaders};
+use idempotency::{
+    Attempt, Effect, IdempotencyHeaders,
+    audit::{self, StateChange},
+};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal,
     page::{Page, PageRequest},
@@ -30,6 +33,7 @@ use crate::{
 
 pub const CREATE_TICKET: &str = "/v1/tickets";
 pub const ADD_COMMENT: &str = "/v1/tickets/{ticket_id}/comments";
+pub const SET_STATUS: &str = "/v1/tickets/{ticket_id}/status";
 
 pub fn router() -> Router<App> {
     Router::new()
@@ -37,7 +41,7 @@ pub fn router() -> Router<App> {
         .route("/v1/tickets/{ticket_id}", get(get_ticket))
         .route(ADD_COMMENT, post(add_comment).get(list_comments))
         .route("/v1/tickets/{ticket_id}/comments/{comment_id}", get(get_comment))
-        .route("/v1/tickets/{ticket_id}/status", put(set_status))
+        .route(SET_STATUS, put(set_status))
 }
 
 /// Create a ticket — or, when its `source_event_id` already has one, answer
@@ -252,7 +256,8 @@ pub async fn get_comment(
 
 /// Declare the ticket's status. Idempotent by its nature: asking for the
 /// status the ticket already has is a no-op (200, `changed: false`), so this
-/// PUT needs no key. `closed` is final.
+/// PUT needs no key. `closed` is final. A change is journaled
+/// (`state_changed`, with the new status); a no-op journals nothing.
 #[utoipa::path(
     put,
     path = "/v1/tickets/{ticket_id}/status",
@@ -272,14 +277,20 @@ pub async fn set_status(
     ApiPath(ticket_id): ApiPath<String>,
     ApiJson(body): ApiJson<SetStatusBody>,
 ) -> Result<Json<TicketStatusChanged>, ApiError> {
+    let mut tx = app.db.begin().await?;
     let (ticket, changed) = store::set_status(
-        &app.db,
+        &mut tx,
         &principal.account_id,
         &ticket_id,
         body.status,
         body.expected_version,
     )
     .await?;
+    if changed {
+        let change = StateChange::new("ticket", &ticket.id, ticket.status.as_str());
+        audit::record_state_change(&mut tx, &principal, SET_STATUS, change).await?;
+    }
+    tx.commit().await?;
     Ok(Json(TicketStatusChanged { ticket, changed }))
 }
 

@@ -219,9 +219,9 @@ pub async fn list_comments(
 /// Declares the ticket's status. One conditional update decides; only when it
 /// changes nothing is the ticket read, to say why: already in that status
 /// (200, unchanged), closed (409 `invalid_state`), or a stale version (409
-/// `version_mismatch`).
+/// `version_mismatch`). In `tx`, so the change commits with its journal entry.
 pub async fn set_status(
-    db: &Db,
+    tx: &mut Tx,
     account_id: &str,
     ticket_id: &str,
     status: TicketStatus,
@@ -234,14 +234,19 @@ pub async fn set_status(
          RETURNING ",
         ticket_columns!()
     );
-    let updated = on_pool!(db.write(), |pool| {
+    const CURRENT: &str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        " FROM tickets WHERE account_id = $1 AND id = $2"
+    );
+    let updated = on_tx!(tx, |conn| {
         sqlx::query(UPDATE)
             .bind(account_id)
             .bind(ticket_id)
             .bind(status.as_str())
             .bind(Timestamp::now())
             .bind(expected_version)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?
             .map(|row| decode_ticket(&row))
             .transpose()?
@@ -249,9 +254,16 @@ pub async fn set_status(
     if let Some(ticket) = updated {
         return Ok((ticket, true));
     }
-    let current = get_ticket(db, account_id, ticket_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("ticket `{ticket_id}`")))?;
+    let current = on_tx!(tx, |conn| {
+        sqlx::query(CURRENT)
+            .bind(account_id)
+            .bind(ticket_id)
+            .fetch_optional(conn)
+            .await?
+            .map(|row| decode_ticket(&row))
+            .transpose()?
+    })
+    .ok_or_else(|| ApiError::not_found(format!("ticket `{ticket_id}`")))?;
     if current.status == status {
         Ok((current, false))
     } else if current.status == TicketStatus::Closed {

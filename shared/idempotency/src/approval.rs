@@ -699,6 +699,7 @@ impl ApprovalRecord {
             event,
             external_ref: None,
             at,
+            change: None,
         }
     }
 }

@@ -15,7 +15,7 @@
 
 use std::{sync::Mutex, time::Duration};
 
-use platform::{Db, Pool, Timestamp, Tx, on_pool, on_tx};
+use platform::{Db, Pool, Principal, Timestamp, Tx, on_pool, on_tx};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
@@ -49,6 +49,12 @@ pub enum AuditEvent {
     Reconciled,
     /// A claim freed after a server error: nothing happened, the key may be claimed again.
     Released,
+    /// A business resource changed state outside any operation (a request
+    /// with no key: a ticket's status, a cancel). The entry names the
+    /// resource and its new state; a request that changed nothing (the
+    /// resource already had that state) journals nothing. With a key, the
+    /// operation's own entries record the change instead.
+    StateChanged,
 }
 
 impl AuditEvent {
@@ -70,6 +76,7 @@ impl AuditEvent {
             AuditEvent::Unknown => "unknown",
             AuditEvent::Reconciled => "reconciled",
             AuditEvent::Released => "released",
+            AuditEvent::StateChanged => "state_changed",
         }
     }
 
@@ -90,6 +97,57 @@ pub struct Record {
     pub event: AuditEvent,
     pub external_ref: Option<String>,
     pub at: Timestamp,
+    /// The resource a `state_changed` entry is about, and its new state.
+    pub change: Option<StateChange>,
+}
+
+/// A business resource's new state: `{resource_type, resource_id, state}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateChange {
+    /// In the service's words: `ticket`, `payment_intent`, `deployment`.
+    pub resource_type: String,
+    pub resource_id: String,
+    pub state: String,
+}
+
+impl Record {
+    /// `principal` changed a resource's state through `route`, with no key.
+    pub fn state_changed(principal: &Principal, route: &str, change: StateChange) -> Record {
+        Record {
+            account_id: principal.account_id.clone(),
+            principal_id: principal.principal_id.clone(),
+            operation_id: None,
+            idempotency_key: None,
+            fingerprint: None,
+            route: Some(route.to_owned()),
+            event: AuditEvent::StateChanged,
+            external_ref: None,
+            at: Timestamp::now(),
+            change: Some(change),
+        }
+    }
+}
+
+impl StateChange {
+    pub fn new(resource_type: &str, resource_id: &str, state: &str) -> StateChange {
+        StateChange {
+            resource_type: resource_type.to_owned(),
+            resource_id: resource_id.to_owned(),
+            state: state.to_owned(),
+        }
+    }
+}
+
+/// Journals that `principal` changed a resource's state through `route`
+/// with no key, in `tx`: the transaction that changes it, so the entry
+/// commits with the change or not at all.
+pub async fn record_state_change(
+    tx: &mut Tx,
+    principal: &Principal,
+    route: &str,
+    change: StateChange,
+) -> Result<(), sqlx::Error> {
+    record(tx, &[Record::state_changed(principal, route, change)]).await
 }
 
 /// One entry of the journal, as stored and as exported (one JSON object a line).
@@ -105,11 +163,20 @@ pub struct AuditEntry {
     pub event: AuditEvent,
     pub external_ref: Option<String>,
     pub at: Timestamp,
+    /// `state_changed`: the resource and its new state (absent from exports
+    /// made before entries had them).
+    #[serde(default)]
+    pub resource_type: Option<String>,
+    #[serde(default)]
+    pub resource_id: Option<String>,
+    #[serde(default)]
+    pub state: Option<String>,
     pub prev_hash: String,
     pub hash: String,
 }
 
-/// Everything but `hash`: what the hash covers.
+/// Everything but `hash`: what the hash covers. The resource fields are left
+/// out when empty, so every entry made before they existed hashes as it did.
 #[derive(Serialize)]
 struct Hashed<'a> {
     seq: i64,
@@ -122,12 +189,22 @@ struct Hashed<'a> {
     event: AuditEvent,
     external_ref: Option<&'a str>,
     at: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<&'a str>,
     prev_hash: &'a str,
 }
 
 impl AuditEntry {
     /// The entry that records `record` at `seq`, after `prev_hash`.
     fn of(record: Record, seq: i64, prev_hash: String, hash: String) -> Self {
+        let (resource_type, resource_id, state) = match record.change {
+            Some(c) => (Some(c.resource_type), Some(c.resource_id), Some(c.state)),
+            None => (None, None, None),
+        };
         AuditEntry {
             seq,
             account_id: record.account_id,
@@ -139,6 +216,9 @@ impl AuditEntry {
             event: record.event,
             external_ref: record.external_ref,
             at: record.at,
+            resource_type,
+            resource_id,
+            state,
             prev_hash,
             hash,
         }
@@ -157,6 +237,9 @@ impl AuditEntry {
             event: self.event,
             external_ref: self.external_ref.as_deref(),
             at: self.at,
+            resource_type: self.resource_type.as_deref(),
+            resource_id: self.resource_id.as_deref(),
+            state: self.state.as_deref(),
             prev_hash: &self.prev_hash,
         };
         let mut digest = Sha256::new();
@@ -189,9 +272,10 @@ pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> 
 }
 
 pub(crate) const INBOX_INSERT: &str = "INSERT INTO audit_inbox \
-     (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at)";
+     (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
+      resource_type, resource_id, state)";
 /// Parameters per inbox row.
-pub(crate) const INBOX_COLUMNS: usize = 9;
+pub(crate) const INBOX_COLUMNS: usize = 12;
 
 /// Binds each record's inbox columns, in [`INBOX_INSERT`]'s order.
 macro_rules! bind_records {
@@ -207,7 +291,10 @@ macro_rules! bind_records {
                 .bind(r.route.as_deref())
                 .bind(r.event.as_str())
                 .bind(r.external_ref.as_deref())
-                .bind(r.at);
+                .bind(r.at)
+                .bind(r.change.as_ref().map(|c| c.resource_type.as_str()))
+                .bind(r.change.as_ref().map(|c| c.resource_id.as_str()))
+                .bind(r.change.as_ref().map(|c| c.state.as_str()));
         }
         query
     }};
@@ -295,9 +382,10 @@ async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx:
                 let column = |field: fn(&AuditEntry) -> Option<&str>| chunk.iter().map(field).collect::<Vec<_>>();
                 sqlx::query(
                     "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, \
-                     fingerprint, route, event, external_ref, at, prev_hash, hash) \
+                     fingerprint, route, event, external_ref, at, prev_hash, hash, resource_type, resource_id, state) \
                      SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                          $6::text[], $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[]) \
+                          $6::text[], $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], \
+                          $13::text[], $14::text[], $15::text[]) \
                      ORDER BY 1",
                 )
                 .bind(chunk.iter().map(|e| e.seq).collect::<Vec<_>>())
@@ -312,16 +400,20 @@ async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx:
                 .bind(chunk.iter().map(|e| e.at).collect::<Vec<_>>())
                 .bind(column(|e| Some(&e.prev_hash)))
                 .bind(column(|e| Some(&e.hash)))
+                .bind(column(|e| e.resource_type.as_deref()))
+                .bind(column(|e| e.resource_id.as_deref()))
+                .bind(column(|e| e.state.as_deref()))
                 .execute(&mut **pg)
                 .await?
                 .rows_affected()
             }
             Tx::Sqlite(lite) => sqlx::query(
                 "INSERT INTO audit_journal (seq, account_id, principal_id, operation_id, idempotency_key, \
-                 fingerprint, route, event, external_ref, at, prev_hash, hash) \
+                 fingerprint, route, event, external_ref, at, prev_hash, hash, resource_type, resource_id, state) \
                  SELECT value->>'seq', value->>'account_id', value->>'principal_id', value->>'operation_id', \
                         value->>'idempotency_key', value->>'fingerprint', value->>'route', value->>'event', \
-                        value->>'external_ref', value->>'at', value->>'prev_hash', value->>'hash' \
+                        value->>'external_ref', value->>'at', value->>'prev_hash', value->>'hash', \
+                        value->>'resource_type', value->>'resource_id', value->>'state' \
                  FROM jsonb_each($1) ORDER BY key",
             )
             .bind(serde_json::to_string(chunk).map_err(|e| sqlx::Error::Encode(e.into()))?)
@@ -667,6 +759,7 @@ async fn unlinked_claims(conn: &mut sqlx::SqliteConnection) -> Result<Claims, sq
             event: AuditEvent::Claimed,
             external_ref: None,
             at: attempted_at,
+            change: None,
         };
         let record = |event, at| Record {
             event,
@@ -717,7 +810,7 @@ impl Round {
 
 /// The waiting records, oldest first, with their ids (decoded by [`waiting`]).
 const READ_INBOX: &str = "SELECT id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
-     event, external_ref, at FROM audit_inbox ORDER BY id";
+     event, external_ref, at, resource_type, resource_id, state FROM audit_inbox ORDER BY id";
 
 fn waiting<R>(row: &R) -> Result<(i64, Record), sqlx::Error>
 where
@@ -747,7 +840,7 @@ pub struct AuditFilter {
 }
 
 const ENTRY_COLUMNS: &str = "seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
-     external_ref, at, prev_hash, hash";
+     external_ref, at, resource_type, resource_id, state, prev_hash, hash";
 
 /// Every entry after `after_seq`, in chain order, at most `limit`: the whole
 /// journal, every account, for export and verification.
@@ -805,6 +898,18 @@ where
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     let event: String = row.try_get("event")?;
+    let change = match (
+        row.try_get::<Option<String>, _>("resource_type")?,
+        row.try_get::<Option<String>, _>("resource_id")?,
+        row.try_get::<Option<String>, _>("state")?,
+    ) {
+        (Some(resource_type), Some(resource_id), Some(state)) => Some(StateChange {
+            resource_type,
+            resource_id,
+            state,
+        }),
+        _ => None,
+    };
     Ok(Record {
         account_id: row.try_get("account_id")?,
         principal_id: row.try_get("principal_id")?,
@@ -815,6 +920,7 @@ where
         event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
         external_ref: row.try_get("external_ref")?,
         at: row.try_get("at")?,
+        change,
     })
 }
 
@@ -845,10 +951,31 @@ pub struct ChainBreak {
 
 /// The last entry of a chain: what an operator pins (writes down elsewhere)
 /// so that a later verification can tell a journal that lost its tail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `{seq: 0, hash: GENESIS}` for an empty chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Head {
+    #[schema(example = 1234)]
     pub seq: i64,
+    /// lowercase hex SHA-256
     pub hash: String,
+}
+
+/// The chain's newest entry in `db`, or `0:GENESIS` while it is empty.
+pub async fn head(db: &Db) -> Result<Head, sqlx::Error> {
+    let (seq, hash) = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
+        .fetch_optional(pool)
+        .await?));
+    Ok(Head { seq, hash })
+}
+
+/// Logs the chain's head `when` (the service starts, stops): kept in the
+/// log, it is a pin that `audit verify --pin SEQ:HASH` can later check a
+/// journal against, and so catch a cut tail.
+pub async fn log_head(db: &Db, when: &str) {
+    match head(db).await {
+        Ok(head) => tracing::info!(seq = head.seq, hash = %head.hash, "audit journal head {when}: {head}"),
+        Err(e) => tracing::warn!(error = %e, "could not read the audit journal's head {when}"),
+    }
 }
 
 impl std::fmt::Display for Head {
@@ -891,7 +1018,8 @@ pub fn verify<'a>(
     pinned: Option<&Head>,
 ) -> Result<Verified, ChainBreak> {
     let (mut expected_seq, mut prev_hash, mut checked) = (1_i64, GENESIS.to_owned(), 0_u64);
-    let mut pinned_seen = false;
+    // the head of an empty chain: every chain starts there
+    let mut pinned_seen = pinned.is_some_and(|pin| pin.seq == 0 && pin.hash == GENESIS);
     for entry in entries {
         let broken = |reason| ChainBreak { seq: entry.seq, reason };
         if entry.seq != expected_seq {

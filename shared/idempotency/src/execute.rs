@@ -94,6 +94,7 @@ impl<'a> Attempt<'a> {
             event,
             external_ref: None,
             at,
+            change: None,
         }
     }
 

@@ -214,10 +214,14 @@ impl Idempotency {
     }
 
     /// Links journal events into the hash chain in the background, shortly
-    /// after they are recorded (see [`audit::Journal`]).
+    /// after they are recorded (see [`audit::Journal`]). It logs the chain's
+    /// head first: the head the service starts from, for operators to pin.
     pub fn spawn_journal_chainer(&self) -> tokio::task::JoinHandle<()> {
         let (journal, db) = (self.journal.clone(), self.db.clone());
-        tokio::spawn(async move { journal.chain_continuously(&db).await })
+        tokio::spawn(async move {
+            audit::log_head(&db, "at start-up").await;
+            journal.chain_continuously(&db).await
+        })
     }
 
     /// Links every journal event recorded or observed so far into the chain,
@@ -275,12 +279,14 @@ impl Background {
     }
 
     /// Stops the tasks, then writes what they had not written yet: the
-    /// attempt counts and the journal's waiting events.
+    /// attempt counts and the journal's waiting events. Then it logs the
+    /// chain's head, the last entry this process linked included.
     pub async fn stop(self) {
         for task in &self.tasks {
             task.abort();
         }
         self.idempotency.flush_attempts().await;
         self.idempotency.flush_journal().await;
+        audit::log_head(&self.idempotency.db, "on shutdown").await;
     }
 }

@@ -149,6 +149,7 @@ impl OutboxEvent {
             event,
             external_ref: external_ref.map(str::to_owned),
             at,
+            change: None,
         }
     }
 }
@@ -498,6 +499,7 @@ impl Ended<'_> {
             event,
             external_ref: self.external_ref,
             at: now,
+            change: None,
         };
         audit::record(tx, &[ended]).await
     }

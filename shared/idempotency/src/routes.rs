@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef,
     approval::{self, ApprovalRequested, ApprovalState, ApprovalSummary, ApprovalView, Decision},
-    audit::{self, AuditEntry, AuditEvent, AuditFilter},
+    audit::{self, AuditEntry, AuditEvent, AuditFilter, Head},
     store,
 };
 
@@ -134,6 +134,7 @@ where
         .route("/v1/approvals/{approval_id}", get(get_approval))
         .route("/v1/approvals/{approval_id}/decision", post(decide))
         .route("/v1/audit", get(read_audit))
+        .route("/v1/audit/head", get(read_audit_head))
 }
 
 /// Approvals are for the humans who decide (`approver`) and for `admin`;
@@ -334,6 +335,33 @@ pub async fn read_audit(
     }))
 }
 
+/// The head of the service's audit chain — `{seq, hash}` of its newest
+/// entry, `{0, GENESIS}` while it is empty — for an operator to pin and later
+/// check a journal against (`audit verify --pin SEQ:HASH`), which catches a
+/// cut tail. The chain is one per service database, not per account, so the
+/// head is the service's: it reveals only a number and a hash, nothing of any
+/// entry, and the number only how many entries the service has journaled.
+/// Read by approvers and admins, like the journal.
+#[utoipa::path(
+    get,
+    path = "/v1/audit/head",
+    tag = "audit",
+    responses(
+        (status = 200, body = Head),
+        (status = 403, description = "Agents may not read the journal", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn read_audit_head(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+) -> Result<Json<Head>, ApiError> {
+    may_read_approvals(&principal)?;
+    // what was recorded or observed until now is in the chain the head ends
+    idempotency.flush_journal().await;
+    Ok(Json(audit::head(&idempotency.db).await?))
+}
+
 /// Read one of the caller's operations.
 #[utoipa::path(
     get,
@@ -400,7 +428,8 @@ pub async fn find_operation_by_key(
         list_approvals,
         get_approval,
         decide,
-        read_audit
+        read_audit,
+        read_audit_head
     ),
     components(schemas(
         OperationView,
@@ -417,7 +446,8 @@ pub async fn find_operation_by_key(
         Decision,
         AuditEntry,
         AuditEvent,
-        AuditList
+        AuditList,
+        Head
     ))
 )]
 pub struct OperationsApi;

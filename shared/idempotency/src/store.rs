@@ -584,6 +584,7 @@ impl NewOperation<'_> {
             event,
             external_ref: None,
             at,
+            change: None,
         }
     }
 }

@@ -32,6 +32,7 @@ async fn the_audit_tool_exports_verifies_pins_and_names_the_first_broken_entry(b
             event: AuditEvent::Completed,
             external_ref: None,
             at: Timestamp::now(),
+            change: None,
         };
         audit::append_now(&db.db, &[record]).await.unwrap();
     }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::http::Method;
 use futures::future::join_all;
 use idempotency::{IdempotencyConfig, audit};
 use platform::Backend;
@@ -223,7 +224,72 @@ async fn the_chain_verifies_after_a_thousand_mixed_concurrent_operations(backend
     );
 }
 
+/// The state changes a caller can make with no key are journaled too:
+/// who, through which route, which ticket, and its new status.
+async fn a_status_change_without_a_key_is_journaled_with_its_principal_route_and_new_status(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let ticket = app.create_ticket("key-1", ROTATE_CERT).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let put = |status: &str| {
+        json_request(
+            Method::PUT,
+            &format!("/v1/tickets/{ticket}/status"),
+            ACME_AGENT,
+            None,
+            &json!({ "status": status }).to_string(),
+        )
+    };
+
+    let changed = app.send(put("resolved")).await;
+    let same_again = app.send(put("resolved")).await;
+    let page = app.get("/v1/audit?event=state_changed", ACME_APPROVER).await.json();
+
+    assert_eq!(changed.json()["changed"], true);
+    assert_eq!(same_again.json()["changed"], false);
+    let entries = page["data"].as_array().unwrap();
+    assert_eq!(
+        entries.len(),
+        1,
+        "a PUT that changed nothing journals nothing: {entries:?}"
+    );
+    let entry = &entries[0];
+    assert_eq!(entry["principal_id"], "acme-agent");
+    assert_eq!(entry["route"], "/v1/tickets/{ticket_id}/status");
+    assert_eq!(
+        (&entry["resource_type"], &entry["resource_id"], &entry["state"]),
+        (&json!("ticket"), &json!(ticket), &json!("resolved"))
+    );
+    assert_eq!(entry["operation_id"], Value::Null, "no key, no operation");
+    app.app.idempotency.flush_journal().await;
+    assert!(audit::verify(&audit::all_entries(&app.db.db).await.unwrap(), None).is_ok());
+}
+
+/// The head an operator pins: the chain's newest entry, for approvers and
+/// admins; before any entry, the genesis hash at 0.
+async fn the_journal_head_is_the_chains_newest_entry_and_is_read_like_the_journal(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let empty = app.get("/v1/audit/head", ACME_APPROVER).await;
+    app.create_ticket("key-1", ROTATE_CERT).await;
+
+    let head = app.get("/v1/audit/head", ACME_APPROVER).await;
+    let entries = audit::all_entries(&app.db.db).await.unwrap();
+    let newest = entries.last().expect("the create's entries");
+
+    assert_eq!(empty.json(), json!({"seq": 0, "hash": audit::GENESIS}));
+    assert_eq!(head.status.as_u16(), 200);
+    assert_eq!(head.json(), json!({"seq": newest.seq, "hash": newest.hash}));
+    let pinned: audit::Head = serde_json::from_value(head.json()).unwrap();
+    assert!(audit::verify(&entries, Some(&pinned)).is_ok());
+    app.get("/v1/audit/head", ACME_AGENT)
+        .await
+        .assert_problem(403, "forbidden");
+}
+
 platform::both_backends!(
+    a_status_change_without_a_key_is_journaled_with_its_principal_route_and_new_status,
+    the_journal_head_is_the_chains_newest_entry_and_is_read_like_the_journal,
     the_journal_records_every_step_of_an_approved_operation_in_order,
     a_replay_is_journaled_as_replayed_and_a_changed_body_as_key_reused,
     the_journal_is_read_by_approvers_and_admins_of_its_own_account_only,
