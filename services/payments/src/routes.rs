@@ -13,7 +13,10 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{Attempt, Effect, IdempotencyHeaders, OptionalIdempotencyHeaders};
+use idempotency::{
+    Attempt, Effect, IdempotencyHeaders, OptionalIdempotencyHeaders,
+    audit::{self, StateChange},
+};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal,
     page::{Page, PageRequest},
@@ -122,7 +125,7 @@ pub async fn cancel_intent(
             Attempt::post(CANCEL_INTENT, &principal, key),
             &command,
             async |tx, _| {
-                let intent = store::cancel_intent(tx, &principal.account_id, &command.intent_id).await?;
+                let (intent, _) = store::cancel_intent(tx, &principal.account_id, &command.intent_id).await?;
                 let (id, url) = (intent.id.clone(), intent.url());
                 Ok(Effect::json(StatusCode::OK, &intent).with_resource("payment_intent", &id, url))
             },
@@ -131,13 +134,19 @@ pub async fn cancel_intent(
 }
 
 /// A cancel with no key: its own transaction, nothing stored for replay.
+/// The cancel is journaled (`state_changed`) in it; a cancel of what was
+/// cancelled already journals nothing.
 async fn cancel_without_key(
     app: &App,
     principal: &Principal,
     command: &CancelIntent,
 ) -> Result<PaymentIntent, ApiError> {
     let mut tx = app.db.begin().await?;
-    let intent = store::cancel_intent(&mut tx, &principal.account_id, &command.intent_id).await?;
+    let (intent, cancelled) = store::cancel_intent(&mut tx, &principal.account_id, &command.intent_id).await?;
+    if cancelled {
+        let change = StateChange::new("payment_intent", &intent.id, intent.state.as_str());
+        audit::record_state_change(&mut tx, principal, CANCEL_INTENT, change).await?;
+    }
     tx.commit().await?;
     Ok(intent)
 }

@@ -103,8 +103,8 @@ fn order_already_has_payment(order_id: &str, live: String) -> ApiError {
 /// Cancels an intent that is waiting for its capture. A cancel declares the
 /// end state, so an intent already cancelled is answered as it is (CONTRACT
 /// §1). 404 when the account has no such intent; 409 `invalid_state` when it
-/// is past `requires_capture`.
-pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Result<PaymentIntent, ApiError> {
+/// is past `requires_capture`. `true`: this call cancelled it.
+pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Result<(PaymentIntent, bool), ApiError> {
     const CANCEL: &str = concat!(
         "UPDATE payment_intents SET state = 'cancelled', updated_at = $3 \
          WHERE account_id = $1 AND id = $2 AND state = 'requires_capture' RETURNING ",
@@ -122,7 +122,7 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
             .transpose()?
     });
     if let Some(intent) = cancelled {
-        return Ok(intent);
+        return Ok((intent, true));
     }
     let current = on_tx!(tx, |conn| {
         sqlx::query(CURRENT)
@@ -135,7 +135,7 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
     });
     match current {
         None => Err(ApiError::not_found(format!("payment intent `{intent_id}`"))),
-        Some(intent) if intent.state == IntentState::Cancelled => Ok(intent),
+        Some(intent) if intent.state == IntentState::Cancelled => Ok((intent, false)),
         Some(intent) => Err(ApiError::invalid_state(format!(
             "the intent is `{}`; only an intent in `requires_capture` can be cancelled",
             intent.state.as_str()

@@ -11,7 +11,7 @@ use futures::future::join_all;
 use platform::{Backend, on_pool};
 use serde_json::json;
 
-use crate::support::{ACME_AGENT, Answer, GLOBEX_AGENT, TestApp, intent};
+use crate::support::{ACME_AGENT, ACME_APPROVER, Answer, GLOBEX_AGENT, TestApp, intent};
 
 async fn an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
@@ -358,8 +358,33 @@ async fn a_payee_naming_a_member_twice_is_400_naming_it_and_claims_nothing(backe
     assert_eq!(fixed.status, StatusCode::CREATED, "nothing was claimed by the 400");
 }
 
+/// A cancel with no key leaves no operation behind, but the journal still
+/// says who cancelled which intent, through which route; cancelling it again
+/// changes nothing and journals nothing.
+async fn a_cancel_without_a_key_is_journaled_with_its_principal_route_and_new_state(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let id = app.create("k1", "order-1").await.str("id");
+    let cancel = format!("/v1/payment_intents/{id}/cancel");
+
+    let cancelled = app.post_without_key(&cancel).await;
+    let again = app.post_without_key(&cancel).await;
+    let page = app.get("/v1/audit?event=state_changed", ACME_APPROVER).await.json();
+
+    assert_eq!((cancelled.status, again.status), (StatusCode::OK, StatusCode::OK));
+    let entries = page["data"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "the second cancel changed nothing: {entries:?}");
+    let entry = &entries[0];
+    assert_eq!(entry["principal_id"], "acme-agent");
+    assert_eq!(entry["route"], "/v1/payment_intents/{intent_id}/cancel");
+    assert_eq!(
+        (&entry["resource_type"], &entry["resource_id"], &entry["state"]),
+        (&json!("payment_intent"), &json!(id), &json!("cancelled"))
+    );
+}
+
 platform::both_backends!(
     a_payee_naming_a_member_twice_is_400_naming_it_and_claims_nothing,
+    a_cancel_without_a_key_is_journaled_with_its_principal_route_and_new_state,
     creates_racing_a_cancel_of_the_order_s_intent_are_told_which_intent_is_live,
     an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it,
     an_amount_sent_as_a_json_number_claims_nothing_and_the_key_then_works,
