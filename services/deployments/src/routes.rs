@@ -13,7 +13,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{Attempt, Effect, IdempotencyHeaders, OperationState, OptionalIdempotencyHeaders, outbox};
+use idempotency::{Attempt, Effect, IdempotencyHeaders, OperationState, OptionalIdempotencyHeaders, audit, outbox};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal, Tx,
     page::{Page, PageRequest},
@@ -223,9 +223,10 @@ async fn rollback_target(
 
 /// Cancel a deployment or rollback that has not finished: before the
 /// controller has it, it is withdrawn from the outbox; once the controller
-/// has it, the controller is asked to stop it. A cancel needs no key
-/// (cancelling what is cancelled answers 200, unchanged); with a key, it is an
-/// operation like any other.
+/// has it, the controller is asked to stop it. A cancel needs no key:
+/// without one it is journaled `state_changed`, and cancelling what is
+/// cancelled answers 200, unchanged, journaling nothing. With a key, it is
+/// an operation like any other.
 ///
 /// The controller is asked only once the request is on record, and the
 /// cancel is recorded after its answer, which decides it: with a key, the
@@ -266,7 +267,12 @@ pub async fn cancel_deployment(
             tx.commit().await?;
             let stopped = stop_at_the_controller(&app, &principal, &command.deployment_id).await?;
             let mut tx = app.db.begin().await?;
-            let deployment = cancel(&mut tx, &principal, &command.deployment_id, stopped).await?;
+            let (deployment, changed) = cancel(&mut tx, &principal, &command.deployment_id, stopped).await?;
+            if changed {
+                let change =
+                    audit::StateChange::new(deployment.kind.as_str(), &deployment.id, deployment.state.as_str());
+                audit::record_state_change(&mut tx, &principal, CANCEL_DEPLOYMENT, change).await?;
+            }
             tx.commit().await?;
             Ok::<_, ApiError>(deployment)
         };
@@ -281,7 +287,7 @@ pub async fn cancel_deployment(
             &command,
             async |_| stop_at_the_controller(&app, &principal, &command.deployment_id).await,
             async |tx, _, stopped| {
-                let deployment = cancel(tx, &principal, &command.deployment_id, stopped).await?;
+                let (deployment, _) = cancel(tx, &principal, &command.deployment_id, stopped).await?;
                 let (id, url) = (deployment.id.clone(), deployment.status_url.clone());
                 Ok(Effect::json(StatusCode::OK, &deployment).with_resource(deployment.kind.as_str(), &id, url))
             },
@@ -337,20 +343,21 @@ async fn record_cancel_request(tx: &mut Tx, principal: &Principal, deployment_id
 /// outbox event is withdrawn; once the controller has it (and was asked to
 /// stop it), the deployment is cancelled — unless the controller had finished
 /// it, which the watcher then records. Either way the operation that asked
-/// for it fails with it.
+/// for it fails with it. `true`: this call cancelled it (`false`: it was
+/// cancelled already).
 async fn cancel(
     tx: &mut Tx,
     principal: &Principal,
     deployment_id: &str,
     stopped_at_the_controller: Option<bool>,
-) -> Result<Deployment, ApiError> {
+) -> Result<(Deployment, bool), ApiError> {
     let account = &principal.account_id;
     let deployment = store::get_in(tx, account, deployment_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("deployment `{deployment_id}`")))?;
     let active = [DeploymentState::Queued, DeploymentState::Running];
     match (deployment.state, &deployment.controller_rollout_id) {
-        (DeploymentState::Cancelled, _) => return Ok(deployment),
+        (DeploymentState::Cancelled, _) => return Ok((deployment, false)),
         (DeploymentState::Succeeded | DeploymentState::Failed, _) => {
             return Err(ApiError::invalid_state(format!(
                 "it has {}: there is nothing to cancel",
@@ -416,9 +423,10 @@ async fn cancel(
             .await?;
         }
     }
-    store::get_in(tx, account, deployment_id)
+    let cancelled = store::get_in(tx, account, deployment_id)
         .await?
-        .ok_or_else(|| ApiError::internal("a cancelled deployment disappeared"))
+        .ok_or_else(|| ApiError::internal("a cancelled deployment disappeared"))?;
+    Ok((cancelled, true))
 }
 
 /// A deployment or rollback with every state it went through: what an agent

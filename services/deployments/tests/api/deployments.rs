@@ -346,6 +346,33 @@ async fn a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_contro
     );
 }
 
+/// A cancel with no key leaves no operation of its own, but the journal still
+/// says who cancelled which deployment, through which route; cancelling it
+/// again changes nothing and journals nothing.
+async fn a_cancel_without_a_key_is_journaled_with_its_principal_route_and_new_state(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let id = app
+        .deploy("deploy-1", &release("staging", &digest('a'), None))
+        .await
+        .str("id");
+    let cancel = format!("/v1/deployments/{id}/cancel");
+
+    let cancelled = app.post(&cancel, ACME_AGENT, None, &json!({})).await;
+    let again = app.post(&cancel, ACME_AGENT, None, &json!({})).await;
+    let page = app.get("/v1/audit?event=state_changed", ACME_APPROVER).await.json();
+
+    assert_eq!((cancelled.status, again.status), (StatusCode::OK, StatusCode::OK));
+    let entries = page["data"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "the second cancel changed nothing: {entries:?}");
+    let entry = &entries[0];
+    assert_eq!(entry["principal_id"], "acme-agent");
+    assert_eq!(entry["route"], "/v1/deployments/{deployment_id}/cancel");
+    assert_eq!(
+        (&entry["resource_type"], &entry["resource_id"], &entry["state"]),
+        (&json!("deployment"), &json!(id), &json!("cancelled"))
+    );
+}
+
 /// A cancel that finds the rollout on its way to the controller cannot know
 /// whether the controller has it: it asks to be sent again shortly (so it is
 /// not stored against its key), and then cancels it at the controller.
@@ -503,4 +530,5 @@ platform::both_backends!(
     a_cancel_while_the_rollout_is_being_handed_over_asks_to_be_sent_again,
     a_cancel_with_a_key_used_for_another_request_is_422_and_the_rollout_runs_on,
     a_cancel_without_a_key_is_on_record_before_the_controller_is_asked,
+    a_cancel_without_a_key_is_journaled_with_its_principal_route_and_new_state,
 );
