@@ -3,12 +3,16 @@
 //!
 //! Each entry carries `prev_hash` and `hash = sha256(prev_hash ‖
 //! canonical_json(entry))`, the entry being every field but `hash`. The
-//! database refuses UPDATE, DELETE and TRUNCATE on the table (triggers), and
-//! an entry whose `prev_hash` is not the hash of the entry before it (`seq`
-//! is the primary key): no writer can fork the chain or leave a gap in it.
+//! database refuses UPDATE, DELETE and TRUNCATE on the table (triggers), an
+//! insert that would replace an entry (SQLite's `INSERT OR REPLACE`, an
+//! upsert), and an entry whose `prev_hash` is not the hash of the entry
+//! before it (`seq` is the primary key): no writer can fork the chain or
+//! leave a gap in it.
 //! Appends are serialised (PostgreSQL: an advisory lock held to the end of
 //! the transaction; SQLite: its one writer).
-//! [`verify`] checks a chain offline and names the first broken entry.
+//! [`verify`] checks a chain offline and names the first broken entry; a
+//! [`Head`] pinned earlier (`GET /v1/audit/head`, the service's log) lets it
+//! catch a cut tail too.
 //!
 //! How events reach the chain without serialising every write on it: see
 //! [`Journal`].
