@@ -206,7 +206,33 @@ async fn a_stored_answer_is_replayed_by_a_restarted_process(backend: Backend) {
     second_process.kill().await;
 }
 
+/// The service logs its journal's head when it starts and, once the last
+/// events are linked, when it stops: a pin for `audit verify --pin`, kept
+/// outside the database that holds the journal.
+async fn the_journal_head_is_logged_at_start_up_and_after_the_last_entries_on_shutdown(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let mut service = Service::start(&db.url, "transaction", None).await;
+    let at_start = service.0.logged("audit journal head at start-up").await;
+    let created = service.create("key-1").await.unwrap().status();
+    // the create's entries may still wait to be linked: the shutdown links them
+    service.0.terminate();
+    let on_shutdown = service.0.wait_for("audit journal head on shutdown").await;
+    let exit = service.0.exited().await;
+
+    let head = idempotency::audit::head(&db.db).await.unwrap();
+    let genesis = format!("0:{}", idempotency::audit::GENESIS);
+    assert_eq!(created, StatusCode::CREATED);
+    assert!(at_start["message"].as_str().unwrap().ends_with(&genesis), "{at_start}");
+    assert!(head.seq >= 3, "the create's entries are linked: {head}");
+    assert!(
+        on_shutdown["message"].as_str().unwrap().ends_with(&head.to_string()),
+        "{on_shutdown} is not the final head {head}"
+    );
+    assert_eq!(exit, Some(0));
+}
+
 platform::both_backends!(
+    the_journal_head_is_logged_at_start_up_and_after_the_last_entries_on_shutdown,
     a_leased_claim_killed_after_it_committed_is_run_once_by_a_retry_after_the_lease,
     a_leased_claim_killed_with_its_effect_uncommitted_is_run_once_by_a_retry_after_the_lease,
     a_transaction_killed_before_its_commit_leaves_nothing_and_the_retry_runs_once,

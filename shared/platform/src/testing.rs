@@ -177,6 +177,8 @@ pub struct ServiceProcess {
     /// `http://127.0.0.1:<port>`.
     pub base: String,
     log: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    /// Every log line read so far.
+    seen: Vec<serde_json::Value>,
 }
 
 impl ServiceProcess {
@@ -224,6 +226,7 @@ impl ServiceProcess {
             child,
             base: String::new(),
             log,
+            seen: Vec::new(),
         };
         let listening = process.wait_for(listening).await;
         let addr = listening["addr"]
@@ -236,9 +239,10 @@ impl ServiceProcess {
     /// The first log line from now on whose message starts with `message`
     /// (within a minute).
     pub async fn wait_for(&mut self, message: &str) -> serde_json::Value {
-        let log = &mut self.log;
+        let (log, seen) = (&mut self.log, &mut self.seen);
         let found = tokio::time::timeout(std::time::Duration::from_secs(60), async {
             while let Some(entry) = log.recv().await {
+                seen.push(entry.clone());
                 if entry["message"].as_str().is_some_and(|m| m.starts_with(message)) {
                     return entry;
                 }
@@ -248,6 +252,30 @@ impl ServiceProcess {
         found
             .await
             .unwrap_or_else(|_| panic!("no `{message}` in the log within a minute"))
+    }
+
+    /// The first log line whose message starts with `message`, among those
+    /// read already (before "listening", say) or within a minute.
+    pub async fn logged(&mut self, message: &str) -> serde_json::Value {
+        let earlier = self
+            .seen
+            .iter()
+            .find(|entry| entry["message"].as_str().is_some_and(|m| m.starts_with(message)));
+        match earlier {
+            Some(entry) => entry.clone(),
+            None => self.wait_for(message).await,
+        }
+    }
+
+    /// SIGTERM: the process shuts down as it does in production (its log
+    /// goes on until it [`exited`](ServiceProcess::exited)).
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("the process runs");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM is sent");
     }
 
     /// Waits (up to a minute) for the process to end by itself; its exit code.
