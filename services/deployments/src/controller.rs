@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use idempotency::{
-    OperationState,
+    OperationState, audit,
     outbox::{self, Delivery, Destination, Lookup, OutboxEvent, Settlement},
 };
 use platform::{ApiError, Db, Tx};
@@ -219,6 +219,10 @@ impl Controller {
                     changed += 1;
                     if let Some(ended) = operation_ends_with(to) {
                         outbox::finish(&mut tx, &watched.account_id, &watched.operation_id, ended, WATCHER).await?;
+                    } else {
+                        // running: no transition of the operation, a change of the deployment all the same
+                        let (account, operation) = (&watched.account_id, &watched.operation_id);
+                        audit::record_resource_change(&mut tx, WATCHER, account, operation, to.as_str()).await?;
                     }
                 }
                 tx.commit().await?;

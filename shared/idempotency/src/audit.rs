@@ -53,11 +53,12 @@ pub enum AuditEvent {
     Reconciled,
     /// A claim freed after a server error: nothing happened, the key may be claimed again.
     Released,
-    /// A business resource changed state outside any operation (a request
-    /// with no key: a ticket's status, a cancel). The entry names the
-    /// resource and its new state; a request that changed nothing (the
-    /// resource already had that state) journals nothing. With a key, the
-    /// operation's own entries record the change instead.
+    /// A business resource changed state with no transition of an operation
+    /// to record it: a request with no key (a ticket's status, a cancel), or
+    /// a worker that follows work elsewhere (a rollout the controller began
+    /// running). The entry names the resource and its new state; a request
+    /// that changed nothing (the resource already had that state) journals
+    /// nothing. With a key, the operation's own entries record the change.
     StateChanged,
 }
 
@@ -273,6 +274,40 @@ pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> 
             .await?;
     });
     Ok(())
+}
+
+/// Journals that `by` (a worker) moved the resource that an operation made
+/// or acted on to `state`, in `tx`, the transaction that moves it. The entry
+/// carries the operation's id, key, fingerprint and route, and its resource,
+/// all read from the operation's row in the same statement. `false`: no such
+/// operation, or it names no resource.
+pub async fn record_resource_change(
+    tx: &mut Tx,
+    by: &str,
+    account_id: &str,
+    operation_id: &str,
+    state: &str,
+) -> Result<bool, sqlx::Error> {
+    let recorded = on_tx!(tx, |conn| {
+        sqlx::query(
+            "INSERT INTO audit_inbox (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
+             event, at, resource_type, resource_id, state) \
+             SELECT account_id, $3, operation_id, idempotency_key, fingerprint, route, $4, $5, resource_type, \
+                    resource_id, $6 \
+             FROM idempotency_operations \
+             WHERE account_id = $1 AND operation_id = $2 AND resource_type IS NOT NULL AND resource_id IS NOT NULL",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(by)
+        .bind(AuditEvent::StateChanged.as_str())
+        .bind(Timestamp::now())
+        .bind(state)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(recorded == 1)
 }
 
 pub(crate) const INBOX_INSERT: &str = "INSERT INTO audit_inbox \

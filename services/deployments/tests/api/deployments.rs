@@ -194,8 +194,15 @@ async fn a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_cur
         .collect();
     assert_eq!(
         events,
-        ["attempted", "claimed", "dispatched", "accepted", "completed"],
-        "{journal}"
+        [
+            "attempted",
+            "claimed",
+            "dispatched",
+            "accepted",
+            "state_changed",
+            "completed"
+        ],
+        "the rollout's start is journaled by the watcher: {journal}"
     );
 }
 
@@ -373,6 +380,30 @@ async fn a_cancel_without_a_key_is_journaled_with_its_principal_route_and_new_st
     );
 }
 
+/// The watcher's change of a deployment that ends no operation (the rollout
+/// began running) is journaled too: by the watcher, with the operation it
+/// belongs to and its route.
+async fn a_rollout_the_controller_began_running_is_journaled_by_the_watcher(backend: Backend) {
+    let app = TestApp::spawn_with_step(backend, SLOW_STEP).await;
+    let accepted = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
+    let id = accepted.str("id");
+    app.deliver().await;
+    app.until(&id, "running").await;
+
+    let page = app.get("/v1/audit?event=state_changed", ACME_APPROVER).await.json();
+
+    let entries = page["data"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = &entries[0];
+    assert_eq!(entry["principal_id"], "system:rollout-watcher");
+    assert_eq!(entry["route"], "/v1/deployments");
+    assert_eq!(entry["operation_id"], json!(accepted.operation_id));
+    assert_eq!(
+        (&entry["resource_type"], &entry["resource_id"], &entry["state"]),
+        (&json!("deployment"), &json!(id), &json!("running"))
+    );
+}
+
 /// A cancel that finds the rollout on its way to the controller cannot know
 /// whether the controller has it: it asks to be sent again shortly (so it is
 /// not stored against its key), and then cancels it at the controller.
@@ -531,4 +562,5 @@ platform::both_backends!(
     a_cancel_with_a_key_used_for_another_request_is_422_and_the_rollout_runs_on,
     a_cancel_without_a_key_is_on_record_before_the_controller_is_asked,
     a_cancel_without_a_key_is_journaled_with_its_principal_route_and_new_state,
+    a_rollout_the_controller_began_running_is_journaled_by_the_watcher,
 );
