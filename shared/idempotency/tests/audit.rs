@@ -488,6 +488,21 @@ async fn a_tail_cut_behind_the_triggers_back_is_caught_only_against_a_pinned_hea
     assert!(!pinned_ok && said.contains("entry 6") && said.contains("cut"), "{said}");
 }
 
+/// An entry exported before entries could name a resource — no
+/// `resource_type`, `resource_id` or `state` — still verifies: an entry
+/// without them hashes as it always did. The hash here is computed outside
+/// this code, from the formula alone: `sha256(prev_hash ‖ RFC 8785 JSON)`.
+/// (No database: the same on both backends.)
+#[test]
+fn an_entry_exported_before_entries_named_a_resource_still_verifies() {
+    let line = r#"{"seq":1,"account_id":"acme","principal_id":"acme-agent","operation_id":"op_1","idempotency_key":"key-1","fingerprint":null,"route":"/v1/tickets","event":"completed","external_ref":null,"at":"2026-12-01T09:30:00.000000Z","prev_hash":"0000000000000000000000000000000000000000000000000000000000000000","hash":"f5b9292f95ff433ebc0a1b0bbc03ba67b6374ce128faac3e7519711666c47ea3"}"#;
+
+    let entries = audit::from_json_lines(line).unwrap();
+
+    assert_eq!(holds(&entries), Ok(1));
+    assert_eq!(entries[0].state, None);
+}
+
 /// PostgreSQL checks a statement's entries all at once, in a query the
 /// planner plans (SQLite's row trigger reads the one entry before by its
 /// rowid, with nothing to plan). Written as a join, the planner could hash
