@@ -4,6 +4,7 @@
 //! - [`error`]: the one problem+json error type.
 //! - [`auth`]: bearer API keys → account, principal, role.
 //! - [`json`]: validated JSON bodies.
+//! - [`openapi`]: what every operation's OpenAPI entry answers by construction.
 //! - [`time`]: the timestamp type of responses and both databases.
 //! - [`config`], [`telemetry`]: environment configuration and structured logs.
 //! - [`simulated`]: what the simulated external systems share.
@@ -13,6 +14,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod json;
+pub mod openapi;
 pub mod page;
 pub mod service;
 pub mod simulated;

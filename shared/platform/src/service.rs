@@ -41,6 +41,26 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "The request body did not arrive within the server's time limit. Nothing was claimed: send it again with the same key.",
     ),
     (
+        "payload_too_large",
+        413,
+        "The body is larger than the service reads (64 KiB).",
+    ),
+    (
+        "method_not_allowed",
+        405,
+        "The route exists but does not take this method.",
+    ),
+    (
+        "request_timeout",
+        408,
+        "The request's headers or body did not arrive in time; nothing was claimed. Send it again with the same key.",
+    ),
+    (
+        "request_header_fields_too_large",
+        431,
+        "The request's headers are larger than 32 KiB.",
+    ),
+    (
         "invalid_request",
         400,
         "The body or query failed validation; `errors` lists each `{field, message}`. Nothing was claimed: the same key may be used with a fixed body.",
@@ -101,6 +121,11 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "A deployment names a release by something that can change: a tag, a branch, `latest`, a short SHA. Send `artifact_digest` as `sha256:` and 64 lowercase hex digits, and `commit_sha` as all 40 hex digits; `field` names which.",
     ),
     (
+        "unknown_environment",
+        400,
+        "A deployment or rollback names an environment that is not configured; `known_environments` lists those that are. Nothing was claimed.",
+    ),
+    (
         "environment_locked",
         409,
         "Another deployment or rollback may be changing this environment (queued, running, or unknown). `deployment_id` and `operation_id` name it: poll it, or cancel it.",
@@ -143,7 +168,7 @@ pub fn common_routes(title: &'static str, mut openapi: OpenApi) -> Router {
             "/docs/problems/{code}",
             get(move || async move { Html(docs_page(title)) }),
         )
-        .merge(SwaggerUi::new("/docs/api").url("/openapi.json", openapi))
+        .merge(SwaggerUi::new("/docs/api").external_url_unchecked("/openapi.json", crate::openapi::complete(&openapi)))
 }
 
 /// Adds the problem+json fallbacks and the request span to a finished router.

@@ -1,0 +1,354 @@
+//! Completes a service's OpenAPI document with what its operations answer by
+//! construction, so that each route's annotation names only its own outcomes
+//! and the document still lists every status an operation can answer
+//! (CONTRACT §11):
+//!
+//! - the problems the shared layers answer before a handler runs: a key that
+//!   authenticates nothing, input that does not parse, a body too large or
+//!   not JSON, the idempotency layer's refusals, slow or oversized headers;
+//! - the problem schema's `code` as an enumeration of [`PROBLEM_CODES`];
+//! - the exact form of an `Idempotency-Key`, the bounds of a page's `limit`,
+//!   and the NUL character that no string of a request may hold;
+//! - links from a created resource to the operations on it, so a client (or
+//!   a stateful fuzzer) can follow a create to its capture, comment or cancel.
+//!
+//! It works on the document as JSON: every rule reads what an operation
+//! declares (its path, parameters, body) and adds what that implies.
+
+use serde_json::{Map, Value, json};
+use utoipa::openapi::OpenApi;
+
+use crate::{page::MAX_LIMIT, service::PROBLEM_CODES};
+
+const PROBLEM_SCHEMA: &str = "#/components/schemas/Problem";
+
+/// What the server accepts as a key: a bare token of visible ASCII, or an
+/// RFC 8941 sf-string that unquotes to one; 1–255 characters either way.
+pub const IDEMPOTENCY_KEY_PATTERN: &str = r#"^(?:[!#-~][!-~]{0,254}|"(?:[!#-\[\]-~]|\\["\\]){1,255}")$"#;
+
+/// Every string a request carries is refused if it holds a NUL (PostgreSQL
+/// cannot store one, and both backends answer alike).
+pub const NO_NUL_PATTERN: &str = r"^[^\u0000]*$";
+
+const METHODS: [&str; 8] = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
+
+/// The document `/openapi.json` serves.
+pub fn complete(doc: &OpenApi) -> Value {
+    let mut doc = serde_json::to_value(doc).expect("an OpenAPI document is JSON");
+    enumerate_problem_codes(&mut doc);
+    forbid_nul_in_request_bodies(&mut doc);
+    let links = links(&doc);
+    for (path, method, operation) in operations_mut(&mut doc) {
+        constrain_parameters(operation);
+        for (status, codes) in answered_by_construction(&path, operation) {
+            add_problem_response(operation, status, &codes);
+        }
+        if let Some(links) = links.get(&(path, method)) {
+            add_links(operation, links);
+        }
+    }
+    doc
+}
+
+/// Each operation of the document, with its path and method.
+fn operations_mut(doc: &mut Value) -> Vec<(String, &'static str, &mut Map<String, Value>)> {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return Vec::new();
+    };
+    paths
+        .iter_mut()
+        .flat_map(|(path, item)| {
+            let item = item.as_object_mut().into_iter().flat_map(|item| item.iter_mut());
+            item.filter_map(move |(method, operation)| {
+                let method = METHODS.into_iter().find(|m| m == method)?;
+                Some((path.clone(), method, operation.as_object_mut()?))
+            })
+        })
+        .collect()
+}
+
+fn operations(doc: &Value) -> Vec<(&str, &'static str, &Map<String, Value>)> {
+    let Some(paths) = doc.get("paths").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    paths
+        .iter()
+        .flat_map(|(path, item)| {
+            let item = item.as_object().into_iter().flat_map(|item| item.iter());
+            item.filter_map(move |(method, operation)| {
+                let method = METHODS.into_iter().find(|m| m == method)?;
+                Some((path.as_str(), method, operation.as_object()?))
+            })
+        })
+        .collect()
+}
+
+fn parameters(operation: &Map<String, Value>) -> impl Iterator<Item = &Map<String, Value>> {
+    operation
+        .get("parameters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+}
+
+fn takes(operation: &Map<String, Value>, location: &str) -> bool {
+    parameters(operation).any(|p| p["in"] == location)
+}
+
+fn takes_idempotency_key(operation: &Map<String, Value>) -> bool {
+    parameters(operation).any(|p| p["in"] == "header" && is_idempotency_key(p))
+}
+
+fn is_idempotency_key(parameter: &Map<String, Value>) -> bool {
+    parameter["name"]
+        .as_str()
+        .is_some_and(|name| name.eq_ignore_ascii_case("idempotency-key"))
+}
+
+/// The statuses an operation answers because of what it takes, each with the
+/// codes it may carry; the route's own annotation adds its business outcomes.
+fn answered_by_construction(path: &str, operation: &Map<String, Value>) -> Vec<(&'static str, Vec<&'static str>)> {
+    let has_body = operation.contains_key("requestBody");
+    let has_key = takes_idempotency_key(operation);
+    let mut bad_request = Vec::new();
+    if has_body || takes(operation, "query") {
+        bad_request.push("invalid_request");
+    }
+    if has_key {
+        bad_request.extend(["idempotency_key_missing", "idempotency_key_invalid"]);
+    }
+    let mut answers = Vec::new();
+    if !bad_request.is_empty() {
+        answers.push(("400", bad_request));
+    }
+    if path.starts_with("/v1/") {
+        answers.push(("401", vec!["unauthenticated"]));
+    }
+    if takes(operation, "path") {
+        answers.push(("404", vec!["not_found"]));
+    }
+    if has_key {
+        answers.push(("409", vec!["request_in_progress", "operation_outcome_unknown"]));
+        answers.push(("422", vec!["idempotency_key_reused"]));
+    }
+    if has_body {
+        answers.push(("413", vec!["payload_too_large"]));
+        answers.push(("415", vec!["unsupported_media_type"]));
+    }
+    answers.push(("408", vec!["request_timeout"]));
+    answers.push(("431", vec!["request_header_fields_too_large"]));
+    answers.push(("500", vec!["internal_error"]));
+    answers
+}
+
+/// Adds a problem+json answer unless the route documents that status itself.
+fn add_problem_response(operation: &mut Map<String, Value>, status: &str, codes: &[&str]) {
+    let responses = operation
+        .entry("responses")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .expect("`responses` is an object");
+    if responses.contains_key(status) {
+        return;
+    }
+    let codes: Vec<String> = codes.iter().map(|code| format!("`{code}`")).collect();
+    responses.insert(
+        status.to_owned(),
+        json!({
+            "description": codes.join(", "),
+            "content": {"application/problem+json": {"schema": {"$ref": PROBLEM_SCHEMA}}}
+        }),
+    );
+}
+
+fn enumerate_problem_codes(doc: &mut Value) {
+    let codes: Vec<&str> = PROBLEM_CODES.iter().map(|(code, _, _)| *code).collect();
+    if let Some(code) = doc.pointer_mut("/components/schemas/Problem/properties/code") {
+        code["enum"] = json!(codes);
+    }
+}
+
+/// Declares what the server checks of a parameter: the form of an
+/// idempotency key, the bounds of `limit`, and no NUL in a query string.
+fn constrain_parameters(operation: &mut Map<String, Value>) {
+    let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for parameter in parameters.iter_mut().filter_map(Value::as_object_mut) {
+        if parameter["in"] == "header" && is_idempotency_key(parameter) {
+            parameter.insert(
+                "schema".into(),
+                json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}),
+            );
+        } else if parameter["in"] == "query" {
+            let name = parameter["name"].as_str().unwrap_or_default().to_owned();
+            let Some(schema) = parameter.get_mut("schema") else {
+                continue;
+            };
+            match name.as_str() {
+                // every list reads its page with `PageRequest`
+                "limit" => {
+                    schema["minimum"] = json!(1);
+                    schema["maximum"] = json!(MAX_LIMIT);
+                }
+                // a key given as it is, with no quoting to undo
+                "idempotency_key" => schema["pattern"] = json!("^[!-~]{1,255}$"),
+                _ => forbid_nul(schema),
+            }
+        }
+    }
+}
+
+/// Adds [`NO_NUL_PATTERN`] to every string of every schema a request body
+/// refers to, unless it has a pattern, format or enumeration of its own.
+fn forbid_nul_in_request_bodies(doc: &mut Value) {
+    let mut names: Vec<String> = operations(doc)
+        .into_iter()
+        .filter_map(|(_, _, operation)| operation.get("requestBody"))
+        .flat_map(|body| referenced_schemas(body))
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(name) = names.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
+            names.extend(referenced_schemas(schema));
+            forbid_nul(schema);
+        }
+    }
+}
+
+fn referenced_schemas(value: &Value) -> Vec<String> {
+    match value {
+        Value::Object(members) => members
+            .iter()
+            .flat_map(|(name, member)| match (name.as_str(), member.as_str()) {
+                ("$ref", Some(reference)) => reference
+                    .strip_prefix("#/components/schemas/")
+                    .map(|name| vec![name.to_owned()])
+                    .unwrap_or_default(),
+                _ => referenced_schemas(member),
+            })
+            .collect(),
+        Value::Array(items) => items.iter().flat_map(referenced_schemas).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn forbid_nul(schema: &mut Value) {
+    let Some(members) = schema.as_object_mut() else {
+        return;
+    };
+    let is_string = match &members.get("type") {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(types)) => types.iter().any(|t| t == "string"),
+        _ => false,
+    };
+    let constrained = ["pattern", "format", "enum", "const"]
+        .iter()
+        .any(|k| members.contains_key(*k));
+    if is_string && !constrained {
+        members.insert("pattern".into(), json!(NO_NUL_PATTERN));
+    }
+    for (name, member) in members.iter_mut() {
+        match (name.as_str(), member) {
+            ("properties", Value::Object(properties)) => properties.values_mut().for_each(forbid_nul),
+            ("items" | "additionalProperties", member) => forbid_nul(member),
+            ("oneOf" | "anyOf" | "allOf", Value::Array(schemas)) => schemas.iter_mut().for_each(forbid_nul),
+            _ => {}
+        }
+    }
+}
+
+/// One link: a name, the operation it leads to, and where each of that
+/// operation's path parameters comes from.
+type Link = (String, String, Map<String, Value>);
+
+/// The links of each operation's success answers: from what a POST creates to
+/// every operation under its path (its `id` fills the next path parameter),
+/// from an approval request to the approval's operations, and from every
+/// answer with an `Operation-Id` to that operation's status.
+fn links(doc: &Value) -> std::collections::HashMap<(String, &'static str), Vec<Link>> {
+    let all = operations(doc);
+    let find = |id: &str| all.iter().find(|(_, _, op)| op["operationId"] == id);
+    let mut links: std::collections::HashMap<(String, &'static str), Vec<Link>> = Default::default();
+    for (path, method, _) in all.iter().filter(|(_, method, _)| *method == "post") {
+        let mut out = Vec::new();
+        for (target_path, _, target) in &all {
+            let Some(rest) = target_path.strip_prefix(&format!("{path}/{{")) else {
+                continue;
+            };
+            let Some((created, _)) = rest.split_once('}') else {
+                continue;
+            };
+            let known = path_parameters(path);
+            let names = path_parameters(target_path);
+            // only what this request's path and answer can fill
+            if names.iter().any(|name| name != created && !known.contains(name)) {
+                continue;
+            }
+            let mut parameters = Map::new();
+            for name in names {
+                let source = if name == created {
+                    "$response.body#/id".to_owned()
+                } else {
+                    format!("$request.path.{name}")
+                };
+                parameters.insert(name, json!(source));
+            }
+            out.push((operation_id(target), operation_id(target), parameters));
+        }
+        if let Some((_, _, target)) = find("get_operation") {
+            let parameters = Map::from_iter([("operation_id".into(), json!("$response.header.Operation-Id"))]);
+            out.push(("get_operation".into(), operation_id(target), parameters));
+        }
+        for id in ["get_approval", "decide"] {
+            if let Some((_, _, target)) = find(id) {
+                let parameters = Map::from_iter([("approval_id".into(), json!("$response.body#/approval_id"))]);
+                out.push((
+                    format!("{id}_when_approval_requested"),
+                    operation_id(target),
+                    parameters,
+                ));
+            }
+        }
+        links.insert((path.to_string(), *method), out);
+    }
+    links
+}
+
+fn operation_id(operation: &Map<String, Value>) -> String {
+    operation["operationId"].as_str().unwrap_or_default().to_owned()
+}
+
+fn path_parameters(path: &str) -> Vec<String> {
+    path.split('{')
+        .skip(1)
+        .filter_map(|part| part.split_once('}').map(|(name, _)| name.to_owned()))
+        .collect()
+}
+
+/// Puts the links on every 2xx answer of the operation.
+fn add_links(operation: &mut Map<String, Value>, links: &[Link]) {
+    let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (status, response) in responses.iter_mut() {
+        if !status.starts_with('2') {
+            continue;
+        }
+        let Some(response) = response.as_object_mut() else {
+            continue;
+        };
+        let out = response.entry("links").or_insert_with(|| json!({}));
+        for (name, operation_id, parameters) in links {
+            // an approval request is the only 202 body with an `approval_id`
+            if name.ends_with("_when_approval_requested") && status != "202" {
+                continue;
+            }
+            out[name.as_str()] = json!({"operationId": operation_id, "parameters": parameters});
+        }
+    }
+}
