@@ -100,6 +100,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Some(field) = first_nul(&value, "") {
         return Err(ApiError::invalid_field(field, "must not contain the NUL character"));
     }
+    let mut value = value;
+    integral_numbers_as_integers(&mut value);
     serde_path_to_error::deserialize(value).map_err(|e| field_problem(&e.path().to_string(), &e.inner().to_string()))
 }
 
@@ -265,6 +267,25 @@ fn first_nul(value: &Value, path: &str) -> Option<String> {
     }
 }
 
+/// JSON has one number type: `3.0` is the integer 3 (RFC 8785 writes it `3`),
+/// so an integral number that a double holds exactly reads as an integer.
+fn integral_numbers_as_integers(value: &mut Value) {
+    const EXACT: f64 = 9_007_199_254_740_991.0; // 2^53 - 1
+    match value {
+        Value::Number(number) => {
+            if let Some(float) = number.as_f64().filter(|_| number.is_f64())
+                && float.fract() == 0.0
+                && float.abs() <= EXACT
+            {
+                *value = Value::from(float as i64);
+            }
+        }
+        Value::Object(members) => members.values_mut().for_each(integral_numbers_as_integers),
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers_as_integers),
+        _ => {}
+    }
+}
+
 /// Turns serde's `path` and message into the contract's `{field, message}`.
 fn field_problem(path: &str, message: &str) -> ApiError {
     let message = without_position(message);
@@ -393,5 +414,32 @@ where
             .await
             .map(|Path(value)| ApiPath(value))
             .map_err(|_| ApiError::not_found("this resource"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Versioned {
+        version: i64,
+    }
+
+    // parsing only: no database, so no backend applies
+    #[test]
+    fn an_integral_number_written_with_a_fraction_reads_as_that_integer() {
+        let parsed: Versioned = parse_json(br#"{"version": 3.0}"#).unwrap();
+        assert_eq!(parsed.version, 3);
+        let parsed: Versioned = parse_json(br#"{"version": 3e2}"#).unwrap();
+        assert_eq!(parsed.version, 300);
+        assert_eq!(
+            parse_json::<Versioned>(br#"{"version": 3.5}"#).unwrap_err().status(),
+            400
+        );
+        assert_eq!(
+            parse_json::<Versioned>(br#"{"version": 1e300}"#).unwrap_err().status(),
+            400
+        );
     }
 }
