@@ -206,7 +206,7 @@ fn forbid_nul_in_request_bodies(doc: &mut Value) {
     let mut names: Vec<String> = operations(doc)
         .into_iter()
         .filter_map(|(_, _, operation)| operation.get("requestBody"))
-        .flat_map(|body| referenced_schemas(body))
+        .flat_map(referenced_schemas)
         .collect();
     let mut seen = std::collections::BTreeSet::new();
     while let Some(name) = names.pop() {
@@ -349,6 +349,199 @@ fn add_links(operation: &mut Map<String, Value>, links: &[Link]) {
                 continue;
             }
             out[name.as_str()] = json!({"operationId": operation_id, "parameters": parameters});
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A document as the routes' annotations give it: a create with a body
+    /// and a key that documents its own 409, and a read by id.
+    fn annotated() -> OpenApi {
+        let problem = json!({"content": {"application/problem+json": {"schema": {"$ref": PROBLEM_SCHEMA}}}});
+        serde_json::from_value(json!({
+            "openapi": "3.1.0",
+            "info": {"title": "things", "version": "1"},
+            "paths": {
+                "/v1/things": {"post": {
+                    "operationId": "create_thing",
+                    "parameters": [{"name": "Idempotency-Key", "in": "header", "required": true, "schema": {"type": "string"}}],
+                    "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ThingBody"}}}},
+                    "responses": {
+                        "201": {"description": "Created"},
+                        "409": {"description": "`thing_exists`", "content": problem["content"]}
+                    }
+                }},
+                "/v1/things/{thing_id}": {"get": {
+                    "operationId": "get_thing",
+                    "parameters": [{"name": "thing_id", "in": "path", "required": true, "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "The thing"}}
+                }},
+                "/v1/things/{thing_id}/cancel": {"post": {
+                    "operationId": "cancel_thing",
+                    "parameters": [{"name": "thing_id", "in": "path", "required": true, "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "Cancelled"}}
+                }}
+            },
+            "components": {"schemas": {
+                "Problem": {"type": "object", "properties": {"code": {"type": "string"}}},
+                "ThingBody": {"type": "object", "properties": {
+                    "name": {"type": "string"},
+                    "digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
+                }}
+            }}
+        }))
+        .unwrap()
+    }
+
+    fn statuses(doc: &Value, path: &str, method: &str) -> Vec<String> {
+        doc["paths"][path][method]["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn each_operation_lists_the_statuses_it_answers_by_construction() {
+        let doc = complete(&annotated());
+
+        let mut create = statuses(&doc, "/v1/things", "post");
+        create.sort();
+        assert_eq!(
+            create,
+            ["201", "400", "401", "408", "409", "413", "415", "422", "431", "500"]
+        );
+        let mut read = statuses(&doc, "/v1/things/{thing_id}", "get");
+        read.sort();
+        assert_eq!(read, ["200", "401", "404", "408", "431", "500"]);
+        let missing_key = &doc["paths"]["/v1/things"]["post"]["responses"]["400"];
+        assert_eq!(
+            missing_key["content"]["application/problem+json"]["schema"]["$ref"],
+            PROBLEM_SCHEMA
+        );
+        assert!(
+            missing_key["description"]
+                .as_str()
+                .unwrap()
+                .contains("`idempotency_key_missing`")
+        );
+    }
+
+    #[test]
+    fn a_status_the_route_documents_is_kept_as_the_route_wrote_it() {
+        let doc = complete(&annotated());
+
+        assert_eq!(
+            doc["paths"]["/v1/things"]["post"]["responses"]["409"]["description"],
+            "`thing_exists`"
+        );
+    }
+
+    #[test]
+    fn the_problem_code_is_an_enumeration_of_every_code() {
+        let doc = complete(&annotated());
+
+        let codes = doc["components"]["schemas"]["Problem"]["properties"]["code"]["enum"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(codes.len(), PROBLEM_CODES.len());
+        for code in [
+            "unauthenticated",
+            "idempotency_key_reused",
+            "request_header_fields_too_large",
+        ] {
+            assert!(codes.contains(&json!(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_key_is_declared_in_the_form_the_server_accepts_and_strings_without_nul() {
+        let doc = complete(&annotated());
+
+        let key = &doc["paths"]["/v1/things"]["post"]["parameters"][0]["schema"];
+        assert_eq!(key["pattern"], IDEMPOTENCY_KEY_PATTERN);
+        let body = &doc["components"]["schemas"]["ThingBody"]["properties"];
+        assert_eq!(body["name"]["pattern"], NO_NUL_PATTERN);
+        assert_eq!(
+            body["digest"]["pattern"], "^sha256:[0-9a-f]{64}$",
+            "its own pattern stays"
+        );
+    }
+
+    #[test]
+    fn a_created_resource_links_to_the_operations_on_it() {
+        let doc = complete(&annotated());
+
+        let links = &doc["paths"]["/v1/things"]["post"]["responses"]["201"]["links"];
+        assert_eq!(
+            links["get_thing"],
+            json!({"operationId": "get_thing", "parameters": {"thing_id": "$response.body#/id"}})
+        );
+        assert_eq!(links["cancel_thing"]["parameters"]["thing_id"], "$response.body#/id");
+        assert!(
+            doc["paths"]["/v1/things"]["post"]["responses"]["409"]
+                .get("links")
+                .is_none()
+        );
+    }
+
+    /// Every `code` the services' own error constructors use, read from their
+    /// sources (tests and the simulated external systems aside).
+    fn constructed_codes() -> Vec<String> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dirs = [
+            "shared/platform/src",
+            "shared/idempotency/src",
+            "services/tickets/src",
+            "services/payments/src",
+            "services/deployments/src",
+        ];
+        let mut files: Vec<_> = dirs.iter().map(|dir| root.join(dir)).collect();
+        let mut codes = Vec::new();
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).unwrap();
+            let source = source.split("#[cfg(test)]").next().unwrap();
+            // `ApiError::new(` everywhere; `Self::new(` inside `ApiError` itself
+            let constructor = if path.ends_with("platform/src/error.rs") {
+                "Self::new("
+            } else {
+                "ApiError::new("
+            };
+            for call in source.split(constructor).skip(1) {
+                // the code is the second argument, a string literal
+                if let Some((_, rest)) = call.split_once(',')
+                    && let Some(literal) = rest.trim_start().strip_prefix('"')
+                    && let Some((code, _)) = literal.split_once('"')
+                {
+                    codes.push(code.to_owned());
+                }
+            }
+        }
+        codes
+    }
+
+    #[test]
+    fn every_code_the_services_construct_is_in_the_list() {
+        let codes = constructed_codes();
+
+        assert!(
+            codes.iter().any(|c| c == "idempotency_key_reused"),
+            "the scan finds codes"
+        );
+        for code in codes {
+            assert!(
+                PROBLEM_CODES.iter().any(|(listed, _, _)| *listed == code),
+                "`{code}` is not in PROBLEM_CODES"
+            );
         }
     }
 }
