@@ -113,8 +113,8 @@ pub struct OperationList {
 #[serde(deny_unknown_fields)]
 pub struct OperationQuery {
     /// The key the operation was sent with, after unquoting: the key itself,
-    /// URL-encoded, never the quoted header form.
-    pub idempotency_key: Option<String>,
+    /// URL-encoded, never the quoted header form. Required.
+    pub idempotency_key: String,
     /// 1–200, default 50 (a key names at most one operation).
     pub limit: Option<i64>,
     pub cursor: Option<String>,
@@ -405,11 +405,9 @@ pub async fn find_operation_by_key(
     ApiQuery(query): ApiQuery<OperationQuery>,
 ) -> Result<Json<OperationList>, ApiError> {
     PageRequest::parse(query.limit, query.cursor.as_deref())?;
-    let key = query
-        .idempotency_key
-        .ok_or_else(|| ApiError::invalid_field("idempotency_key", "is required"))?;
     idempotency.flush_attempts().await;
-    let key = IdempotencyKey::parse_unquoted(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+    let key = IdempotencyKey::parse_unquoted(query.idempotency_key)
+        .map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
     let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
         Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
         None => Vec::new(),
