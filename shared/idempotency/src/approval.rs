@@ -202,6 +202,17 @@ pub struct ApprovalRequested {
     pub approval_url: String,
 }
 
+/// The 202 of an operation that the policy may give to a human: the accepted
+/// resource, or the approval request. It names the two shapes for the OpenAPI
+/// document; handlers build either one directly.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum AcceptedOrAwaitingApproval<T: utoipa::ToSchema> {
+    Accepted(T),
+    AwaitingApproval(Box<ApprovalRequested>),
+}
+
 /// An approval as approvers (and the operation status) see it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ApprovalView {
