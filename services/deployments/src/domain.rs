@@ -136,16 +136,19 @@ fn validate_name(name: &str) -> Result<(), validator::ValidationError> {
 #[serde(deny_unknown_fields)]
 pub struct CreateDeploymentBody {
     #[validate(custom(function = "validate_name"))]
-    #[schema(example = "checkout")]
+    #[schema(example = "checkout", pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     pub service: String,
     #[validate(custom(function = "validate_name"))]
-    #[schema(example = "staging")]
+    #[schema(example = "staging", pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     pub environment: String,
     /// `sha256:` and 64 lowercase hex digits; never a tag.
-    #[schema(example = "sha256:4f6c0e2b9f1d6a8e3c5b7d9f0a2c4e6b8d0f2a4c6e8b0d2f4a6c8e0b2d4f6a8c")]
+    #[schema(
+        example = "sha256:4f6c0e2b9f1d6a8e3c5b7d9f0a2c4e6b8d0f2a4c6e8b0d2f4a6c8e0b2d4f6a8c",
+        pattern = "^sha256:[0-9a-f]{64}$"
+    )]
     pub artifact_digest: String,
     /// The full 40-digit commit SHA; never a branch or a short SHA.
-    #[schema(example = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678")]
+    #[schema(example = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678", pattern = "^[0-9a-fA-F]{40}$")]
     pub commit_sha: Option<String>,
     /// The deployment the caller believes is current; another one → 409 `version_mismatch`.
     pub expected_current_deployment_id: Option<String>,
@@ -183,13 +186,19 @@ impl TryFrom<CreateDeploymentBody> for CreateDeployment {
 #[serde(deny_unknown_fields)]
 pub struct RollbackBody {
     #[validate(custom(function = "validate_name"))]
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     pub service: String,
     #[validate(custom(function = "validate_name"))]
+    #[schema(pattern = r"^[a-z0-9][a-z0-9-]{0,62}$")]
     pub environment: String,
     /// A deployment (or rollback) that succeeded in this environment.
     pub to_deployment_id: String,
     #[validate(length(min = 1, max = 1000, message = "must be 1 to 1000 characters"))]
-    #[schema(example = "checkout errors after dep_…; back to the last good release")]
+    #[schema(
+        example = "checkout errors after dep_…; back to the last good release",
+        min_length = 1,
+        max_length = 1000
+    )]
     pub reason: String,
 }
 

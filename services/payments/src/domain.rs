@@ -17,15 +17,17 @@ use crate::money::{AmountText, Money};
 pub struct CreateIntentBody {
     /// The merchant's order: at most one live intent per order.
     #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
-    #[schema(example = "order-1042")]
+    #[schema(example = "order-1042", min_length = 1, max_length = 255)]
     pub order_id: String,
     /// A decimal string, never a JSON number.
     pub amount: AmountText,
-    #[schema(example = "EUR")]
+    /// An ISO 4217 code in capitals, of a currency with minor units.
+    #[schema(example = "EUR", pattern = "^[A-Z]{3}$")]
     pub currency: String,
     #[validate(nested)]
     pub payee: PayeeBody,
     #[validate(length(max = 1000, message = "must be at most 1000 characters"))]
+    #[schema(max_length = 1000)]
     pub description: Option<String>,
 }
 
@@ -33,11 +35,11 @@ pub struct CreateIntentBody {
 #[serde(deny_unknown_fields)]
 pub struct PayeeBody {
     #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
-    #[schema(example = "Acme Supplies GmbH")]
+    #[schema(example = "Acme Supplies GmbH", min_length = 1, max_length = 255)]
     pub name: String,
     /// The payee's account at the provider (an IBAN, say).
     #[validate(length(min = 1, max = 64, message = "must be 1 to 64 characters"))]
-    #[schema(example = "DE89370400440532013000")]
+    #[schema(example = "DE89370400440532013000", min_length = 1, max_length = 64)]
     pub account: String,
 }
 
@@ -143,7 +145,7 @@ pub fn new_id(prefix: &str) -> String {
 pub struct CaptureBody {
     /// At most the intent's amount, in its currency; omitted, the whole
     /// amount. A partial capture releases the rest.
-    #[schema(value_type = Option<String>, example = "12.50")]
+    #[schema(value_type = Option<AmountText>)]
     pub amount: Option<AmountText>,
 }
 
@@ -190,9 +192,9 @@ impl CaptureIntent {
 #[serde(deny_unknown_fields)]
 pub struct RefundBody {
     /// A decimal string in the intent's currency.
-    #[schema(value_type = String, example = "2.50")]
     pub amount: AmountText,
     #[validate(length(max = 1000, message = "must be at most 1000 characters"))]
+    #[schema(max_length = 1000)]
     pub reason: Option<String>,
 }
 

@@ -16,7 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize, de};
 /// An amount as sent: a JSON string of decimal digits. A JSON number is
 /// refused while the body is read, with a message that says why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[schema(value_type = String, example = "12.50")]
+#[schema(value_type = String, example = "12.50", pattern = r"^[0-9]+(\.[0-9]+)?$")]
 pub struct AmountText(pub String);
 
 impl<'de> Deserialize<'de> for AmountText {

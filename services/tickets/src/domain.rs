@@ -85,27 +85,43 @@ fn labels_are_short(labels: &[String]) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// A label as the document describes it: 1 to 50 characters, not blank.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+#[schema(value_type = String, max_length = 50, pattern = r"^[^\u0000]*[^\u0000\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$")]
+pub struct Label(String);
+
 /// `POST /v1/tickets`, as sent.
 #[derive(Debug, Deserialize, Validate, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTicketBody {
     /// The project the ticket belongs to.
     #[validate(length(max = 64, message = "must be at most 64 characters"), custom(function = not_blank))]
-    #[schema(example = "ops")]
+    #[schema(
+        example = "ops",
+        max_length = 64,
+        pattern = r"^[^\u0000]*[^\u0000\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
+    )]
     pub project: String,
     #[validate(length(max = 200, message = "must be at most 200 characters"), custom(function = not_blank))]
-    #[schema(example = "Rotate staging certificate")]
+    #[schema(
+        example = "Rotate staging certificate",
+        max_length = 200,
+        pattern = r"^[^\u0000]*[^\u0000\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
+    )]
     pub title: String,
     #[validate(length(max = 10000, message = "must be at most 10000 characters"))]
+    #[schema(max_length = 10000)]
     pub description: Option<String>,
     /// Default `normal`.
     pub priority: Option<Priority>,
     /// The alert or event this ticket is about: at most one ticket per
     /// `(project, source_event_id)`, whatever key creates it.
     #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
-    #[schema(example = "alert-7f3a")]
+    #[schema(example = "alert-7f3a", min_length = 1, max_length = 255)]
     pub source_event_id: Option<String>,
     #[validate(length(max = 20, message = "at most 20 labels"), custom(function = labels_are_short))]
+    #[schema(value_type = Option<Vec<Label>>, max_items = 20)]
     pub labels: Option<Vec<String>>,
 }
 
@@ -192,7 +208,11 @@ impl TicketsPolicy {
 #[serde(deny_unknown_fields)]
 pub struct AddCommentBody {
     #[validate(length(max = 10000, message = "must be at most 10000 characters"), custom(function = not_blank))]
-    #[schema(example = "Certificate rotated; watching the error rate.")]
+    #[schema(
+        example = "Certificate rotated; watching the error rate.",
+        max_length = 10000,
+        pattern = r"^[^\u0000]*[^\u0000\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
+    )]
     pub body: String,
 }
 
@@ -210,6 +230,7 @@ pub struct SetStatusBody {
     pub status: TicketStatus,
     /// The version the caller last saw; a stale one is refused with 409 `version_mismatch`.
     #[validate(range(min = 1, message = "must be at least 1"))]
+    #[schema(minimum = 1)]
     pub expected_version: Option<i64>,
 }
 
