@@ -123,7 +123,7 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
     (
         "unknown_environment",
         400,
-        "A deployment or rollback names an environment that is not configured; `known_environments` lists those that are. Nothing was claimed.",
+        "A deployment or rollback names an environment that is not configured; the problem names those that are. Nothing was claimed.",
     ),
     (
         "environment_locked",
