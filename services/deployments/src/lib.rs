@@ -135,19 +135,41 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
         .await
 }
 
-pub fn openapi() -> utoipa::openapi::OpenApi {
+/// The service's OpenAPI document. An `environment` is one of `environments`
+/// wherever a request names one: the service refuses any other with 400
+/// `unknown_environment`, so the document says which it takes.
+pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
     let mut doc = routes::DeploymentsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
-    doc
+    let mut json = serde_json::to_value(&doc).expect("an OpenAPI document is JSON");
+    let known = serde_json::json!(environments);
+    for body in ["CreateDeploymentBody", "RollbackBody"] {
+        if let Some(environment) = json.pointer_mut(&format!("/components/schemas/{body}/properties/environment")) {
+            environment["enum"] = known.clone();
+        }
+    }
+    let get_environment = "/paths/~1v1~1environments~1{service}~1{environment}/get/parameters";
+    for parameter in json
+        .pointer_mut(get_environment)
+        .and_then(|p| p.as_array_mut())
+        .into_iter()
+        .flatten()
+    {
+        if parameter["name"] == "environment" {
+            parameter["schema"]["enum"] = known.clone();
+        }
+    }
+    serde_json::from_value(json).expect("the document read back")
 }
 
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
+    let openapi = openapi(&app.policy.environments);
     platform::service::finish(
         routes::router()
             .merge(idempotency::routes::routes())
             .with_state(app)
-            .merge(platform::service::common_routes("Retrysafe deployments", openapi())),
+            .merge(platform::service::common_routes("Retrysafe deployments", openapi)),
     )
 }
 

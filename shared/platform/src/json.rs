@@ -93,14 +93,13 @@ fn is_json(request: &Request) -> bool {
 /// failure is about. NUL characters are refused everywhere: PostgreSQL cannot
 /// store them in text, and the two backends must answer alike.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value = parse_unambiguous(bytes)?;
+    let mut value = parse_unambiguous(bytes)?;
     if !value.is_object() {
         return Err(ApiError::invalid_request("the body must be a JSON object", vec![]));
     }
     if let Some(field) = first_nul(&value, "") {
         return Err(ApiError::invalid_field(field, "must not contain the NUL character"));
     }
-    let mut value = value;
     integral_numbers_as_integers(&mut value);
     serde_path_to_error::deserialize(value).map_err(|e| field_problem(&e.path().to_string(), &e.inner().to_string()))
 }

@@ -175,9 +175,31 @@ async fn an_unconfigured_environment_is_400_naming_the_known_ones_and_claims_not
     assert_eq!(app.controller.stats().rollouts_started, 1);
 }
 
+/// A client (or a fuzzer) reading the document knows which environments there
+/// are: every `environment` a request can name is one of the configured ones.
+async fn the_document_names_the_configured_environments_wherever_a_request_takes_one(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let document = app.get("/openapi.json", ACME_AGENT).await.json();
+
+    let known = json!(["development", "staging", "production"]);
+    let schemas = &document["components"]["schemas"];
+    assert_eq!(
+        schemas["CreateDeploymentBody"]["properties"]["environment"]["enum"],
+        known
+    );
+    assert_eq!(schemas["RollbackBody"]["properties"]["environment"]["enum"], known);
+    let parameters = document["paths"]["/v1/environments/{service}/{environment}"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let environment = parameters.iter().find(|p| p["name"] == "environment").unwrap();
+    assert_eq!(environment["schema"]["enum"], known);
+}
+
 platform::both_backends!(
     a_production_deployment_waits_for_an_approval_of_its_exact_release_and_rolls_out_once,
     a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replaces_and_restores,
     a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claims_nothing,
     an_unconfigured_environment_is_400_naming_the_known_ones_and_claims_nothing,
+    the_document_names_the_configured_environments_wherever_a_request_takes_one,
 );
