@@ -69,24 +69,20 @@ async fn an_answer_that_may_mean_still_starting_leaves_the_deployment_unknown_an
     let statuses = [409, 425, 429, 500, 503];
 
     for (i, status) in statuses.into_iter().enumerate() {
-        let environment = format!("staging-{i}");
+        // a service of its own each time, so each deployment has a lock of its own
+        let service = format!("checkout-{i}");
+        let release = |digest: &str, commit: &str| json!({"service": service, "environment": "staging", "artifact_digest": digest, "commit_sha": commit});
         app.controller.set_faults(Faults {
             answer_after_accepting: vec![status],
             ..Faults::default()
         });
         let first = app
-            .deploy(
-                &format!("deploy-{i}"),
-                &release(&environment, &digest('a'), Some(COMMIT_A1B2C3)),
-            )
+            .deploy(&format!("deploy-{i}"), &release(&digest('a'), COMMIT_A1B2C3))
             .await;
         app.deliver().await;
         let after_answer = app.operation(first.operation_id.as_deref().unwrap()).await;
         let second = app
-            .deploy(
-                &format!("other-{i}"),
-                &release(&environment, &digest('d'), Some(COMMIT_D4E5F6)),
-            )
+            .deploy(&format!("other-{i}"), &release(&digest('d'), COMMIT_D4E5F6))
             .await;
         assert_eq!(first.status, StatusCode::ACCEPTED, "{status}: {:?}", first.body);
         assert_eq!(after_answer["state"], "unknown", "{status}: {after_answer}");
