@@ -567,29 +567,8 @@ impl Idempotency {
                 "the principal that requested an operation may not approve it; another approver must decide",
             ));
         }
-        match approval.state(Timestamp::now()) {
-            ApprovalState::Pending => {}
-            ApprovalState::Expired => {
-                self.expire(&approval).await?;
-                return Err(refusal(
-                    ApprovalState::Expired,
-                    &approval.operation_id,
-                    &approval.approval_id,
-                ));
-            }
-            decided
-                if decided == decision.state() && approval.decided_by.as_deref() == Some(&principal.principal_id) =>
-            {
-                return Ok(ApprovalView::of(approval, Timestamp::now()));
-            }
-            decided => {
-                return Err(ApiError::invalid_state(format!(
-                    "this approval was already {}; a decision is made once",
-                    decided.as_str()
-                ))
-                .with("approval_id", &approval.approval_id)
-                .with("state", decided));
-            }
+        if approval.state(Timestamp::now()) != ApprovalState::Pending {
+            return self.answer_decided(approval, principal, decision).await;
         }
         if echoed_fingerprint != approval.fingerprint.as_str() {
             return Err(ApiError::new(
@@ -615,17 +594,12 @@ impl Idempotency {
         )
         .await?
         {
-            // decided or expired between the read and the write: say what it is now
+            // decided (by this very decision sent twice at once, too) or expired between the read and the write
             let _ = tx.rollback().await;
             let current = find(&self.db, &principal.account_id, approval_id)
                 .await?
                 .ok_or_else(not_found)?;
-            let state = current.state(Timestamp::now());
-            return Err(
-                ApiError::invalid_state(format!("this approval is {} now", state.as_str()))
-                    .with("approval_id", approval_id)
-                    .with("state", state),
-            );
+            return self.answer_decided(current, principal, decision).await;
         }
         let event = match decision {
             Decision::Approve => AuditEvent::Approved,
@@ -641,6 +615,41 @@ impl Idempotency {
             .await?
             .ok_or_else(not_found)?;
         Ok(ApprovalView::of(decided, Timestamp::now()))
+    }
+
+    /// The answer to a decision on an approval that is no longer pending. The
+    /// same approver repeating the decision made gets it again, however the
+    /// repeats interleave (a lost response retried, a request sent twice at
+    /// once); any other decision is 409 `invalid_state`, and one on an
+    /// approval past its expiry is the `approval_expired` refusal.
+    async fn answer_decided(
+        &self,
+        approval: ApprovalRecord,
+        principal: &Principal,
+        decision: Decision,
+    ) -> Result<ApprovalView, ApiError> {
+        let now = Timestamp::now();
+        match approval.state(now) {
+            ApprovalState::Expired => {
+                self.expire(&approval).await?;
+                Err(refusal(
+                    ApprovalState::Expired,
+                    &approval.operation_id,
+                    &approval.approval_id,
+                ))
+            }
+            decided
+                if decided == decision.state() && approval.decided_by.as_deref() == Some(&principal.principal_id) =>
+            {
+                Ok(ApprovalView::of(approval, now))
+            }
+            state => Err(ApiError::invalid_state(format!(
+                "this approval is {}; a decision is made once",
+                state.as_str()
+            ))
+            .with("approval_id", &approval.approval_id)
+            .with("state", state)),
+        }
     }
 
     /// Ends an operation whose approval ran out: a pending approval is

@@ -40,6 +40,14 @@ impl TestApp {
         self.decide(ACME_APPROVER, approval_id, decision, fingerprint).await
     }
 
+    /// The approval of the approval request `request`, as an approver sees it.
+    async fn approval(&self, request: &Value) -> Value {
+        let approval_id = request["approval_id"].as_str().unwrap();
+        self.get(&format!("/v1/approvals/{approval_id}"), ACME_APPROVER)
+            .await
+            .json()
+    }
+
     async fn operation(&self, operation_id: &str) -> Value {
         self.get(&format!("/v1/operations/{operation_id}"), ACME_AGENT)
             .await
@@ -169,6 +177,56 @@ async fn a_decision_is_made_once_and_repeating_it_answers_it_again(backend: Back
     );
     assert_eq!(repeated.json()["decided_at"], first.json()["decided_at"]);
     reversed.assert_problem(409, "invalid_state");
+}
+
+/// Sends each of `decisions` on the approval request `requested` at once.
+async fn decide_at_once(
+    app: &Arc<TestApp>,
+    requested: &Value,
+    decisions: &[&'static str],
+) -> Vec<(&'static str, TestResponse)> {
+    let requested = Arc::new(requested.clone());
+    join_all(decisions.iter().map(|&decision| {
+        let (app, requested) = (app.clone(), requested.clone());
+        tokio::spawn(async move { (decision, app.decide_on(&requested, decision).await) })
+    }))
+    .await
+    .into_iter()
+    .map(|answer| answer.unwrap())
+    .collect()
+}
+
+async fn many_identical_decisions_at_once_by_one_approver_all_get_the_decision_and_an_opposite_one_409(
+    backend: Backend,
+) {
+    let app = Arc::new(approvals_app(backend).await);
+    let first = app.create_ticket("key-1", URGENT).await.json();
+    let second = app.create_ticket("key-2", URGENT).await.json();
+
+    let identical = decide_at_once(&app, &first, &["approve"; 100]).await;
+    let mut mixed = vec!["approve"; 20];
+    mixed.extend(["reject"; 20]);
+    let opposed = decide_at_once(&app, &second, &mixed).await;
+
+    let decided = identical[0].1.json();
+    assert_eq!(decided["state"], "approved");
+    for (_, answer) in &identical {
+        assert_eq!(answer.status.as_u16(), 200, "{:?}", answer.body);
+        assert_eq!(answer.json(), decided, "every repeat gets the same decided approval");
+    }
+    // whichever decision came first stands: its repeats get it, the other is refused
+    let made = if app.approval(&second).await["state"] == "approved" {
+        "approve"
+    } else {
+        "reject"
+    };
+    for (decision, answer) in &opposed {
+        if *decision == made {
+            assert_eq!(answer.status.as_u16(), 200, "{:?}", answer.body);
+        } else {
+            answer.assert_problem(409, "invalid_state");
+        }
+    }
 }
 
 async fn a_rejected_operation_answers_approval_rejected_to_every_retry_and_never_runs(backend: Backend) {
@@ -334,6 +392,7 @@ platform::both_backends!(
     tickets_below_the_policy_s_priority_are_created_at_once,
     the_principal_that_requested_an_operation_can_never_approve_it,
     a_decision_is_made_once_and_repeating_it_answers_it_again,
+    many_identical_decisions_at_once_by_one_approver_all_get_the_decision_and_an_opposite_one_409,
     a_rejected_operation_answers_approval_rejected_to_every_retry_and_never_runs,
     a_changed_body_is_422_with_the_same_key_and_a_new_approval_with_a_new_key,
     an_approval_nobody_decides_in_time_rejects_its_operation_with_approval_expired,
