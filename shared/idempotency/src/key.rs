@@ -31,7 +31,9 @@ impl IdempotencyKey {
     pub const MAX_LEN: usize = 255;
 
     /// Parses a header value: a bare token (`81b59b1a-…`) or an RFC 8941
-    /// sf-string (`"81b59b1a-…"`), which is unquoted first.
+    /// sf-string (`"81b59b1a-…"`), which is unquoted first. The key lookup's
+    /// `idempotency_key` query parameter is read the same way, so that both
+    /// forms of the header find the operation they claimed.
     pub fn parse(header: &str) -> Result<Self, KeyError> {
         let value = header.trim_matches(|c| c == ' ' || c == '\t');
         let key = if let Some(quoted) = value.strip_prefix('"') {
@@ -42,10 +44,8 @@ impl IdempotencyKey {
         Self::parse_unquoted(key)
     }
 
-    /// Checks a key given as it is, with no quoting to undo: the
-    /// `idempotency_key` query parameter of the operation status lookup.
-    pub fn parse_unquoted(key: impl Into<String>) -> Result<Self, KeyError> {
-        let key = key.into();
+    /// Checks a key once its quoting, if any, is undone.
+    fn parse_unquoted(key: String) -> Result<Self, KeyError> {
         if key.is_empty() {
             return Err(KeyError::Empty);
         }

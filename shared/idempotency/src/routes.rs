@@ -112,8 +112,10 @@ pub struct OperationList {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OperationQuery {
-    /// The key the operation was sent with, after unquoting: the key itself,
-    /// URL-encoded, never the quoted header form. Required.
+    /// The key as the `Idempotency-Key` header carried it — a bare token or
+    /// an RFC 8941 sf-string (`"k"`), read the same way — percent-encoded
+    /// (`%22k%22` for `"k"`; `%20`, `%25`, `%26`, `%2B`, `%23` wherever those
+    /// characters occur). An invalid key is 400 `idempotency_key_invalid`. Required.
     pub idempotency_key: String,
     /// 1–200, default 50 (a key names at most one operation).
     pub limit: Option<i64>,
@@ -388,6 +390,11 @@ pub async fn get_operation(
 
 /// Find the caller's operation by the key it was sent with: after a timeout,
 /// an empty list means the server never claimed the key.
+///
+/// `idempotency_key` is read as the `Idempotency-Key` header is (a bare token
+/// or a quoted sf-string, the same rules and errors) and must be
+/// percent-encoded in the query: `?idempotency_key=%22k%22` for the header
+/// `Idempotency-Key: "k"`.
 #[utoipa::path(
     get,
     path = "/v1/operations",
@@ -395,7 +402,7 @@ pub async fn get_operation(
     params(OperationQuery),
     responses(
         (status = 200, description = "The operation with this key, if there is one", body = OperationList),
-        (status = 400, description = "No or an invalid key", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "No key (`invalid_request`) or an invalid one (`idempotency_key_invalid`)", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -406,7 +413,8 @@ pub async fn find_operation_by_key(
 ) -> Result<Json<OperationList>, ApiError> {
     PageRequest::parse(query.limit, query.cursor.as_deref())?;
     idempotency.flush_attempts().await;
-    let key = IdempotencyKey::parse_unquoted(query.idempotency_key)
+    // read as the header is: a quoted key names the same operation as its bare form
+    let key = IdempotencyKey::parse(&query.idempotency_key)
         .map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
     let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
         Some(operation) => vec![OperationView::read(&idempotency, operation).await?],

@@ -375,6 +375,26 @@ async fn the_operation_can_be_found_by_its_key_and_by_its_id(backend: Backend) {
     );
 }
 
+async fn the_key_lookup_reads_its_key_as_the_header_does_quoted_or_bare(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let created = app.create_ticket("k", ROTATE_CERT).await;
+
+    let quoted = app.get("/v1/operations?idempotency_key=%22k%22", ACME_AGENT).await;
+    let bare = app.get("/v1/operations?idempotency_key=k", ACME_AGENT).await;
+    let spaced = app.get("/v1/operations?idempotency_key=a%20b", ACME_AGENT).await;
+    let badly_quoted = app.get("/v1/operations?idempotency_key=%22k", ACME_AGENT).await;
+
+    assert_eq!(quoted.status, StatusCode::OK);
+    assert_eq!(
+        quoted.json()["data"][0]["operation_id"],
+        created.operation_id(),
+        "the quoted form names the key it claimed, never 'not claimed'"
+    );
+    assert_eq!(quoted.json(), bare.json());
+    spaced.assert_problem(400, "idempotency_key_invalid");
+    badly_quoted.assert_problem(400, "idempotency_key_invalid");
+}
+
 async fn a_retry_reaching_another_instance_is_answered_from_the_database(backend: Backend) {
     let first = TestApp::spawn(backend).await;
     let created = first.create_ticket("key-1", ROTATE_CERT).await;
@@ -410,6 +430,7 @@ async fn a_retry_reaching_another_instance_is_answered_from_the_database(backend
 }
 
 platform::both_backends!(
+    the_key_lookup_reads_its_key_as_the_header_does_quoted_or_bare,
     a_retry_reaching_another_instance_is_answered_from_the_database,
     first_attempt_creates_the_ticket_and_is_marked_not_replayed,
     same_key_and_body_replay_the_stored_answer_byte_for_byte,
