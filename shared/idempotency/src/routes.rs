@@ -40,7 +40,9 @@ pub struct OperationView {
     pub attempts: i32,
     /// What the operation made or acted on, once known.
     pub resource: Option<ResourceRef>,
-    /// The status of the stored answer, once finished.
+    /// The status of the stored answer every retry gets: once finished, or
+    /// once work that goes on after the answer (an outbox delivery) was
+    /// handed its 202, while that work runs and whatever its outcome.
     pub response_status: Option<u16>,
     /// The approval that applies, if any: its id, state, expiry and decision.
     pub approval: Option<OperationApproval>,
@@ -50,6 +52,12 @@ pub struct OperationView {
 
 impl From<OperationRecord> for OperationView {
     fn from(op: OperationRecord) -> Self {
+        // the answer is stored for good once the operation is finished, or once its work
+        // went on after it: an operation in progress that no attempt holds (an outbox
+        // delivers its work), or whose outcome is unknown
+        let answered = op.state.is_finished()
+            || op.state == OperationState::Unknown
+            || (op.state == OperationState::InProgress && op.lease_token.is_none());
         OperationView {
             operation_id: op.operation_id,
             idempotency_key: op.key.as_str().to_owned(),
@@ -61,11 +69,7 @@ impl From<OperationRecord> for OperationView {
             updated_at: op.updated_at,
             attempts: op.attempts,
             resource: op.resource,
-            // an answer is final once the operation is (or its first 202, for an unknown outcome)
-            response_status: op
-                .response
-                .filter(|_| op.state.is_finished() || op.state == OperationState::Unknown)
-                .map(|r| r.status.as_u16()),
+            response_status: op.response.filter(|_| answered).map(|r| r.status.as_u16()),
             approval: None,
             external_ref: op.external_ref,
         }

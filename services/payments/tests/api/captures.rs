@@ -70,6 +70,26 @@ async fn a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_k
     assert_eq!(at_provider["data"][0]["amount_minor"], 1250);
 }
 
+async fn while_the_outbox_delivers_a_capture_its_operation_shows_the_stored_202_every_retry_gets(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "12.50").await;
+
+    let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let operation_id = accepted.operation_id.clone().unwrap();
+    let delivering = app.operation(&operation_id).await;
+    app.deliver().await;
+    let delivered = app.operation(&operation_id).await;
+
+    assert_eq!(accepted.status, StatusCode::ACCEPTED);
+    assert_eq!(delivering["state"], "in_progress", "{delivering}");
+    assert_eq!(
+        delivering["response_status"], 202,
+        "the answer is stored and replayed while the work goes on"
+    );
+    assert_eq!(delivered["state"], "completed");
+    assert_eq!(delivered["response_status"], 202);
+}
+
 /// The story: the provider charges, and its answer never arrives.
 async fn a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_finds_the_one_charge(backend: Backend) {
     let app = TestApp::spawn(backend).await;
@@ -500,6 +520,7 @@ async fn another_account_can_neither_see_nor_capture_an_intent(backend: Backend)
 
 platform::both_backends!(
     four_outbox_workers_racing_on_one_database_send_each_charge_once,
+    while_the_outbox_delivers_a_capture_its_operation_shows_the_stored_202_every_retry_gets,
     a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_key_derived_from_the_operation,
     a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_finds_the_one_charge,
     a_provider_that_fails_before_accepting_is_asked_and_then_sent_the_same_request_again,
