@@ -2,7 +2,10 @@
 //! this attempt owns the operation, run its effect and complete it in one
 //! transaction (CONTRACT §3, §5).
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Mutex, PoisonError},
+    time::{Duration, Instant},
+};
 
 use axum::{
     http::{HeaderValue, StatusCode, header},
@@ -54,6 +57,8 @@ pub struct Attempt<'a> {
     pub approval: Option<ApprovalSummary>,
     /// When this attempt arrived: the time of its `attempted` journal entry.
     pub started: Timestamp,
+    /// The operation this request's log span names, once it is recorded.
+    logged_operation: Mutex<Option<String>>,
 }
 
 impl<'a> Attempt<'a> {
@@ -65,6 +70,7 @@ impl<'a> Attempt<'a> {
             route,
             approval: None,
             started: Timestamp::now(),
+            logged_operation: Mutex::new(None),
         }
     }
 
@@ -80,6 +86,18 @@ impl<'a> Attempt<'a> {
     fn fingerprint(&self, command: &impl Serialize) -> Result<Fingerprint, ApiError> {
         Fingerprint::of(self.method, self.route, &self.principal.account_id, command)
             .map_err(|inexact| ApiError::invalid_field(&inexact.field, inexact.to_string()))
+    }
+
+    /// Names the operation on the request's log span, once for each
+    /// operation the request finds: a duplicate that waits looks at the
+    /// operation again at every poll, and the text log format appends a field
+    /// each time it is recorded.
+    fn record_operation(&self, operation_id: &str, fingerprint: &Fingerprint) {
+        let mut logged = self.logged_operation.lock().unwrap_or_else(PoisonError::into_inner);
+        if logged.as_deref() != Some(operation_id) {
+            telemetry::record_operation(operation_id, fingerprint.as_str());
+            *logged = Some(operation_id.to_owned());
+        }
     }
 
     /// A journal record of this attempt about `operation_id`.
@@ -302,7 +320,7 @@ impl Idempotency {
     {
         match self.claim_or_decide(attempt, fingerprint).await {
             Ok(Decision::Run(operation)) => {
-                telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
+                attempt.record_operation(&operation.operation_id, fingerprint);
                 fail_point("idempotency::after_claim").await;
                 self.run(attempt, *operation, call_out, effect).await
             }
@@ -376,7 +394,7 @@ impl Idempotency {
                         return commit_failed(e);
                     }
                     self.wake_outbox(&done);
-                    telemetry::record_operation(operation_id, fingerprint.as_str());
+                    attempt.record_operation(operation_id, fingerprint);
                     telemetry::record_outcome("created");
                     self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
                     stored_response(&done.response, operation_id, false)
@@ -387,7 +405,7 @@ impl Idempotency {
                     let completion = Completion::failed(&response);
                     match self.claim_finished_alone(&new, &completion, attempt.started).await {
                         Ok(true) => {
-                            telemetry::record_operation(operation_id, fingerprint.as_str());
+                            attempt.record_operation(operation_id, fingerprint);
                             telemetry::record_outcome("failed");
                             self.remember(&principal.account_id, key, operation_id, fingerprint, &completion);
                             with_retry_after(stored_response(&response, operation_id, false), &error)
@@ -559,7 +577,7 @@ impl Idempotency {
         };
         match claimed.await {
             Ok(true) => {
-                telemetry::record_operation(&new.operation_id, fingerprint.as_str());
+                attempt.record_operation(&new.operation_id, fingerprint);
                 telemetry::record_outcome("awaiting_approval");
                 stored_response(&answer, &new.operation_id, false)
             }
@@ -575,7 +593,7 @@ impl Idempotency {
     fn replay_cached(&self, attempt: &Attempt<'_>, answer: &CachedAnswer, fingerprint: &Fingerprint) -> Response {
         let (account_id, key) = (&attempt.principal.account_id, &attempt.headers.key);
         self.attempts.count(account_id, key.as_str());
-        telemetry::record_operation(&answer.operation_id, fingerprint.as_str());
+        attempt.record_operation(&answer.operation_id, fingerprint);
         let replayed = &answer.fingerprint == fingerprint;
         let outcome = if replayed {
             AuditEvent::Replayed
@@ -722,7 +740,7 @@ impl Idempotency {
         let deadline = attempt.headers.wait.map(|w| Instant::now() + w);
         let by = attempt.principal.principal_id.as_str();
         loop {
-            telemetry::record_operation(&operation.operation_id, fingerprint.as_str());
+            attempt.record_operation(&operation.operation_id, fingerprint);
             if &operation.fingerprint != fingerprint {
                 telemetry::record_outcome("key_reused");
                 self.observe(

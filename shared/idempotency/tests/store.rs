@@ -25,6 +25,7 @@ use idempotency::{
 };
 use platform::{ApiError, Backend, Principal, Role, Timestamp, on_pool, on_tx, testing::TestDb};
 use serde_json::json;
+use tracing::{Instrument, instrument::WithSubscriber};
 
 const ROUTE: &str = "/v1/things";
 
@@ -854,8 +855,94 @@ async fn an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key(back
     assert_eq!(f.effects().await, 1);
 }
 
+impl Fixture {
+    /// An attempt with `key` that sends `Prefer: wait` for `wait`.
+    fn waiting_attempt(&self, key: &str, wait: Duration) -> Attempt<'_> {
+        Attempt::post(
+            ROUTE,
+            &self.principal,
+            IdempotencyHeaders {
+                key: IdempotencyKey::parse(key).unwrap(),
+                wait: Some(wait),
+            },
+        )
+    }
+}
+
+/// A `MakeWriter` that keeps what a test's log subscriber writes.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
+    type Writer = CapturedLog;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+async fn a_duplicate_that_waits_through_many_polls_names_its_operation_once_in_its_log_line(backend: Backend) {
+    let f = fixture(backend).await;
+    let command = json!({"n": 1});
+    let held = f
+        .claim("k", &command, Timestamp::now().plus(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let log = CapturedLog::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .finish();
+    let dispatch = tracing::Dispatch::new(subscriber);
+    // the request span as the service's telemetry makes it
+    let span = tracing::dispatcher::with_default(&dispatch, || {
+        tracing::info_span!(
+            "request",
+            operation_id = tracing::field::Empty,
+            fingerprint = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        )
+    });
+
+    let request = async {
+        let response = f
+            .idempotency
+            .execute(
+                f.waiting_attempt("k", Duration::from_millis(500)),
+                &command,
+                async |_, _| Ok(Effect::json(StatusCode::CREATED, &json!({}))),
+            )
+            .await;
+        tracing::info!("request finished");
+        response
+    };
+    let (status, _, _) = read(request.instrument(span).with_subscriber(dispatch).await).await;
+
+    assert_eq!(status, StatusCode::CONFLICT, "it waited the whole time");
+    let written = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let line = written
+        .lines()
+        .find(|line| line.contains("request finished"))
+        .unwrap_or_else(|| panic!("no request line in {written}"));
+    assert_eq!(line.matches("operation_id=").count(), 1, "{line}");
+    assert_eq!(line.matches("fingerprint=").count(), 1, "{line}");
+    assert!(line.contains(&held.operation_id), "{line}");
+}
+
 platform::both_backends!(
     an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key,
+    a_duplicate_that_waits_through_many_polls_names_its_operation_once_in_its_log_line,
     claiming_a_free_key_stores_a_running_operation_with_a_lease,
     claiming_a_taken_key_writes_nothing,
     an_operation_runs_its_effect_once_and_replays_its_stored_answer,
