@@ -730,6 +730,13 @@ impl Idempotency {
     /// `may_take_over`: whether this attempt can still run the operation if
     /// it finds a lease that ran out or an approval given (it cannot once its
     /// effect was spent).
+    ///
+    /// `Prefer: wait=N` bounds the answer to N seconds: an attempt that has
+    /// begun to wait never runs the operation itself, whose run could outlast
+    /// the wait. A lease that runs out (or an approval given) while it waits
+    /// is left to the next attempt, which finds it so on arrival and runs the
+    /// operation as a first attempt does; the waiter answers the replay if
+    /// the holder finishes in time, else 409 `request_in_progress`.
     async fn decide(
         &self,
         attempt: &Attempt<'_>,
@@ -739,7 +746,9 @@ impl Idempotency {
     ) -> Result<Decision, ApiError> {
         let deadline = attempt.headers.wait.map(|w| Instant::now() + w);
         let by = attempt.principal.principal_id.as_str();
+        let mut waited = false;
         loop {
+            let may_run = may_take_over && !waited;
             attempt.record_operation(&operation.operation_id, fingerprint);
             if &operation.fingerprint != fingerprint {
                 telemetry::record_outcome("key_reused");
@@ -764,7 +773,7 @@ impl Idempotency {
                 }
                 OperationState::InProgress => {
                     let now = Timestamp::now();
-                    if may_take_over && operation.lease_expired(now) {
+                    if may_run && operation.lease_expired(now) {
                         let locked_until = now.plus(self.config.lease);
                         let mut tx = self.db.begin().await?;
                         if let Some(taken) =
@@ -782,6 +791,7 @@ impl Idempotency {
                         tx.rollback().await?;
                     } else if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
                         tokio::time::sleep(WAIT_POLL.min(deadline - Instant::now())).await;
+                        waited = true;
                     } else {
                         telemetry::record_outcome("in_progress");
                         self.observe(
@@ -801,7 +811,7 @@ impl Idempotency {
                     .ok_or_else(|| ApiError::internal("an operation awaiting approval has no approval"))?;
                     match approval.state(Timestamp::now()) {
                         ApprovalState::Expired => self.expire(&approval).await?,
-                        ApprovalState::Approved if may_take_over => {
+                        ApprovalState::Approved if may_run => {
                             let now = Timestamp::now();
                             let locked_until = now.plus(self.config.lease);
                             let mut tx = self.db.begin().await?;

@@ -7,7 +7,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use axum::{
@@ -25,6 +25,7 @@ use idempotency::{
 };
 use platform::{ApiError, Backend, Principal, Role, Timestamp, on_pool, on_tx, testing::TestDb};
 use serde_json::json;
+use tokio::sync::Notify;
 use tracing::{Instrument, instrument::WithSubscriber};
 
 const ROUTE: &str = "/v1/things";
@@ -869,6 +870,59 @@ impl Fixture {
     }
 }
 
+async fn a_waiting_duplicate_answers_by_its_deadline_even_when_the_holder_s_lease_runs_out_meanwhile(backend: Backend) {
+    let mut f = fixture(backend).await;
+    let config = IdempotencyConfig {
+        claim: ClaimMode::Leased,
+        lease: Duration::from_millis(200),
+        ..IdempotencyConfig::default()
+    };
+    f.idempotency = Idempotency::new(f.db.db.clone(), config);
+    let (started, release) = (Notify::new(), Notify::new());
+    // slow work under the lease (a call to another system), held until the test lets it go
+    let slow_call = async |_: &str| {
+        started.notify_one();
+        release.notified().await;
+        Ok::<_, ApiError>(())
+    };
+    let effect = async |tx: &mut platform::Tx, _: &str, (): ()| {
+        insert_effect(tx).await?;
+        Ok(Effect::json(StatusCode::CREATED, &json!({})))
+    };
+    let command = json!({"n": 1});
+
+    let first = f
+        .idempotency
+        .execute_calling_out(f.attempt("k"), &command, slow_call, effect);
+    let duplicate = async {
+        started.notified().await;
+        let sent = Instant::now();
+        let waited = f.idempotency.execute_calling_out(
+            f.waiting_attempt("k", Duration::from_secs(1)),
+            &command,
+            slow_call,
+            effect,
+        );
+        let answer = tokio::time::timeout(Duration::from_secs(5), waited).await;
+        let elapsed = sent.elapsed();
+        release.notify_one();
+        (answer, elapsed)
+    };
+    let (first, (duplicate, elapsed)) = tokio::join!(first, duplicate);
+
+    let duplicate = duplicate.expect("the waiter answered within its wait, not when the run it found ended");
+    let (status, parts, body) = read(duplicate).await;
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(elapsed < Duration::from_secs(5), "answered after {elapsed:?}");
+    assert_eq!(status, StatusCode::CONFLICT, "{problem}");
+    assert_eq!(problem["code"], "request_in_progress");
+    assert!(problem["status_url"].is_string());
+    assert!(header(&parts, "retry-after").is_some());
+    let (first, _, _) = read(first).await;
+    assert_eq!(first, StatusCode::CREATED, "the holder's run went on and finished");
+    assert_eq!(f.effects().await, 1);
+}
+
 /// A `MakeWriter` that keeps what a test's log subscriber writes.
 #[derive(Clone, Default)]
 struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
@@ -942,6 +996,7 @@ async fn a_duplicate_that_waits_through_many_polls_names_its_operation_once_in_i
 
 platform::both_backends!(
     an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key,
+    a_waiting_duplicate_answers_by_its_deadline_even_when_the_holder_s_lease_runs_out_meanwhile,
     a_duplicate_that_waits_through_many_polls_names_its_operation_once_in_its_log_line,
     claiming_a_free_key_stores_a_running_operation_with_a_lease,
     claiming_a_taken_key_writes_nothing,
