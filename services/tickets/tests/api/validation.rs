@@ -183,11 +183,15 @@ async fn a_quoted_key_that_holds_a_quote_is_one_operation_across_retries(backend
         tricky.status, 201,
         "`\"x\"` unquotes to the key `\"x\"`, a key of its own"
     );
+    // the lookup reads its key as the header is read: the same quoted form, percent-encoded
     let found = app
-        .get("/v1/operations?idempotency_key=%22abc", ACME_AGENT)
+        .get("/v1/operations?idempotency_key=%22%5C%22abc%22", ACME_AGENT)
         .await
         .json();
     assert_eq!(found["data"][0]["operation_id"], first.operation_id());
+    app.get("/v1/operations?idempotency_key=%22abc", ACME_AGENT)
+        .await
+        .assert_problem(400, "idempotency_key_invalid");
 }
 
 async fn a_nul_character_anywhere_is_refused_alike_on_both_backends(backend: Backend) {
