@@ -6,6 +6,8 @@
 use axum::{
     Json, Router,
     extract::{FromRef, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
     routing::{get, post},
 };
 use platform::{
@@ -15,7 +17,8 @@ use platform::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef,
+    Attempt, Effect, Idempotency, IdempotencyKey, OperationRecord, OperationState, OptionalIdempotencyHeaders,
+    ResourceRef,
     approval::{self, ApprovalRequested, ApprovalState, ApprovalSummary, ApprovalView, Decision},
     audit::{self, AuditEntry, AuditEvent, AuditFilter, Head},
     store,
@@ -138,7 +141,7 @@ where
         .route("/v1/operations/{operation_id}", get(get_operation))
         .route("/v1/approvals", get(list_approvals))
         .route("/v1/approvals/{approval_id}", get(get_approval))
-        .route("/v1/approvals/{approval_id}/decision", post(decide))
+        .route(DECISION_ROUTE, post(decide))
         .route("/v1/audit", get(read_audit))
         .route("/v1/audit/head", get(read_audit_head))
 }
@@ -249,32 +252,77 @@ pub struct DecisionBody {
     pub fingerprint: String,
 }
 
+/// The route of a decision, as the operation of a decision sent with a key names it.
+pub const DECISION_ROUTE: &str = "/v1/approvals/{approval_id}/decision";
+
+/// What a decision sent with a key is an operation of: this decision on this
+/// approval, about the fingerprint the approver saw.
+#[derive(Debug, Serialize)]
+struct DecideApproval<'a> {
+    approval_id: &'a str,
+    decision: Decision,
+    fingerprint: &'a str,
+}
+
 /// Approve or reject one waiting operation. Role `approver`, same account,
 /// never the principal that requested it; `fingerprint` must be the operation's.
+///
+/// Repeating it needs no key: the approver who decided gets the decision
+/// again, any other decision is 409 `invalid_state`. With a key it is an
+/// operation like any other: its answer is stored and replayed to a retry
+/// with that key, and the key sent with another decision is 422.
 #[utoipa::path(
     post,
     path = "/v1/approvals/{approval_id}/decision",
     tag = "approvals",
-    params(("approval_id" = String, Path)),
+    params(
+        ("approval_id" = String, Path),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: honoured when sent"),
+    ),
     request_body = DecisionBody,
     responses(
         (status = 200, description = "Decided. An approved operation runs on the agent's next retry with the same key", body = ApprovalView),
+        (status = 400, description = "`idempotency_key_invalid`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an approver, or the requester", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such approval in this account", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`approval_fingerprint_mismatch`, `approval_expired`, or `invalid_state` (already decided)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`approval_fingerprint_mismatch`, `approval_expired`, `invalid_state` (already decided otherwise), or `request_in_progress` (with a key)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`: the key was sent with another decision", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub async fn decide(
     State(idempotency): State<Idempotency>,
     principal: Principal,
+    OptionalIdempotencyHeaders(key): OptionalIdempotencyHeaders,
     ApiPath(approval_id): ApiPath<String>,
     ApiJson(body): ApiJson<DecisionBody>,
-) -> Result<Json<ApprovalView>, ApiError> {
-    let view = idempotency
-        .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)
-        .await?;
-    Ok(Json(view))
+) -> Response {
+    let decide = async || {
+        idempotency
+            .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)
+            .await
+    };
+    let Some(key) = key else {
+        return match decide().await {
+            Ok(view) => Json(view).into_response(),
+            Err(error) => error.into_response(),
+        };
+    };
+    let command = DecideApproval {
+        approval_id: &approval_id,
+        decision: body.decision,
+        fingerprint: &body.fingerprint,
+    };
+    // The decision makes its own writes once the key is claimed, as a call-out
+    // does: repeating it is safe (the same approver gets the same decision).
+    idempotency
+        .execute_calling_out(
+            Attempt::post(DECISION_ROUTE, &principal, key),
+            &command,
+            async |_| decide().await,
+            async |_, _, view: ApprovalView| Ok(Effect::json(StatusCode::OK, &view)),
+        )
+        .await
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -229,6 +229,41 @@ async fn many_identical_decisions_at_once_by_one_approver_all_get_the_decision_a
     }
 }
 
+async fn a_decision_sent_with_a_key_is_replayed_to_that_key_and_the_key_with_another_decision_is_422(backend: Backend) {
+    let app = approvals_app(backend).await;
+    let requested = app.create_ticket("key-1", URGENT).await.json();
+    let (approval_id, fingerprint) = (
+        requested["approval_id"].as_str().unwrap(),
+        requested["fingerprint"].as_str().unwrap(),
+    );
+    let decision = |decision: &str| json!({"decision": decision, "fingerprint": fingerprint}).to_string();
+    let path = format!("/v1/approvals/{approval_id}/decision");
+
+    let first = app
+        .post(&path, ACME_APPROVER, Some("decide-1"), &decision("approve"))
+        .await;
+    let retried = app
+        .post(&path, ACME_APPROVER, Some("decide-1"), &decision("approve"))
+        .await;
+    let changed = app
+        .post(&path, ACME_APPROVER, Some("decide-1"), &decision("reject"))
+        .await;
+
+    assert_eq!(first.status.as_u16(), 200, "{:?}", first.body);
+    assert_eq!(first.replayed(), Some("false"));
+    assert_eq!(first.json()["state"], "approved");
+    assert_eq!(retried.status.as_u16(), 200);
+    assert_eq!(retried.replayed(), Some("true"), "the stored answer, replayed");
+    assert_eq!(retried.body, first.body);
+    assert_eq!(retried.operation_id(), first.operation_id());
+    changed.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(
+        app.approval(&requested).await["state"],
+        "approved",
+        "the decision stands"
+    );
+}
+
 async fn a_rejected_operation_answers_approval_rejected_to_every_retry_and_never_runs(backend: Backend) {
     let app = approvals_app(backend).await;
     let first = app.create_ticket("key-1", URGENT).await;
@@ -393,6 +428,7 @@ platform::both_backends!(
     the_principal_that_requested_an_operation_can_never_approve_it,
     a_decision_is_made_once_and_repeating_it_answers_it_again,
     many_identical_decisions_at_once_by_one_approver_all_get_the_decision_and_an_opposite_one_409,
+    a_decision_sent_with_a_key_is_replayed_to_that_key_and_the_key_with_another_decision_is_422,
     a_rejected_operation_answers_approval_rejected_to_every_retry_and_never_runs,
     a_changed_body_is_422_with_the_same_key_and_a_new_approval_with_a_new_key,
     an_approval_nobody_decides_in_time_rejects_its_operation_with_approval_expired,
