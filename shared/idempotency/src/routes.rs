@@ -466,8 +466,8 @@ pub async fn find_operation_by_key(
     PageRequest::parse(query.limit, query.cursor.as_deref())?;
     idempotency.flush_attempts().await;
     // read as the header is: a quoted key names the same operation as its bare form
-    let key = IdempotencyKey::parse(&query.idempotency_key)
-        .map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+    let key =
+        IdempotencyKey::parse(&query.idempotency_key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
     let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
         Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
         None => Vec::new(),
