@@ -192,8 +192,8 @@ fn constrain_parameters(operation: &mut Map<String, Value>) {
                     schema["minimum"] = json!(1);
                     schema["maximum"] = json!(MAX_LIMIT);
                 }
-                // a key given as it is, with no quoting to undo
-                "idempotency_key" => schema["pattern"] = json!("^[!-~]{1,255}$"),
+                // read as the header is: a bare token or a quoted string
+                "idempotency_key" => schema["pattern"] = json!(IDEMPOTENCY_KEY_PATTERN),
                 _ => forbid_nul(schema),
             }
         }
