@@ -228,10 +228,9 @@ impl Controller {
     /// A controller with what its state file holds, if it has one. Rollouts
     /// that were under way when it last stopped are reported failed.
     pub fn open(config: ControllerConfig) -> std::io::Result<Controller> {
-        let mut ledger = match &config.state_file {
-            Some(path) if path.exists() => serde_json::from_slice::<Ledger>(&std::fs::read(path)?)
-                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?,
-            _ => Ledger::default(),
+        let mut ledger: Ledger = match &config.state_file {
+            Some(path) => platform::simulated::load_state(path)?,
+            None => Ledger::default(),
         };
         let now = Timestamp::now();
         for (_, rollout) in &mut ledger.rollouts {
@@ -273,15 +272,12 @@ impl Controller {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes the ledger to the state file (a new file renamed over the old
-    /// one, so a crash leaves one or the other, whole).
+    /// Writes the ledger to the state file, if it has one.
     fn save(&self, ledger: &Ledger) -> std::io::Result<()> {
-        let Some(path) = &self.config.state_file else {
-            return Ok(());
-        };
-        let written = path.with_extension("tmp");
-        std::fs::write(&written, serde_json::to_vec(ledger).map_err(std::io::Error::other)?)?;
-        std::fs::rename(written, path)
+        match &self.config.state_file {
+            Some(path) => platform::simulated::save_state(path, ledger),
+            None => Ok(()),
+        }
     }
 
     fn saved(&self, ledger: &Ledger) {

@@ -16,12 +16,15 @@
 //!   test or a scenario can assert "charged exactly once".
 //!
 //! Merchants are told apart by their bearer key; each has its own key space.
-//! State lives in memory for as long as the process runs: the simulator
-//! stands in for a system that never forgets, so it is not restarted by the
-//! tests that kill the payments service.
+//! It stands in for a system that never forgets: with a state file (the
+//! sandbox keeps one under its data directory) its charges, refunds, keys and
+//! counts survive a restart, written before it answers the request that made
+//! them. Without one, it forgets everything when it stops. Faults are
+//! configuration, not state: a restarted provider has none.
 
 use std::{
     collections::HashMap,
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -35,7 +38,9 @@ use axum::{
 };
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
-    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash, still_processing},
+    simulated::{
+        EventLog, SimulatedEvent, Tenant, idempotency_key, load_state, request_hash, save_state, still_processing,
+    },
 };
 use serde::{Deserialize, Serialize};
 use validator::Validate;
@@ -131,37 +136,81 @@ pub struct Refund {
 
 /// One merchant's request under one idempotency key: which request it was
 /// (its body's hash) and what it made.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Keyed {
     request_hash: String,
     made: Made,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 enum Made {
     Charge(usize),
     Refund(usize),
 }
 
-#[derive(Debug, Default)]
+/// Everything the provider knows, as the state file holds it.
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Ledger {
     charges: Vec<(String, Charge)>,
     refunds: Vec<(String, Refund)>,
-    /// `(merchant, idempotency key)` → what that request made.
-    keys: HashMap<(String, String), Keyed>,
-    faults: Faults,
+    /// merchant → idempotency key → what that request made.
+    keys: HashMap<String, HashMap<String, Keyed>>,
     stats: Stats,
+    #[serde(skip)]
+    faults: Faults,
+}
+
+impl Ledger {
+    fn keyed(&self, merchant: &str, key: &str) -> Option<&Keyed> {
+        self.keys.get(merchant)?.get(key)
+    }
 }
 
 /// The provider's state: one ledger behind one lock, so that a key is
-/// claimed and its charge made in one step.
+/// claimed and its charge made (and written down) in one step.
 #[derive(Debug, Clone, Default)]
 pub struct Provider {
     ledger: Arc<Mutex<Ledger>>,
+    /// Where its state survives restarts; `None`: in memory only.
+    state_file: Option<Arc<PathBuf>>,
     events: EventLog,
 }
 
 impl Provider {
+    /// A provider with what its state file holds (a new file if there is
+    /// none yet); `None` keeps everything in memory only.
+    pub fn open(state_file: Option<PathBuf>) -> std::io::Result<Provider> {
+        let ledger = match &state_file {
+            Some(path) => load_state(path)?,
+            None => Ledger::default(),
+        };
+        let provider = Provider {
+            ledger: Arc::new(Mutex::new(ledger)),
+            state_file: state_file.map(Arc::new),
+            events: EventLog::default(),
+        };
+        provider.save(&provider.lock())?;
+        Ok(provider)
+    }
+
+    /// Writes the ledger to the state file, if it has one.
+    fn save(&self, ledger: &Ledger) -> std::io::Result<()> {
+        match &self.state_file {
+            Some(path) => save_state(path, ledger),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes down what a request just made, before it is answered. If that
+    /// fails the request is taken but not known to be kept: it answers 500,
+    /// which tells the caller nothing was decided.
+    fn saved(&self, ledger: &Ledger) -> Result<(), ApiError> {
+        self.save(ledger).map_err(|e| {
+            tracing::error!(error = %e, "could not write the provider's state file");
+            still_processing(500)
+        })
+    }
+
     pub fn stats(&self) -> Stats {
         self.lock().stats
     }
@@ -358,7 +407,7 @@ impl Provider {
         request.currency = request.currency.to_ascii_uppercase();
         let hash = request_hash(&request);
         let mut ledger = self.lock();
-        if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
+        if let Some(keyed) = ledger.keyed(&merchant, &key) {
             let answer = match keyed.made {
                 Made::Charge(i) if keyed.request_hash == hash => {
                     Ok((ledger.charges[i].1.clone(), true, AnswerFault::None))
@@ -387,14 +436,15 @@ impl Provider {
         };
         let made = Made::Charge(ledger.charges.len());
         ledger.charges.push((merchant.clone(), charge.clone()));
-        ledger.keys.insert(
-            (merchant, key),
+        ledger.keys.entry(merchant).or_default().insert(
+            key,
             Keyed {
                 request_hash: hash,
                 made,
             },
         );
         ledger.stats.charges_made += 1;
+        self.saved(&ledger)?;
         self.events.record(
             format!(
                 "charged {} ({} minor units {}, reference {})",
@@ -414,7 +464,7 @@ impl Provider {
     ) -> Result<(Refund, bool, AnswerFault), ApiError> {
         let hash = request_hash(&request);
         let mut ledger = self.lock();
-        if let Some(keyed) = ledger.keys.get(&(merchant.clone(), key.clone())) {
+        if let Some(keyed) = ledger.keyed(&merchant, &key) {
             return match keyed.made {
                 Made::Refund(i) if keyed.request_hash == hash => {
                     Ok((ledger.refunds[i].1.clone(), true, AnswerFault::None))
@@ -452,14 +502,15 @@ impl Provider {
         };
         let made = Made::Refund(ledger.refunds.len());
         ledger.refunds.push((merchant.clone(), refund.clone()));
-        ledger.keys.insert(
-            (merchant, key),
+        ledger.keys.entry(merchant).or_default().insert(
+            key,
             Keyed {
                 request_hash: hash,
                 made,
             },
         );
         ledger.stats.refunds_made += 1;
+        self.saved(&ledger)?;
         self.events.record(
             format!(
                 "refunded {} ({} minor units of {})",

@@ -111,3 +111,30 @@ impl EventLog {
             .collect()
     }
 }
+
+/// Reads a simulated system's state file: what it knew when it last wrote
+/// it, or a fresh state if there is no file yet.
+pub fn load_state<T: serde::de::DeserializeOwned + Default>(path: &std::path::Path) -> std::io::Result<T> {
+    if !path.exists() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&std::fs::read(path)?)
+        .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))
+}
+
+/// Writes a simulated system's state file before it answers the request that
+/// changed it: a new file, flushed to disk and renamed over the old one, so a
+/// crash at any point leaves the old state or the new one, whole.
+pub fn save_state(path: &std::path::Path, state: &impl Serialize) -> std::io::Result<()> {
+    use std::io::Write;
+    let written = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&written)?;
+    file.write_all(&serde_json::to_vec(state).map_err(std::io::Error::other)?)?;
+    file.sync_all()?;
+    std::fs::rename(&written, path)?;
+    // the rename itself is durable once the directory is
+    match path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
