@@ -6,6 +6,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use clap::Parser;
 use idempotency::IdempotencyConfig;
 use platform::{auth::DEMO_KEYS, config::ServiceConfig};
 use sandbox::console::{self, ConsoleConfig, ServiceLink};
@@ -13,8 +14,21 @@ use tokio::{net::TcpListener, sync::watch};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// The Retrysafe sandbox: tickets (:7001), payments (:7002), deployments
+/// (:7003), the approval console (:7000), the simulated payment provider
+/// (:7101) and deployment controller (:7102), in one process, with the demo
+/// keys. Data lives under RETRYSAFE_DATA_DIR (./.sandbox): a SQLite file per
+/// service, and the simulators' state files. DATABASE_URL=postgres://… puts
+/// the services on PostgreSQL; <SERVICE>_ADDR moves a port (TICKETS_ADDR,
+/// PAYMENT_PROVIDER_ADDR, CONSOLE_ADDR, …). API keys for a service outside the
+/// sandbox: `cargo run -p <service> -- create-api-key`.
+#[derive(Debug, Parser)]
+#[command(name = "sandbox")]
+struct Cli {}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
+    Cli::parse();
     platform::telemetry::init();
 
     let idempotency = IdempotencyConfig::from_env()?;
@@ -35,6 +49,10 @@ async fn main() -> Result<(), Error> {
         deployments_settings.controller.url = format!("http://{controller_addr}");
     }
     std::fs::create_dir_all(platform::config::data_dir())?;
+    // the provider's charges outlive the sandbox, as a real provider's would
+    let provider = payment_provider::Provider::open(Some(
+        platform::config::data_dir().join("payment-provider.json"),
+    ))?;
     let controller = deploy_controller::Controller::open(deploy_controller::ControllerConfig {
         step: controller_step()?,
         state_file: Some(platform::config::data_dir().join("deploy-controller.json")),
@@ -80,7 +98,7 @@ async fn main() -> Result<(), Error> {
     let mut services = tokio::task::JoinSet::new();
     services.spawn(payment_provider::serve(
         provider_listener,
-        payment_provider::Provider::default(),
+        provider,
         until_stopped(),
     ));
     services.spawn(deploy_controller::serve(

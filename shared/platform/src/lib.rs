@@ -7,9 +7,11 @@
 //! - [`openapi`]: what every operation's OpenAPI entry answers by construction.
 //! - [`time`]: the timestamp type of responses and both databases.
 //! - [`config`], [`telemetry`]: environment configuration and structured logs.
+//! - [`cli`]: the command line every binary shares (`--help`, `create-api-key`).
 //! - [`simulated`]: what the simulated external systems share.
 
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod db;
 pub mod error;
