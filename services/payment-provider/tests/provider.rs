@@ -14,7 +14,10 @@ struct Running {
 }
 
 async fn start() -> Running {
-    let provider = Provider::default();
+    start_with(Provider::default()).await
+}
+
+async fn start_with(provider: Provider) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let router = payment_provider::router(provider.clone());
@@ -335,4 +338,32 @@ async fn a_charge_needs_a_key_a_merchant_and_a_valid_body() {
     assert_eq!(no_merchant.status().as_u16(), 401);
     assert_eq!((negative, problem["code"].as_str()), (400, Some("invalid_request")));
     assert_eq!(provider.provider.stats().charges_made, 0);
+}
+
+#[tokio::test]
+async fn with_a_state_file_a_restarted_provider_still_knows_a_charge_whose_answer_was_lost() {
+    let state_file = std::env::temp_dir().join(format!("payment-provider-{}.json", uuid::Uuid::new_v4()));
+    let before = start_with(Provider::open(Some(state_file.clone())).unwrap()).await;
+    before.provider.set_faults(Faults {
+        drop_next: 1,
+        ..Faults::default()
+    });
+    assert!(before.charge("cap_1", &capture("cap_1", 1250)).await.is_err(), "no answer");
+    let charged = before.lookup("merchant_reference=cap_1").await["data"][0].clone();
+
+    let after = start_with(Provider::open(Some(state_file.clone())).unwrap()).await;
+    let (status, replayed, retried) = after.charge("cap_1", &capture("cap_1", 1250)).await.unwrap();
+    let found = after.lookup("idempotency_key=cap_1").await;
+    let faults = after.http.get(format!("{}/admin/faults", after.url)).send().await.unwrap();
+
+    assert_eq!((status, replayed.as_deref()), (201, Some("true")), "{retried}");
+    assert_eq!(retried["id"], charged["id"]);
+    assert_eq!(found["data"].as_array().unwrap().len(), 1);
+    assert_eq!(after.provider.stats().charges_made, 1);
+    assert_eq!(
+        faults.json::<Faults>().await.unwrap(),
+        Faults::default(),
+        "faults are configuration, not kept"
+    );
+    std::fs::remove_file(&state_file).unwrap();
 }
