@@ -304,3 +304,16 @@ async fn a_controller_that_crashes_mid_rollout_reports_it_failed_after_the_resta
     );
     restarted.kill().await;
 }
+
+#[test]
+fn help_prints_the_usage_and_exits() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_deploy-controller"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(output.stdout).unwrap();
+
+    assert!(output.status.success());
+    assert!(help.contains("Usage: deploy-controller"), "{help}");
+    assert!(help.contains("--state-file"), "{help}");
+}

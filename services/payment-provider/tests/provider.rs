@@ -367,3 +367,17 @@ async fn with_a_state_file_a_restarted_provider_still_knows_a_charge_whose_answe
     );
     std::fs::remove_file(&state_file).unwrap();
 }
+
+#[test]
+fn help_prints_the_usage_and_says_what_a_state_file_keeps() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_payment-provider"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(output.stdout).unwrap();
+
+    assert!(output.status.success());
+    assert!(help.contains("Usage: payment-provider"), "{help}");
+    assert!(help.contains("--state-file"), "{help}");
+    assert!(help.contains("memory only"), "{help}");
+}

@@ -294,3 +294,29 @@ impl ServiceProcess {
         assert!(!status.success(), "killed, not exited");
     }
 }
+
+/// `binary --help`: its output, once it has exited 0.
+pub fn help_of(binary: &str) -> String {
+    let output = std::process::Command::new(binary)
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|e| panic!("{binary} starts: {e}"));
+    assert!(output.status.success(), "--help exits 0: {output:?}");
+    String::from_utf8(output.stdout).expect("help is UTF-8")
+}
+
+/// `binary create-api-key <account> <principal> <role>` of service `service`
+/// on the database at `database_url`, outside sandbox mode: the key it prints.
+pub fn create_api_key(binary: &str, service: &str, database_url: &str, principal: [&str; 3]) -> String {
+    let output = std::process::Command::new(binary)
+        .arg("create-api-key")
+        .args(principal)
+        .env_remove("DATABASE_URL")
+        .env_remove("RETRYSAFE_SANDBOX")
+        .env(format!("{}_DATABASE_URL", service.to_ascii_uppercase()), database_url)
+        .output()
+        .unwrap_or_else(|e| panic!("{binary} starts: {e}"));
+    assert!(output.status.success(), "create-api-key exits 0: {output:?}");
+    let key = String::from_utf8(output.stdout).expect("the key is UTF-8");
+    key.trim().to_owned()
+}
