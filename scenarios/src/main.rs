@@ -31,6 +31,14 @@ struct Cli {
     /// Where the HTML report goes.
     #[arg(long, default_value = "target/scenarios")]
     out: PathBuf,
+    /// A directory holding prebuilt `sandbox` and `agent` binaries. Without
+    /// it the runner builds them with `cargo build`, which needs the source
+    /// tree and cargo.
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
+    /// Where the stories are (`scenarios/stories` of the source tree it was built from).
+    #[arg(long, value_name = "DIR", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/stories"))]
+    stories_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -43,8 +51,7 @@ enum Backends {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/stories"));
-    let stories = match story::load_all(&dir) {
+    let stories = match story::load_all(&cli.stories_dir) {
         Ok(stories) => stories,
         Err(error) => {
             eprintln!("scenarios: {error}");
@@ -80,7 +87,7 @@ async fn main() -> ExitCode {
         None if postgres_named => vec![Backend::Postgres],
         None => vec![Backend::Sqlite],
     };
-    let binaries = match build_binaries() {
+    let binaries = match cli.bin_dir.map_or_else(build_binaries, prebuilt) {
         Ok(binaries) => binaries,
         Err(error) => {
             eprintln!("scenarios: {error}");
@@ -108,6 +115,16 @@ async fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The prebuilt `sandbox` and `agent` in `dir`, if both are there.
+fn prebuilt(dir: PathBuf) -> Result<PathBuf, String> {
+    for binary in ["sandbox", "agent"] {
+        if !dir.join(binary).is_file() {
+            return Err(format!("--bin-dir {}: no `{binary}` binary there", dir.display()));
+        }
+    }
+    Ok(dir)
 }
 
 /// Builds the sandbox and the `agent` command line with the same profile as

@@ -1,0 +1,56 @@
+//! The runner's command line: prebuilt binaries instead of `cargo build`.
+
+use std::process::Command;
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_scenarios");
+
+#[test]
+fn help_says_the_runner_builds_with_cargo_unless_given_prebuilt_binaries() {
+    let output = Command::new(RUNNER).arg("--help").output().unwrap();
+    let help = String::from_utf8(output.stdout).unwrap();
+
+    assert!(output.status.success());
+    assert!(help.contains("--bin-dir"), "{help}");
+    assert!(help.contains("cargo build"), "{help}");
+}
+
+#[test]
+fn a_bin_dir_without_the_sandbox_is_refused_before_anything_is_built_or_played() {
+    let empty = tempfile::tempdir().unwrap();
+    let output = Command::new(RUNNER)
+        .args(["all", "--bin-dir"])
+        .arg(empty.path())
+        // a runner that called cargo anyway would fail differently
+        .env("CARGO", "/nonexistent/cargo")
+        .output()
+        .unwrap();
+    let error = String::from_utf8(output.stderr).unwrap();
+
+    assert!(!output.status.success());
+    assert!(error.contains("no `sandbox` binary there"), "{error}");
+}
+
+#[test]
+fn a_story_is_played_with_the_binaries_from_bin_dir_and_nothing_is_built() {
+    let dir = tempfile::tempdir().unwrap();
+    for binary in ["sandbox", "agent"] {
+        // not a program: the story fails on it, which shows it was the one started
+        std::fs::write(dir.path().join(binary), "").unwrap();
+    }
+    let output = Command::new(RUNNER)
+        .args(["1-dropped-answer", "--bin-dir"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("report"))
+        .env("CARGO", "/nonexistent/cargo")
+        .output()
+        .unwrap();
+    let table = String::from_utf8(output.stdout).unwrap();
+
+    assert!(!output.status.success());
+    assert!(table.contains("playing 1-dropped-answer"), "{table}");
+    assert!(
+        table.contains(&format!("{}", dir.path().join("sandbox").display())),
+        "{table}"
+    );
+}
