@@ -26,8 +26,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             let settings = deployments::Settings::from_env()?;
             deployments::serve(config, idempotency, settings, None, platform::shutdown_signal()).await
         }
-        ServiceCommand::CreateApiKey(key) => {
-            platform::cli::create_api_key(&config, deployments::migrate, key).await
-        }
+        ServiceCommand::CreateApiKey(key) => platform::cli::create_api_key(&config, deployments::migrate, key).await,
     }
 }

@@ -40,7 +40,11 @@ async fn a_key_made_by_create_api_key_acts_with_the_role_it_was_given(backend: B
     };
     assert_eq!(status_for(&approver).await, 200, "an approver reads approvals");
     assert_eq!(status_for(&agent).await, 403, "an agent may not");
-    assert_eq!(status_for("demo-acme-approver").await, 401, "no demo keys outside the sandbox");
+    assert_eq!(
+        status_for("demo-acme-approver").await,
+        401,
+        "no demo keys outside the sandbox"
+    );
     service.kill().await;
 }
 

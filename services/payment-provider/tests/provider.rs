@@ -348,13 +348,21 @@ async fn with_a_state_file_a_restarted_provider_still_knows_a_charge_whose_answe
         drop_next: 1,
         ..Faults::default()
     });
-    assert!(before.charge("cap_1", &capture("cap_1", 1250)).await.is_err(), "no answer");
+    assert!(
+        before.charge("cap_1", &capture("cap_1", 1250)).await.is_err(),
+        "no answer"
+    );
     let charged = before.lookup("merchant_reference=cap_1").await["data"][0].clone();
 
     let after = start_with(Provider::open(Some(state_file.clone())).unwrap()).await;
     let (status, replayed, retried) = after.charge("cap_1", &capture("cap_1", 1250)).await.unwrap();
     let found = after.lookup("idempotency_key=cap_1").await;
-    let faults = after.http.get(format!("{}/admin/faults", after.url)).send().await.unwrap();
+    let faults = after
+        .http
+        .get(format!("{}/admin/faults", after.url))
+        .send()
+        .await
+        .unwrap();
 
     assert_eq!((status, replayed.as_deref()), (201, Some("true")), "{retried}");
     assert_eq!(retried["id"], charged["id"]);

@@ -50,9 +50,7 @@ async fn main() -> Result<(), Error> {
     }
     std::fs::create_dir_all(platform::config::data_dir())?;
     // the provider's charges outlive the sandbox, as a real provider's would
-    let provider = payment_provider::Provider::open(Some(
-        platform::config::data_dir().join("payment-provider.json"),
-    ))?;
+    let provider = payment_provider::Provider::open(Some(platform::config::data_dir().join("payment-provider.json")))?;
     let controller = deploy_controller::Controller::open(deploy_controller::ControllerConfig {
         step: controller_step()?,
         state_file: Some(platform::config::data_dir().join("deploy-controller.json")),
@@ -96,11 +94,7 @@ async fn main() -> Result<(), Error> {
         }
     };
     let mut services = tokio::task::JoinSet::new();
-    services.spawn(payment_provider::serve(
-        provider_listener,
-        provider,
-        until_stopped(),
-    ));
+    services.spawn(payment_provider::serve(provider_listener, provider, until_stopped()));
     services.spawn(deploy_controller::serve(
         controller_listener,
         controller,

@@ -169,7 +169,10 @@ async fn a_capture_in_flight_when_the_whole_sandbox_is_killed_is_charged_once_af
         .post(&format!("/v1/payment_intents/{intent_id}/capture"), "cap-1", &json!({}))
         .await;
     assert_eq!(accepted.status(), StatusCode::ACCEPTED);
-    let capture_id = accepted.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let capture_id = accepted.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     // charged, and its answer held back: the capture is in flight
     let charged = eventually(async || doomed.charges_for(&capture_id).await.pop()).await;
     let in_flight = doomed.get(&format!("/v1/captures/{capture_id}")).await;

@@ -38,7 +38,9 @@ impl ServiceCli {
     /// Parses the process's arguments for the binary `name`, whose help says
     /// `about`; `--help` prints and exits 0, a wrong argument prints usage and exits 2.
     pub fn parse_for(name: &'static str, about: &'static str) -> ServiceCommand {
-        parse_for::<ServiceCli>(name, about).command.unwrap_or(ServiceCommand::Serve)
+        parse_for::<ServiceCli>(name, about)
+            .command
+            .unwrap_or(ServiceCommand::Serve)
     }
 }
 

@@ -118,8 +118,7 @@ pub fn load_state<T: serde::de::DeserializeOwned + Default>(path: &std::path::Pa
     if !path.exists() {
         return Ok(T::default());
     }
-    serde_json::from_slice(&std::fs::read(path)?)
-        .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))
+    serde_json::from_slice(&std::fs::read(path)?).map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))
 }
 
 /// Writes a simulated system's state file before it answers the request that
