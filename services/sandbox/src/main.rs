@@ -8,7 +8,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::Parser;
 use idempotency::IdempotencyConfig;
-use platform::{auth::DEMO_KEYS, config::ServiceConfig};
+use platform::{auth::DEMO_KEYS, cli::NewKey, config::ServiceConfig};
 use sandbox::console::{self, ConsoleConfig, ServiceLink};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -20,16 +20,46 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// keys. Data lives under RETRYSAFE_DATA_DIR (./.sandbox): a SQLite file per
 /// service, and the simulators' state files. DATABASE_URL=postgres://… puts
 /// the services on PostgreSQL; <SERVICE>_ADDR moves a port (TICKETS_ADDR,
-/// PAYMENT_PROVIDER_ADDR, CONSOLE_ADDR, …). API keys for a service outside the
-/// sandbox: `cargo run -p <service> -- create-api-key`.
+/// PAYMENT_PROVIDER_ADDR, CONSOLE_ADDR, …). More API keys:
+/// `sandbox create-api-key --service <service> <account> <principal> <role>`.
 #[derive(Debug, Parser)]
 #[command(name = "sandbox")]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Run the sandbox (what it does with no command).
+    Serve,
+    /// Store a new API key's hash in one service's database (the one the
+    /// sandbox would use; made and migrated if it is new) and print the key,
+    /// once. The key works beside the demo keys.
+    CreateApiKey {
+        /// The service whose database keeps the key.
+        #[arg(long, value_enum)]
+        service: Service,
+        #[command(flatten)]
+        key: NewKey,
+    },
+}
+
+/// The services that keep API keys.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Service {
+    Tickets,
+    Payments,
+    Deployments,
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    Cli::parse();
+    let cli = Cli::parse();
     platform::telemetry::init();
+    if let Some(Command::CreateApiKey { service, key }) = cli.command {
+        return create_api_key(service, key).await;
+    }
 
     let idempotency = IdempotencyConfig::from_env()?;
     let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
@@ -142,6 +172,25 @@ async fn main() -> Result<(), Error> {
 }
 
 /// `DEPLOY_CONTROLLER_STEP_MS`: how long each phase of a simulated rollout takes (2000).
+/// `sandbox create-api-key --service <service> …`: the service's own
+/// `create-api-key`, on the database the sandbox gives that service.
+async fn create_api_key(service: Service, key: NewKey) -> Result<(), Error> {
+    match service {
+        Service::Tickets => {
+            let config = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
+            platform::cli::create_api_key(&config, tickets::migrate, key).await
+        }
+        Service::Payments => {
+            let config = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, true)?;
+            platform::cli::create_api_key(&config, payments::migrate, key).await
+        }
+        Service::Deployments => {
+            let config = ServiceConfig::from_env("deployments", deployments::DEFAULT_PORT, true)?;
+            platform::cli::create_api_key(&config, deployments::migrate, key).await
+        }
+    }
+}
+
 fn controller_step() -> Result<Duration, String> {
     match std::env::var("DEPLOY_CONTROLLER_STEP_MS") {
         Ok(ms) => ms

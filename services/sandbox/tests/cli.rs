@@ -1,10 +1,44 @@
-//! `sandbox --help` says what the sandbox runs and how it is configured, and
-//! exits instead of starting it.
+//! The sandbox's command line: `--help` says what the sandbox runs and how it
+//! is configured, and exits instead of starting it; `create-api-key` makes a
+//! key for one of its services, in the database the sandbox gives it.
+
+use platform::{Authenticator, Backend, Role, auth::ApiKey, testing::TestDb};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_sandbox");
 
 #[test]
 fn help_prints_the_usage_and_exits_without_starting_the_sandbox() {
-    let help = platform::testing::help_of(env!("CARGO_BIN_EXE_sandbox"));
+    let help = platform::testing::help_of(BINARY);
 
     assert!(help.contains("Usage: sandbox"), "{help}");
     assert!(help.contains("RETRYSAFE_DATA_DIR"), "{help}");
+    assert!(help.contains("create-api-key"), "{help}");
 }
+
+async fn create_api_key_makes_a_key_for_the_service_named_that_acts_with_its_role(backend: Backend) {
+    let payments = TestDb::new(backend).await;
+
+    let output = std::process::Command::new(BINARY)
+        .args(["create-api-key", "--service", "payments", "acme", "alice", "approver"])
+        .env_remove("DATABASE_URL")
+        .env("PAYMENTS_DATABASE_URL", &payments.url)
+        .output()
+        .expect("the sandbox binary starts");
+
+    assert!(output.status.success(), "create-api-key exits 0: {output:?}");
+    let key = String::from_utf8(output.stdout).expect("the key is UTF-8");
+    let principal = Authenticator::new(payments.db.clone(), false)
+        .authenticate(&ApiKey::new(key.trim()))
+        .await
+        .expect("the printed key authenticates on the payments database");
+    assert_eq!(
+        (
+            principal.account_id.as_str(),
+            principal.principal_id.as_str(),
+            principal.role
+        ),
+        ("acme", "alice", Role::Approver)
+    );
+}
+
+platform::both_backends!(create_api_key_makes_a_key_for_the_service_named_that_acts_with_its_role);
