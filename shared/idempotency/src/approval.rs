@@ -553,11 +553,7 @@ impl Idempotency {
         decision: Decision,
         echoed_fingerprint: &str,
     ) -> Result<ApprovalView, ApiError> {
-        if principal.role != Role::Approver {
-            return Err(ApiError::forbidden(
-                "only a principal with the role `approver` may decide on an approval",
-            ));
-        }
+        may_decide(principal)?;
         let not_found = || ApiError::not_found(format!("approval `{approval_id}`"));
         let approval = find(&self.db, &principal.account_id, approval_id)
             .await?
@@ -721,6 +717,18 @@ impl ApprovalRecord {
             at,
             change: None,
         }
+    }
+}
+
+/// Only an approver decides (CONTRACT §6): anyone else is refused before
+/// anything is looked up or claimed.
+pub fn may_decide(principal: &Principal) -> Result<(), ApiError> {
+    if principal.role == Role::Approver {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(
+            "only a principal with the role `approver` may decide on an approval",
+        ))
     }
 }
 

@@ -297,6 +297,9 @@ pub async fn decide(
     ApiPath(approval_id): ApiPath<String>,
     ApiJson(body): ApiJson<DecisionBody>,
 ) -> Response {
+    if let Err(refused) = approval::may_decide(&principal) {
+        return refused.into_response();
+    }
     let decide = async || {
         idempotency
             .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)

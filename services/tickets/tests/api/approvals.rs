@@ -264,6 +264,36 @@ async fn a_decision_sent_with_a_key_is_replayed_to_that_key_and_the_key_with_ano
     );
 }
 
+/// An agent may never decide, and its refusal comes before the key is looked
+/// at: the key it sent is not claimed, so nothing is stored under it.
+async fn an_agent_s_decision_sent_with_a_key_is_403_and_claims_nothing(backend: Backend) {
+    let app = approvals_app(backend).await;
+    let requested = app.create_ticket("key-1", URGENT).await.json();
+    let (approval_id, fingerprint) = (
+        requested["approval_id"].as_str().unwrap(),
+        requested["fingerprint"].as_str().unwrap(),
+    );
+    let body = json!({"decision": "approve", "fingerprint": fingerprint}).to_string();
+
+    let refused = app
+        .post(
+            &format!("/v1/approvals/{approval_id}/decision"),
+            ACME_AGENT,
+            Some("agent-decides"),
+            &body,
+        )
+        .await;
+    let claimed = app
+        .get("/v1/operations?idempotency_key=agent-decides", ACME_AGENT)
+        .await
+        .json();
+
+    refused.assert_problem(403, "forbidden");
+    assert_eq!(refused.header("operation-id"), None, "no operation answered");
+    assert_eq!(claimed["data"], json!([]), "the key was never claimed");
+    assert_eq!(app.approval(&requested).await["state"], "pending");
+}
+
 async fn a_rejected_operation_answers_approval_rejected_to_every_retry_and_never_runs(backend: Backend) {
     let app = approvals_app(backend).await;
     let first = app.create_ticket("key-1", URGENT).await;
@@ -429,6 +459,7 @@ platform::both_backends!(
     a_decision_is_made_once_and_repeating_it_answers_it_again,
     many_identical_decisions_at_once_by_one_approver_all_get_the_decision_and_an_opposite_one_409,
     a_decision_sent_with_a_key_is_replayed_to_that_key_and_the_key_with_another_decision_is_422,
+    an_agent_s_decision_sent_with_a_key_is_403_and_claims_nothing,
     a_rejected_operation_answers_approval_rejected_to_every_retry_and_never_runs,
     a_changed_body_is_422_with_the_same_key_and_a_new_approval_with_a_new_key,
     an_approval_nobody_decides_in_time_rejects_its_operation_with_approval_expired,
