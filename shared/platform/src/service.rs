@@ -51,16 +51,6 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "The route exists but does not take this method.",
     ),
     (
-        "request_timeout",
-        408,
-        "The request's headers or body did not arrive in time; nothing was claimed. Send it again with the same key.",
-    ),
-    (
-        "request_header_fields_too_large",
-        431,
-        "The request's headers are larger than 32 KiB.",
-    ),
-    (
         "invalid_request",
         400,
         "The body or query failed validation; `errors` lists each `{field, message}`. Nothing was claimed: the same key may be used with a fixed body.",

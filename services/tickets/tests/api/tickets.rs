@@ -245,6 +245,62 @@ async fn the_service_serves_health_and_its_openapi_document(backend: Backend) {
     assert!(swagger.header("content-type").unwrap().starts_with("text/html"));
 }
 
+/// Every status an operation can answer is in the document: the ones the
+/// shared layers answer before a handler runs as problems, and the 431 of
+/// headers too large, which the HTTP layer answers with no body.
+async fn each_operation_documents_every_status_it_can_answer_with_the_problem_schema(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let openapi = app.get("/openapi.json", ACME_AGENT).await.json();
+
+    let problem = json!({"$ref": "#/components/schemas/Problem"});
+    for (path, item) in openapi["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = operation["responses"].as_object().unwrap();
+            for status in ["401", "408", "431", "500"] {
+                assert!(responses.contains_key(status), "{method} {path} documents {status}");
+            }
+            let errors = responses
+                .iter()
+                .filter(|(status, _)| !status.starts_with('2') && *status != "431");
+            for (status, response) in errors {
+                assert_eq!(
+                    response["content"]["application/problem+json"]["schema"], problem,
+                    "{method} {path} {status} is a problem"
+                );
+            }
+        }
+    }
+    let create = openapi["paths"]["/v1/tickets"]["post"]["responses"]
+        .as_object()
+        .unwrap();
+    for status in ["400", "409", "413", "415", "422"] {
+        assert!(create.contains_key(status), "POST /v1/tickets documents {status}");
+    }
+    let set_status = openapi["paths"]["/v1/tickets/{ticket_id}/status"]["put"]["responses"]
+        .as_object()
+        .unwrap();
+    for status in ["400", "404", "409", "415"] {
+        assert!(set_status.contains_key(status), "PUT status documents {status}");
+    }
+    let codes = &openapi["components"]["schemas"]["Problem"]["properties"]["code"]["enum"];
+    for (code, _, _) in platform::service::PROBLEM_CODES {
+        assert!(
+            codes.as_array().unwrap().contains(&json!(code)),
+            "`{code}` is enumerated"
+        );
+    }
+    assert_eq!(
+        openapi["paths"]["/v1/tickets"]["post"]["responses"]["201"]["links"]["get_ticket"]["parameters"]["ticket_id"],
+        "$response.body#/id"
+    );
+    let lookup = &openapi["paths"]["/v1/operations"]["get"]["parameters"][0];
+    assert_eq!(
+        (lookup["name"].as_str(), lookup["required"].as_bool()),
+        (Some("idempotency_key"), Some(true))
+    );
+}
+
 platform::both_backends!(
     a_create_for_a_known_source_event_answers_200_with_that_ticket_under_any_key,
     matching_never_reopens_a_closed_ticket_and_never_comments,
@@ -256,4 +312,5 @@ platform::both_backends!(
     a_closed_ticket_does_not_change_status_and_the_409_names_its_status_once,
     lists_page_through_every_ticket_in_creation_order,
     the_service_serves_health_and_its_openapi_document,
+    each_operation_documents_every_status_it_can_answer_with_the_problem_schema,
 );
