@@ -18,10 +18,11 @@ DEPLOYMENTS_APPROVAL_ENVIRONMENTS, RETRYSAFE_SANDBOX=true for the demo keys.";
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let command = ServiceCli::parse_for("deployments", ABOUT);
-    platform::telemetry::init();
     let config = ServiceConfig::from_env("deployments", deployments::DEFAULT_PORT, false)?;
     match command {
         ServiceCommand::Serve => {
+            // only when serving: the key is all `create-api-key` prints on stdout
+            platform::telemetry::init();
             let idempotency = IdempotencyConfig::from_env()?;
             let settings = deployments::Settings::from_env()?;
             deployments::serve(config, idempotency, settings, None, platform::shutdown_signal()).await

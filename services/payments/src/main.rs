@@ -17,10 +17,11 @@ PAYMENTS_CAPTURE_THRESHOLDS, RETRYSAFE_SANDBOX=true for the demo keys.";
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let command = ServiceCli::parse_for("payments", ABOUT);
-    platform::telemetry::init();
     let config = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, false)?;
     match command {
         ServiceCommand::Serve => {
+            // only when serving: the key is all `create-api-key` prints on stdout
+            platform::telemetry::init();
             let idempotency = IdempotencyConfig::from_env()?;
             let settings = payments::Settings::from_env()?;
             payments::serve(config, idempotency, settings, None, platform::shutdown_signal()).await

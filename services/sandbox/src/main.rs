@@ -55,11 +55,11 @@ enum Service {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let cli = Cli::parse();
-    platform::telemetry::init();
-    if let Some(Command::CreateApiKey { service, key }) = cli.command {
+    // before telemetry: the key is all `create-api-key` prints on stdout
+    if let Some(Command::CreateApiKey { service, key }) = Cli::parse().command {
         return create_api_key(service, key).await;
     }
+    platform::telemetry::init();
 
     let idempotency = IdempotencyConfig::from_env()?;
     let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
@@ -171,7 +171,6 @@ async fn main() -> Result<(), Error> {
     Ok(())
 }
 
-/// `DEPLOY_CONTROLLER_STEP_MS`: how long each phase of a simulated rollout takes (2000).
 /// `sandbox create-api-key --service <service> …`: the service's own
 /// `create-api-key`, on the database the sandbox gives that service.
 async fn create_api_key(service: Service, key: NewKey) -> Result<(), Error> {
@@ -191,6 +190,7 @@ async fn create_api_key(service: Service, key: NewKey) -> Result<(), Error> {
     }
 }
 
+/// `DEPLOY_CONTROLLER_STEP_MS`: how long each phase of a simulated rollout takes (2000).
 fn controller_step() -> Result<Duration, String> {
     match std::env::var("DEPLOY_CONTROLLER_STEP_MS") {
         Ok(ms) => ms

@@ -19,10 +19,11 @@ RETRYSAFE_DATA_DIR, ./.sandbox), RETRYSAFE_SANDBOX=true for the demo keys.";
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let command = ServiceCli::parse_for("tickets", ABOUT);
-    platform::telemetry::init();
     let config = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, false)?;
     match command {
         ServiceCommand::Serve => {
+            // only when serving: the key is all `create-api-key` prints on stdout
+            platform::telemetry::init();
             let idempotency = IdempotencyConfig::from_env()?;
             let policy = tickets::domain::TicketsPolicy::from_env()?;
             tickets::serve(config, idempotency, policy, None, platform::shutdown_signal()).await
