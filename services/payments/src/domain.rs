@@ -340,6 +340,14 @@ impl PaymentsPolicy {
     /// `PAYMENTS_CAPTURE_THRESHOLDS`, such as `EUR=1000,JPY=150000`; unset,
     /// the sandbox's.
     pub fn from_env() -> Result<Self, String> {
+        // a setting that no longer means anything must not be ignored in silence
+        if std::env::var_os("PAYMENTS_CAPTURE_APPROVAL_FROM").is_some() {
+            return Err(
+                "PAYMENTS_CAPTURE_APPROVAL_FROM is gone: set PAYMENTS_CAPTURE_THRESHOLDS, \
+                a threshold per currency (EUR=1000,JPY=150000)"
+                    .into(),
+            );
+        }
         match std::env::var("PAYMENTS_CAPTURE_THRESHOLDS") {
             Ok(v) if !v.trim().is_empty() => {
                 PaymentsPolicy::parse(&v).map_err(|e| format!("PAYMENTS_CAPTURE_THRESHOLDS `{v}`: {e}"))
@@ -360,7 +368,9 @@ impl PaymentsPolicy {
                 .trim()
                 .parse()
                 .map_err(|_| format!("`{major}` for {code} is not a whole number of major units"))?;
-            capture_thresholds.insert(currency.code(), major);
+            if capture_thresholds.insert(currency.code(), major).is_some() {
+                return Err(format!("{code} is given a threshold twice"));
+            }
         }
         Ok(PaymentsPolicy { capture_thresholds })
     }

@@ -28,7 +28,7 @@ fn the_sandbox_default_names_eur_usd_gbp_chf_jpy_and_kwd() {
 }
 
 #[test]
-fn a_threshold_that_is_not_a_currency_and_a_whole_number_is_refused() {
+fn a_threshold_that_is_not_a_currency_and_a_whole_number_or_is_given_twice_is_refused() {
     for bad in [
         "EUR",
         "EUR=1000.50",
@@ -37,6 +37,7 @@ fn a_threshold_that_is_not_a_currency_and_a_whole_number_is_refused() {
         "XAU=10",
         "ABC=10",
         "EUR=ten",
+        "EUR=1000,EUR=10",
     ] {
         assert!(PaymentsPolicy::parse(bad).is_err(), "{bad}");
     }
