@@ -36,7 +36,7 @@ use axum::{
 };
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
-    simulated::{EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash, still_processing},
+    simulated::{AnswerFault, EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash, still_processing},
 };
 use serde::{Deserialize, Serialize};
 use validator::Validate;
@@ -163,27 +163,10 @@ struct Ledger {
     faults: Faults,
 }
 
-/// What a fault does to the answer of a rollout request that was just accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AnswerFault {
-    None,
-    /// `drop_next`: no answer at all.
-    Drop,
-    /// `answer_after_accepting`: this status instead of the rollout.
-    Status(u16),
-}
-
 impl Ledger {
     /// What happens to the answer of the rollout just started.
     fn answer_fault(&mut self) -> AnswerFault {
-        if self.faults.drop_next > 0 {
-            self.faults.drop_next -= 1;
-            return AnswerFault::Drop;
-        }
-        if self.faults.answer_after_accepting.is_empty() {
-            return AnswerFault::None;
-        }
-        AnswerFault::Status(self.faults.answer_after_accepting.remove(0))
+        AnswerFault::take(&mut self.faults.drop_next, &mut self.faults.answer_after_accepting)
     }
 }
 

@@ -39,7 +39,8 @@ use axum::{
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
     simulated::{
-        EventLog, SimulatedEvent, Tenant, idempotency_key, load_state, request_hash, save_state, still_processing,
+        AnswerFault, EventLog, SimulatedEvent, Tenant, idempotency_key, load_state, request_hash, save_state,
+        still_processing,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -302,28 +303,11 @@ impl Provider {
     }
 }
 
-/// What a fault does to the answer of a request that was just accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AnswerFault {
-    None,
-    /// `drop_next`: no answer at all.
-    Drop,
-    /// `answer_after_accepting`: this status instead of the charge or refund.
-    Status(u16),
-}
-
 impl Ledger {
     /// What happens to the answer of what was just stored: only requests
     /// that store something use a fault up.
     fn answer_fault(&mut self) -> AnswerFault {
-        if self.faults.drop_next > 0 {
-            self.faults.drop_next -= 1;
-            return AnswerFault::Drop;
-        }
-        if self.faults.answer_after_accepting.is_empty() {
-            return AnswerFault::None;
-        }
-        AnswerFault::Status(self.faults.answer_after_accepting.remove(0))
+        AnswerFault::take(&mut self.faults.drop_next, &mut self.faults.answer_after_accepting)
     }
 }
 

@@ -137,3 +137,28 @@ pub fn save_state(path: &std::path::Path, state: &impl Serialize) -> std::io::Re
         None => Ok(()),
     }
 }
+
+/// What a fault does to the answer of a request the simulator just accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerFault {
+    None,
+    /// `drop_next`: no answer at all.
+    Drop,
+    /// `answer_after_accepting`: this status instead of the answer.
+    Status(u16),
+}
+
+impl AnswerFault {
+    /// Uses up the next answer fault switched on, if any: a dropped answer
+    /// first, then the next status of `answer_after_accepting`.
+    pub fn take(drop_next: &mut u32, answer_after_accepting: &mut Vec<u16>) -> AnswerFault {
+        if *drop_next > 0 {
+            *drop_next -= 1;
+            return AnswerFault::Drop;
+        }
+        if answer_after_accepting.is_empty() {
+            return AnswerFault::None;
+        }
+        AnswerFault::Status(answer_after_accepting.remove(0))
+    }
+}
