@@ -4,7 +4,7 @@
 
 use platform::{
     Backend,
-    testing::{ServiceProcess, TestDb, create_api_key, help_of},
+    testing::{help_of, keys_made_by_create_api_key_act_with_their_roles},
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_tickets");
@@ -18,34 +18,7 @@ fn help_prints_the_usage_and_exits() {
 }
 
 async fn a_key_made_by_create_api_key_acts_with_the_role_it_was_given(backend: Backend) {
-    let db = TestDb::new(backend).await;
-    let approver = create_api_key(BINARY, "tickets", &db.url, ["acme", "alice", "approver"]);
-    let agent = create_api_key(BINARY, "tickets", &db.url, ["acme", "bot", "agent"]);
-    let service = ServiceProcess::start(
-        BINARY,
-        "tickets",
-        &[("TICKETS_DATABASE_URL", &db.url), ("RETRYSAFE_SANDBOX", "false")],
-    )
-    .await;
-
-    let status_for = async |key: &str| {
-        reqwest::Client::new()
-            .get(format!("{}/v1/approvals", service.base))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    };
-    assert_eq!(status_for(&approver).await, 200, "an approver reads approvals");
-    assert_eq!(status_for(&agent).await, 403, "an agent may not");
-    assert_eq!(
-        status_for("demo-acme-approver").await,
-        401,
-        "no demo keys outside the sandbox"
-    );
-    service.kill().await;
+    keys_made_by_create_api_key_act_with_their_roles(BINARY, "tickets", backend).await;
 }
 
 platform::both_backends!(a_key_made_by_create_api_key_acts_with_the_role_it_was_given);

@@ -305,6 +305,41 @@ pub fn help_of(binary: &str) -> String {
     String::from_utf8(output.stdout).expect("help is UTF-8")
 }
 
+/// What every service binary's `create-api-key` must do: keys it makes
+/// outside sandbox mode act with their roles on the real process (an
+/// approver reads approvals, an agent may not), and no demo key works there.
+pub async fn keys_made_by_create_api_key_act_with_their_roles(binary: &str, service: &str, backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let approver = create_api_key(binary, service, &db.url, ["acme", "alice", "approver"]);
+    let agent = create_api_key(binary, service, &db.url, ["acme", "bot", "agent"]);
+    let database_url = format!("{}_DATABASE_URL", service.to_ascii_uppercase());
+    let process = ServiceProcess::start(
+        binary,
+        service,
+        &[(&database_url, &db.url), ("RETRYSAFE_SANDBOX", "false")],
+    )
+    .await;
+
+    let status_for = async |key: &str| {
+        reqwest::Client::new()
+            .get(format!("{}/v1/approvals", process.base))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(status_for(&approver).await, 200, "an approver reads approvals");
+    assert_eq!(status_for(&agent).await, 403, "an agent may not");
+    assert_eq!(
+        status_for("demo-acme-approver").await,
+        401,
+        "no demo keys outside the sandbox"
+    );
+    process.kill().await;
+}
+
 /// `binary create-api-key <account> <principal> <role>` of service `service`
 /// on the database at `database_url`, outside sandbox mode: the key it prints.
 pub fn create_api_key(binary: &str, service: &str, database_url: &str, principal: [&str; 3]) -> String {
