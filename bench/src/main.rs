@@ -1,5 +1,5 @@
 //! The benchmark harness: the idempotent write path measured against its
-//! limits (issue 7, `PERFORMANCE.md`), over real HTTP on loopback, on SQLite
+//! performance targets, over real HTTP on loopback, on SQLite
 //! and on PostgreSQL.
 //!
 //! ```sh

@@ -66,7 +66,7 @@ pub static MIGRATIONS: Migrations = Migrations {
     sqlite: sqlx::migrate!("../../migrations/idempotency/sqlite"),
 };
 
-/// When a first attempt's claim commits (DESIGN-NOTES §1).
+/// When a first attempt's claim commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimMode {
     /// The claim, the effect and the stored answer commit in one transaction.

@@ -3,7 +3,7 @@
 //! A service holds a [`Db`] and hands out [`Tx`] transactions; every store
 //! function matches on the variant once and runs that backend's own SQL. The
 //! handler code stays backend-free and the SQL stays explicit and idiomatic per
-//! backend (see DESIGN-NOTES §2: enum dispatch).
+//! backend: enum dispatch, with no backend generic spreading into every handler.
 
 use std::{str::FromStr, time::Duration};
 
