@@ -10,7 +10,7 @@ use futures::future::join_all;
 use serde_json::{Value, json};
 
 use crate::{
-    story::{AgentProcess, AgentStep, Approve, Burst, Expectations, Fault, Poll, StepExpect, Story},
+    story::{AgentProcess, AgentStep, Approve, Burst, CountExpect, Expectations, Fault, Held, Poll, StepExpect, Story},
     world::{Backend, SERVICES, World},
 };
 
@@ -60,6 +60,22 @@ struct Known {
     body: Value,
 }
 
+/// One answer to a copy in a burst.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    replayed: bool,
+    operation_id: Option<String>,
+    body: Value,
+}
+
+impl Answer {
+    /// A 2xx that is not a replay: the copy that ran.
+    fn is_first(&self) -> bool {
+        (200..300).contains(&self.status) && !self.replayed
+    }
+}
+
 struct Stage<'a> {
     world: &'a mut World,
     known: HashMap<String, Known>,
@@ -107,6 +123,8 @@ pub async fn play(story: Story, backend: Backend, binaries: &Path) -> Played {
             stage.approve(approve).await
         } else if let Some(poll) = &step.poll {
             stage.poll(poll).await
+        } else if let Some(held) = &step.held {
+            stage.held(held).await
         } else if let Some(ms) = step.pause_ms {
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Ok(())
@@ -427,14 +445,19 @@ impl Stage<'_> {
         Ok(())
     }
 
-    /// Many copies of one request with one key, at once.
+    /// Many copies of one request with one key, at once: the key of the
+    /// agent operation the burst names, made now if the agent has none yet.
     async fn burst(&mut self, burst: &Burst, expect: Option<&StepExpect>) -> Result<(), String> {
         let service = self.world.service(&burst.service)?;
         let url = format!("{}{}", self.world.services[service], self.fill_text(&burst.path));
         let body = self.fill(&burst.body);
+        let key = match self.known.get(&burst.operation) {
+            Some(known) => known.key.clone(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
         let http = self.world.http().clone();
         let answers = join_all((0..burst.copies).map(|_| {
-            let (http, url, body, key) = (http.clone(), url.clone(), body.clone(), burst.key.clone());
+            let (http, url, body, key) = (http.clone(), url.clone(), body.clone(), key.clone());
             async move {
                 let response = http
                     .post(&url)
@@ -444,42 +467,66 @@ impl Stage<'_> {
                     .send()
                     .await
                     .map_err(|e| e.to_string())?;
-                let replayed = response
-                    .headers()
-                    .get("idempotent-replayed")
-                    .is_some_and(|v| v == "true");
-                Ok::<_, String>((response.status().as_u16(), replayed))
+                let header = |name: &str| {
+                    response
+                        .headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                };
+                let replayed = header("idempotent-replayed").is_some_and(|v| v == "true");
+                let operation_id = header("operation-id");
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                Ok::<_, String>(Answer {
+                    status,
+                    replayed,
+                    operation_id,
+                    body,
+                })
             }
         }))
         .await;
-        let answers: Vec<(u16, bool)> = answers.into_iter().collect::<Result<_, _>>()?;
-        let first = answers
-            .iter()
-            .filter(|(status, replayed)| (200..300).contains(status) && !replayed)
-            .count();
-        let mut statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+        let answers: Vec<Answer> = answers.into_iter().collect::<Result<_, _>>()?;
+        let firsts: Vec<&Answer> = answers.iter().filter(|a| a.is_first()).collect();
+        let mut statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
         statuses.sort_unstable();
         statuses.dedup();
         self.note(
             "story",
             &format!(
-                "{} copies answered: {first} first answer, {} replays; statuses {statuses:?}",
+                "{} copies answered: {} first answer, {} replays; statuses {statuses:?}",
                 answers.len(),
-                answers.iter().filter(|(_, replayed)| *replayed).count()
+                firsts.len(),
+                answers.iter().filter(|a| a.replayed).count()
             ),
+        );
+        // what the agent would know of it: the first answer, or any that names the operation
+        let known = firsts
+            .first()
+            .copied()
+            .or_else(|| answers.iter().find(|a| a.operation_id.is_some()));
+        let earlier = self.known.get(&burst.operation).cloned().unwrap_or_default();
+        self.known.insert(
+            burst.operation.clone(),
+            Known {
+                key: key.clone(),
+                operation_id: known.and_then(|a| a.operation_id.clone()).or(earlier.operation_id),
+                body: known.map_or(earlier.body, |a| a.body.clone()),
+            },
         );
         let Some(expect) = expect else { return Ok(()) };
         if let Some(expected) = expect.first_answers {
             self.check(
-                format!("copies of `{}` answered as the first", burst.key),
+                format!("copies of `{}` answered as the first", burst.operation),
                 expected.to_string(),
-                first.to_string(),
-                first == expected,
+                firsts.len().to_string(),
+                firsts.len() == expected,
             );
         }
         if let Some(allowed) = &expect.statuses {
             self.check(
-                format!("every copy of `{}` is answered with", burst.key),
+                format!("every copy of `{}` is answered with", burst.operation),
                 format!("{allowed:?}"),
                 format!("{statuses:?}"),
                 statuses.iter().all(|s| allowed.contains(s)),
@@ -488,40 +535,68 @@ impl Stage<'_> {
         Ok(())
     }
 
-    /// Asks for the operation's status until it is in one of `until`; every
-    /// state seen goes on the timeline. The last state is checked.
+    /// Asks for an operation's status (or a resource) until the field it
+    /// watches is one of `until`; every value seen goes on the timeline.
+    /// The last value is checked.
     async fn poll(&mut self, poll: &Poll) -> Result<(), String> {
         let service = self.world.service(&poll.service)?;
-        let operation_id = self
-            .known
-            .get(&poll.operation)
-            .and_then(|k| k.operation_id.clone())
-            .ok_or_else(|| format!("`{}` has no operation id to poll", poll.operation))?;
-        let url = format!("{}/v1/operations/{operation_id}", self.world.services[service]);
+        let (watched, path) = match (&poll.operation, &poll.path) {
+            (Some(operation), None) => {
+                let operation_id = self
+                    .known
+                    .get(operation)
+                    .and_then(|k| k.operation_id.clone())
+                    .ok_or_else(|| format!("`{operation}` has no operation id to poll"))?;
+                (format!("`{operation}`"), format!("/v1/operations/{operation_id}"))
+            }
+            (None, Some(path)) => {
+                let path = self.fill_text(path);
+                (path.clone(), path)
+            }
+            _ => return Err("a poll names an operation or a path, one of them".into()),
+        };
+        let field = poll.field.as_deref().unwrap_or("state");
+        let url = format!("{}{path}", self.world.services[service]);
+        let wanted = |value: &str| poll.until.iter().any(|u| u == value || (u == "*" && value != "-"));
         let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(poll.seconds.unwrap_or(30.0));
         let mut seen = String::new();
-        let mut state = String::new();
+        let mut value = String::new();
         while tokio::time::Instant::now() < deadline {
-            let status = self.world.get(&url, AGENT_KEY).await?;
-            state = status["state"].as_str().unwrap_or("-").to_owned();
-            if !seen.ends_with(&state) {
-                self.note("agent", &format!("{} · polls its status: {state}", poll.operation));
+            let answer = self.world.get(&url, AGENT_KEY).await?;
+            value = match &answer[field] {
+                Value::Null => "-".to_owned(),
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            if !seen.ends_with(&value) {
+                self.note("agent", &format!("{watched} · polls its {field}: {value}"));
                 seen = if seen.is_empty() {
-                    state.clone()
+                    value.clone()
                 } else {
-                    format!("{seen} → {state}")
+                    format!("{seen} → {value}")
                 };
             }
-            if poll.until.contains(&state) {
+            if wanted(&value) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         self.check(
-            format!("`{}` polled until", poll.operation),
+            format!("{watched}'s {field} polled until"),
             poll.until.join(" or "),
             seen,
-            poll.until.contains(&state),
+            wanted(&value),
+        );
+        Ok(())
+    }
+
+    /// Waits until the sandbox holds at the fail point; an error if it never gets there.
+    async fn held(&mut self, held: &Held) -> Result<(), String> {
+        let wait = Duration::from_secs_f64(held.seconds.unwrap_or(15.0));
+        self.world.held_at(&held.fail_point, wait).await?;
+        self.note(
+            "story",
+            &format!("the sandbox holds at the fail point {}", held.fail_point),
         );
         Ok(())
     }
@@ -579,31 +654,41 @@ impl Stage<'_> {
                 got == expected,
             );
         }
-        if let Some(expected) = expect.provider_charges {
-            let stats = self
-                .world
-                .get(&format!("{}/admin/stats", self.world.provider), AGENT_KEY)
-                .await?;
-            let got = stats["charges_made"].as_u64().unwrap_or(0);
-            self.check(
-                "charges the payment provider really made".into(),
-                expected.to_string(),
-                got.to_string(),
-                got == expected,
-            );
+        let provider = self.world.provider.clone();
+        let controller = self.world.controller.clone();
+        for (expected, url, member, what) in [
+            (
+                expect.provider_charges,
+                &provider,
+                "charges_made",
+                "charges the payment provider really made",
+            ),
+            (
+                expect.provider_refunds,
+                &provider,
+                "refunds_made",
+                "refunds the payment provider really made",
+            ),
+            (
+                expect.controller_rollouts,
+                &controller,
+                "rollouts_started",
+                "rollouts the deployment controller really started",
+            ),
+            (
+                expect.controller_cancels,
+                &controller,
+                "rollouts_cancelled",
+                "rollouts the deployment controller really stopped",
+            ),
+        ] {
+            let Some(expected) = expected else { continue };
+            let stats = self.world.get(&format!("{url}/admin/stats"), AGENT_KEY).await?;
+            let got = stats[member].as_u64().unwrap_or(0);
+            self.check(what.into(), expected.to_string(), got.to_string(), got == expected);
         }
-        if let Some(expected) = expect.controller_rollouts {
-            let stats = self
-                .world
-                .get(&format!("{}/admin/stats", self.world.controller), AGENT_KEY)
-                .await?;
-            let got = stats["rollouts_started"].as_u64().unwrap_or(0);
-            self.check(
-                "rollouts the deployment controller really started".into(),
-                expected.to_string(),
-                got.to_string(),
-                got == expected,
-            );
+        for count in &expect.count {
+            self.count(count).await?;
         }
         if let Some(pending) = &expect.pending_approvals {
             let service = self.world.service(&pending.service)?;
@@ -665,6 +750,33 @@ impl Stage<'_> {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Counts a list's items that match, as the API shows them.
+    async fn count(&mut self, count: &CountExpect) -> Result<(), String> {
+        let service = self.world.service(&count.service)?;
+        let url = format!("{}{}", self.world.services[service], self.fill_text(&count.path));
+        let bearer = if count.as_approver { APPROVER_KEY } else { AGENT_KEY };
+        let list = self.world.get(&url, bearer).await?;
+        let items = list["data"]
+            .as_array()
+            .ok_or_else(|| format!("GET {url}: no `data` list in {list}"))?;
+        let got = items
+            .iter()
+            .filter(|item| {
+                count
+                    .matching
+                    .iter()
+                    .all(|(member, value)| item[member.as_str()] == value.as_str())
+            })
+            .count();
+        self.check(
+            count.what.clone(),
+            count.count.to_string(),
+            got.to_string(),
+            got == count.count,
+        );
         Ok(())
     }
 

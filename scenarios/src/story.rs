@@ -18,10 +18,23 @@ pub struct Story {
     pub sandbox: Sandbox,
     #[serde(rename = "step")]
     pub steps: Vec<Step>,
+    #[serde(default)]
     pub expect: Expectations,
-    /// The file's name, without `.toml`.
+    /// The file's name, without `.toml` (a matrix cell: `<route>/<template>`).
     #[serde(skip)]
     pub name: String,
+    /// Where a matrix cell sits in the matrix.
+    #[serde(skip)]
+    pub cell: Option<Cell>,
+}
+
+/// A matrix cell's place: its route (the row), its test (the column) and,
+/// when the test has several, which variant of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cell {
+    pub route: String,
+    pub test: String,
+    pub variant: Option<String>,
 }
 
 /// How the sandbox runs for this story: environment variables of its own
@@ -45,6 +58,7 @@ pub struct Step {
     pub approve: Option<Approve>,
     pub restart: Option<Restart>,
     pub poll: Option<Poll>,
+    pub held: Option<Held>,
     /// Nothing happens for this many milliseconds (the network catches up).
     pub pause_ms: Option<u64>,
     pub expect: Option<StepExpect>,
@@ -114,7 +128,9 @@ pub struct AgentProcess {
 #[serde(deny_unknown_fields)]
 pub struct Burst {
     pub copies: usize,
-    pub key: String,
+    /// The agent operation whose key every copy carries (a new key, kept
+    /// under this name, if the agent has not started it).
+    pub operation: String,
     pub service: String,
     pub path: String,
     pub body: Value,
@@ -129,15 +145,33 @@ pub struct Approve {
     pub service: String,
 }
 
-/// The agent polls an operation's status (`GET /v1/operations/{id}`) until
-/// it is in one of `until`, as an agent does after a timeout.
+/// The agent polls an operation's status (`GET /v1/operations/{id}`), or
+/// a resource at `path`, until its `field` is one of `until`, as an agent
+/// does after a timeout.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Poll {
-    pub operation: String,
+    /// An agent operation, by name: its status is polled.
+    pub operation: Option<String>,
+    /// Or a resource: `/v1/deployments/{target.id}`.
+    pub path: Option<String>,
     pub service: String,
+    /// The member read (`state`).
+    pub field: Option<String>,
+    /// The values it waits for; `"*"` is any value at all (the member is set).
     pub until: Vec<String>,
     /// How long to keep asking (30 s).
+    pub seconds: Option<f64>,
+}
+
+/// Waits until the sandbox says it holds at this fail point (set with
+/// `FAILPOINTS` in a restart): the crash that follows is known to come
+/// exactly there.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Held {
+    pub fail_point: String,
+    /// How long to wait for it (15 s).
     pub seconds: Option<f64>,
 }
 
@@ -178,13 +212,37 @@ pub struct Expectations {
     pub tickets: Option<usize>,
     /// Charges the payment provider really made.
     pub provider_charges: Option<u64>,
+    /// Refunds the payment provider really made.
+    pub provider_refunds: Option<u64>,
     /// Rollouts the deployment controller really started.
     pub controller_rollouts: Option<u64>,
+    /// Rollouts the deployment controller really stopped.
+    pub controller_cancels: Option<u64>,
+    /// Items of a service's list, as its API shows them.
+    #[serde(default)]
+    pub count: Vec<CountExpect>,
     /// Pending approvals at a service.
     pub pending_approvals: Option<PendingApprovals>,
     /// Events in a service's audit journal for an agent operation.
     #[serde(default)]
     pub journal: Vec<JournalExpect>,
+}
+
+/// How many items a list (`GET path`, its `data`) holds, counting only those
+/// whose members equal `where`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CountExpect {
+    /// What is counted, in words: "comments on the ticket".
+    pub what: String,
+    pub service: String,
+    pub path: String,
+    #[serde(default, rename = "where")]
+    pub matching: BTreeMap<String, String>,
+    pub count: usize,
+    /// Read as the approver (approvals), not the agent.
+    #[serde(default)]
+    pub as_approver: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -219,11 +277,38 @@ impl Step {
             self.approve.is_some(),
             self.restart.is_some(),
             self.poll.is_some(),
+            self.held.is_some(),
             self.pause_ms.is_some(),
         ]
         .into_iter()
         .filter(|a| *a)
         .count()
+    }
+}
+
+impl Story {
+    /// What a story file must be beyond its syntax: one thing per step.
+    pub fn check(&self) -> Result<(), String> {
+        match self.steps.iter().find(|s| s.actions() != 1) {
+            Some(step) => Err(format!("the step \"{}\" must do exactly one thing", step.say)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Expectations {
+    /// These expectations and `more`'s: where both say one thing, these win.
+    pub fn and(self, more: Expectations) -> Expectations {
+        Expectations {
+            tickets: self.tickets.or(more.tickets),
+            provider_charges: self.provider_charges.or(more.provider_charges),
+            provider_refunds: self.provider_refunds.or(more.provider_refunds),
+            controller_rollouts: self.controller_rollouts.or(more.controller_rollouts),
+            controller_cancels: self.controller_cancels.or(more.controller_cancels),
+            count: self.count.into_iter().chain(more.count).collect(),
+            pending_approvals: self.pending_approvals.or(more.pending_approvals),
+            journal: self.journal.into_iter().chain(more.journal).collect(),
+        }
     }
 }
 
@@ -244,13 +329,7 @@ pub fn load_all(dir: &Path) -> Result<Vec<Story>, String> {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if let Some(step) = story.steps.iter().find(|s| s.actions() != 1) {
-            return Err(format!(
-                "{}: the step \"{}\" must do exactly one thing",
-                path.display(),
-                step.say
-            ));
-        }
+        story.check().map_err(|e| format!("{}: {e}", path.display()))?;
         stories.push(story);
     }
     Ok(stories)

@@ -1,7 +1,9 @@
 //! The world a story plays in: the real sandbox as its own process (every
-//! service, the simulated provider and controller) on fresh databases and
-//! free ports, a fault proxy in front of each service, and the agent's
-//! journals. Killed and started again when a story says so; cleaned up after.
+//! service) on fresh databases and free ports, the simulated payment provider
+//! and deployment controller as processes of their own (as external systems
+//! are: a crash of the services does not take them down), a fault proxy in
+//! front of each service, and the agent's journals. The sandbox is killed and
+//! started again when a story says so; everything is cleaned up after.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -34,19 +36,28 @@ impl Backend {
 pub const SERVICES: [&str; 3] = ["tickets", "payments", "deployments"];
 
 /// The sandbox's settings for every story: an outbox and a controller fast
-/// enough that a story takes seconds.
-const FAST: [(&str, &str); 5] = [
+/// enough that a story takes seconds, and pools small enough that several
+/// stories can share one PostgreSQL server.
+const FAST: [(&str, &str); 6] = [
     ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", "1"),
     ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "3"),
     ("RETRYSAFE_RECONCILE_AFTER_SECONDS", "0.5"),
     ("RETRYSAFE_LEASE_SECONDS", "3"),
     ("DEPLOY_CONTROLLER_STEP_MS", "300"),
+    ("RETRYSAFE_DB_CONNECTIONS", "5"),
 ];
 
+/// The programs a world runs, all in one directory.
+pub const PROGRAMS: [&str; 4] = ["sandbox", "agent", "payment-provider", "deploy-controller"];
+
 pub struct World {
-    sandbox_binary: PathBuf,
+    binaries: PathBuf,
     pub agent_binary: PathBuf,
     sandbox: Option<Child>,
+    /// The payment provider and the deployment controller, never killed by a story.
+    _external: Vec<Child>,
+    /// How much of the sandbox's log was written before its latest start.
+    log_before_start: u64,
     env: BTreeMap<String, String>,
     /// `tickets` → `http://127.0.0.1:<port>`: the services themselves.
     pub services: HashMap<&'static str, String>,
@@ -65,7 +76,7 @@ impl World {
     pub async fn start(backend: Backend, binaries: &Path, env: &BTreeMap<String, String>) -> Result<World, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let mut ports = Vec::new();
-        for _ in 0..6 {
+        for _ in 0..8 {
             ports.push(free_port()?);
         }
         let address = |port: u16| format!("127.0.0.1:{port}");
@@ -74,8 +85,11 @@ impl World {
             ("PAYMENTS_ADDR", address(ports[1])),
             ("DEPLOYMENTS_ADDR", address(ports[2])),
             ("CONSOLE_ADDR", address(ports[3])),
+            // the sandbox's own simulators listen here, unused: the services call the external ones
             ("PAYMENT_PROVIDER_ADDR", address(ports[4])),
             ("DEPLOY_CONTROLLER_ADDR", address(ports[5])),
+            ("PAYMENTS_PROVIDER_URL", format!("http://{}", address(ports[6]))),
+            ("DEPLOYMENTS_CONTROLLER_URL", format!("http://{}", address(ports[7]))),
             ("RETRYSAFE_DATA_DIR", dir.path().display().to_string()),
             ("LOG_FORMAT", "json".into()),
             ("RUST_LOG", "info".into()),
@@ -106,15 +120,37 @@ impl World {
                 .map_err(|e| e.to_string())?;
             proxies.insert(service, proxy);
         }
+        let external = vec![
+            spawn(
+                &binaries.join("payment-provider"),
+                &[("PAYMENT_PROVIDER_ADDR", address(ports[6]))],
+                dir.path(),
+                "payment-provider.log",
+            )?,
+            spawn(
+                &binaries.join("deploy-controller"),
+                &[
+                    ("DEPLOY_CONTROLLER_ADDR", address(ports[7])),
+                    (
+                        "DEPLOY_CONTROLLER_STEP_MS",
+                        settings["DEPLOY_CONTROLLER_STEP_MS"].clone(),
+                    ),
+                ],
+                dir.path(),
+                "deploy-controller.log",
+            )?,
+        ];
         let mut world = World {
-            sandbox_binary: binaries.join("sandbox"),
+            binaries: binaries.to_owned(),
             agent_binary: binaries.join("agent"),
             sandbox: None,
+            _external: external,
+            log_before_start: 0,
             env: settings,
             services,
             proxies,
-            provider: format!("http://{}", address(ports[4])),
-            controller: format!("http://{}", address(ports[5])),
+            provider: format!("http://{}", address(ports[6])),
+            controller: format!("http://{}", address(ports[7])),
             dir,
             postgres,
             http: reqwest::Client::builder()
@@ -126,27 +162,25 @@ impl World {
         Ok(world)
     }
 
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("sandbox.log")
+    }
+
     /// Starts the sandbox process and waits until every part answers.
     async fn launch(&mut self) -> Result<(), String> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("sandbox.log"))
-            .map_err(|e| e.to_string())?;
-        let mut command = Command::new(&self.sandbox_binary);
-        command
-            .env_remove("DATABASE_URL")
-            .env_remove("FAILPOINTS")
-            .envs(self.env.iter().filter(|(_, v)| !v.is_empty()))
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
-        let child = command
-            .spawn()
-            .map_err(|e| format!("{}: {e} (is it built?)", self.sandbox_binary.display()))?;
-        self.sandbox = Some(child);
+        self.log_before_start = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
+        let settings: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        self.sandbox = Some(spawn(
+            &self.binaries.join("sandbox"),
+            &settings,
+            self.dir.path(),
+            "sandbox.log",
+        )?);
         let parts: Vec<String> = self
             .services
             .values()
@@ -159,7 +193,7 @@ impl World {
                     if let Some(child) = self.sandbox.as_mut()
                         && let Ok(Some(status)) = child.try_wait()
                     {
-                        let log = std::fs::read_to_string(self.dir.path().join("sandbox.log")).unwrap_or_default();
+                        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
                         let last: Vec<&str> = log.lines().rev().take(5).collect();
                         return Err(format!(
                             "the sandbox exited ({status}); its last words: {}",
@@ -183,6 +217,27 @@ impl World {
         tokio::time::timeout(Duration::from_secs(60), ready)
             .await
             .map_err(|_| "the sandbox did not answer within a minute".to_owned())?
+    }
+
+    /// Waits until the running sandbox logs that it holds at `fail_point`.
+    pub async fn held_at(&self, fail_point: &str, wait: Duration) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let log = std::fs::read(self.log_path()).map_err(|e| e.to_string())?;
+            let since_start = String::from_utf8_lossy(log.get(self.log_before_start as usize..).unwrap_or_default());
+            let held = since_start
+                .lines()
+                .any(|line| line.contains("fail point reached") && line.contains(&format!("\"{fail_point}\"")));
+            if held {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "the sandbox did not reach the fail point {fail_point} within {wait:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGKILL: no clean-up, no graceful shutdown.
@@ -231,7 +286,7 @@ impl World {
         &self.http
     }
 
-    /// Stops the sandbox and drops the story's PostgreSQL databases.
+    /// Stops the sandbox (the external systems die with the world) and drops the story's PostgreSQL databases.
     pub async fn finish(mut self) {
         self.kill().await;
         if let Some((admin, name)) = &self.postgres {
@@ -249,6 +304,27 @@ impl World {
             }
         }
     }
+}
+
+/// Starts `binary` in `dir` with `env` (and none of this process's database
+/// or fail point settings), its output appended to `log` there.
+fn spawn(binary: &Path, env: &[(&str, String)], dir: &Path, log: &str) -> Result<Child, String> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(log))
+        .map_err(|e| e.to_string())?;
+    Command::new(binary)
+        .env_remove("DATABASE_URL")
+        .env_remove("FAILPOINTS")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e} (is it built?)", binary.display()))
 }
 
 /// A port free now, below Linux's ephemeral range (32768 and up): a port

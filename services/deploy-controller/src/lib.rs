@@ -82,6 +82,9 @@ pub struct Stats {
     /// Requests to cancel a rollout, whatever they found.
     #[serde(default)]
     pub cancel_requests: u64,
+    /// Rollouts those requests stopped (a cancel of a cancelled rollout stops none).
+    #[serde(default)]
+    pub rollouts_cancelled: u64,
 }
 
 /// `POST /v1/rollouts`, as a caller sends it.
@@ -511,6 +514,7 @@ async fn cancel_rollout(
         .ok_or_else(|| ApiError::not_found(format!("rollout `{rollout_id}`")))?;
     match ledger.rollouts[at].1.state {
         RolloutState::Queued | RolloutState::Running => {
+            ledger.stats.rollouts_cancelled += 1;
             let rollout = &mut ledger.rollouts[at].1;
             rollout.state = RolloutState::Cancelled;
             rollout.updated_at = Timestamp::now();

@@ -192,11 +192,17 @@ async fn a_rollout_is_cancelled_until_it_finishes_and_never_after() {
         .get(&format!("/v1/rollouts/{}", first["id"].as_str().unwrap()))
         .await;
     let too_late = cancel(&second["id"]).await.unwrap();
+    let stats = controller.get("/admin/stats").await;
 
     assert_eq!(cancelled.status(), 200);
     assert_eq!(again.status(), 200, "cancelling what is cancelled answers it unchanged");
     assert_eq!(after["state"], "cancelled", "a cancelled rollout never runs on");
     assert_eq!(too_late.status(), 409);
+    assert_eq!(stats["cancel_requests"], 3);
+    assert_eq!(
+        stats["rollouts_cancelled"], 1,
+        "only the first cancel stopped a rollout"
+    );
 }
 
 #[tokio::test]
