@@ -57,17 +57,13 @@ struct RoutesFile {
     route: Vec<toml::Table>,
 }
 
-/// A template's own fields; the rest of its file is a story.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A template's own fields; the rest of its file is a story. (`needs`, the
+/// route fields it needs, is read first: routes without them have no such cell.)
 struct TemplateHead {
     /// The column it fills.
     test: String,
     /// Which of the test's variants it is, when the test has several.
     variant: Option<String>,
-    /// Route fields it needs: routes without them have no such cell.
-    #[serde(default)]
-    needs: Vec<String>,
 }
 
 /// Loads `dir/routes.toml` and `dir/tests/*.toml` and applies every template
@@ -154,19 +150,19 @@ fn route_fields(mut fields: toml::Table) -> Result<(toml::Table, Route), String>
 /// The cell of `template` on this route, or `None` if the route lacks a field the template needs.
 fn apply(template: &toml::Table, fields: &toml::Table, route: &Route, stem: &str) -> Result<Option<Story>, String> {
     let mut story = template.clone();
+    let needs: Vec<String> = match story.remove("needs") {
+        Some(needs) => needs.try_into().map_err(|e: toml::de::Error| format!("needs: {e}"))?,
+        None => Vec::new(),
+    };
+    if needs.iter().any(|field| !fields.contains_key(field)) {
+        return Ok(None);
+    }
+    substitute_table(&mut story, fields)?;
     let head = TemplateHead {
         test: take_string(&mut story, "test")?.ok_or("no `test`: which of the five tests is it?")?,
         variant: take_string(&mut story, "variant")?,
-        needs: match story.remove("needs") {
-            Some(needs) => needs.try_into().map_err(|e: toml::de::Error| format!("needs: {e}"))?,
-            None => Vec::new(),
-        },
     };
-    if head.needs.iter().any(|field| !fields.contains_key(field)) {
-        return Ok(None);
-    }
-    let mut story = toml::Value::Table(story);
-    substitute(&mut story, fields)?;
+    let story = toml::Value::Table(story);
     let mut story: Story = story.try_into().map_err(|e: toml::de::Error| e.to_string())?;
     story.name = format!("{}/{stem}", route.name);
     story.steps = route.setup.iter().cloned().chain(story.steps).collect();
@@ -213,14 +209,14 @@ fn substitute(value: &mut toml::Value, fields: &toml::Table) -> Result<(), Strin
                 substitute(item, fields)?;
             }
         }
-        toml::Value::Table(table) => {
-            for (_, item) in table.iter_mut() {
-                substitute(item, fields)?;
-            }
-        }
+        toml::Value::Table(table) => substitute_table(table, fields)?,
         _ => {}
     }
     Ok(())
+}
+
+fn substitute_table(table: &mut toml::Table, fields: &toml::Table) -> Result<(), String> {
+    table.iter_mut().try_for_each(|(_, item)| substitute(item, fields))
 }
 
 fn fill_text(text: &str, fields: &toml::Table) -> Result<String, String> {
@@ -302,7 +298,7 @@ journal = [{ operation = "act", service = "{route.service}", includes = ["replay
 
     const DELIVERY: &str = r#"
 test = "killed after the claim"
-variant = "before delivery"
+variant = "before the {route.delivers_to} hears of it"
 needs = ["delivers_to"]
 title = "{route.name}: killed before the {route.delivers_to} hears of it"
 lesson = "The outbox delivers it once."
@@ -335,7 +331,11 @@ agent = { name = "act", service = "{route.service}", path = "{route.path}", body
         let cell = matrix.cells[2].cell.as_ref().unwrap();
         assert_eq!(
             (cell.route.as_str(), cell.test.as_str(), cell.variant.as_deref()),
-            ("capture", "killed after the claim", Some("before delivery"))
+            (
+                "capture",
+                "killed after the claim",
+                Some("before the payment provider hears of it")
+            )
         );
     }
 

@@ -217,9 +217,28 @@ impl Stage<'_> {
                 ),
             );
         }
+        let external = match &fault.external {
+            None => (None, None),
+            Some(external) if external.system == "payment provider" => (Some(&external.faults), None),
+            Some(external) if external.system == "deployment controller" => (None, Some(&external.faults)),
+            Some(external) => {
+                return Err(format!(
+                    "no external system `{}`: payment provider or deployment controller",
+                    external.system
+                ));
+            }
+        };
         for (system, url, faults) in [
-            ("provider", self.world.provider.clone(), &fault.provider),
-            ("controller", self.world.controller.clone(), &fault.controller),
+            (
+                "payment provider",
+                self.world.provider.clone(),
+                fault.provider.as_ref().or(external.0),
+            ),
+            (
+                "deployment controller",
+                self.world.controller.clone(),
+                fault.controller.as_ref().or(external.1),
+            ),
         ] {
             let Some(faults) = faults else { continue };
             let answer = self

@@ -74,6 +74,18 @@ pub struct Fault {
     pub provider: Option<Value>,
     /// The deployment controller's `PUT /admin/faults` body.
     pub controller: Option<Value>,
+    /// Either of them, by name: how a matrix template reaches the system a
+    /// route delivers to.
+    pub external: Option<ExternalFault>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalFault {
+    /// `payment provider` or `deployment controller`.
+    pub system: String,
+    /// Its `PUT /admin/faults` body.
+    pub faults: Value,
 }
 
 #[derive(Debug, Clone, Deserialize)]
