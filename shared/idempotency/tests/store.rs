@@ -711,94 +711,6 @@ async fn a_claim_made_after_the_newest_operation_was_released_is_still_journaled
     );
 }
 
-/// Upgrading a database that already holds operations (before the migration
-/// that lets SQLite journal claims from their rows) keeps them and their
-/// approvals, answers them as before, and journals none of them a second time.
-async fn an_upgraded_database_keeps_its_operations_and_journals_only_what_happens_after(backend: Backend) {
-    const BEFORE: i64 = 20261203008000;
-    let db = TestDb::new(backend).await;
-    let pick = |set: &sqlx::migrate::Migrator| set.iter().filter(|m| m.version < BEFORE).cloned().collect::<Vec<_>>();
-    let (platform_set, idempotency_set) = match backend {
-        Backend::Postgres => (&platform::MIGRATIONS.postgres, &idempotency::MIGRATIONS.postgres),
-        Backend::Sqlite => (&platform::MIGRATIONS.sqlite, &idempotency::MIGRATIONS.sqlite),
-    };
-    let earlier = sqlx::migrate::Migrator::with_migrations([pick(platform_set), pick(idempotency_set)].concat());
-    match &db.db {
-        platform::Db::Postgres(pools) => earlier.run(&pools.main).await.unwrap(),
-        platform::Db::Sqlite(pools) => earlier.run(&pools.write).await.unwrap(),
-    }
-    let now = Timestamp::now();
-    let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1})).unwrap();
-    on_pool!(db.db.write(), |pool| {
-        for (key, operation_id, state) in [
-            ("done", "op_done", "completed"),
-            ("waiting", "op_waiting", "awaiting_approval"),
-        ] {
-            sqlx::query(
-                "INSERT INTO idempotency_operations (account_id, idempotency_key, operation_id, principal_id, method, \
-                 route, fingerprint, state, response_status, response_content_type, response_body, created_at, \
-                 updated_at) VALUES ('acme', $1, $2, 'acme-agent', 'POST', $3, $4, $5, 201, 'application/json', \
-                 $6, $7, $7)",
-            )
-            .bind(key)
-            .bind(operation_id)
-            .bind(ROUTE)
-            .bind(fingerprint.as_str())
-            .bind(state)
-            .bind(b"{}".to_vec())
-            .bind(now)
-            .execute(pool)
-            .await
-            .unwrap();
-        }
-        sqlx::query(
-            "INSERT INTO idempotency_approvals (approval_id, account_id, operation_id, idempotency_key, route, \
-             fingerprint, summary, requested_by, created_at, expires_at) \
-             VALUES ('apr_1', 'acme', 'op_waiting', 'waiting', $1, $2, '{}', 'acme-agent', $3, $3)",
-        )
-        .bind(ROUTE)
-        .bind(fingerprint.as_str())
-        .bind(now)
-        .execute(pool)
-        .await
-        .unwrap()
-        .rows_affected()
-    });
-
-    let f = migrated(db).await;
-
-    let runs = AtomicUsize::new(0);
-    let (_, replay, _) = f.run("done", json!({"n": 1}), &runs).await;
-    assert_eq!(header(&replay, "idempotent-replayed"), Some("true"));
-    f.run("after", json!({"n": 2}), &runs).await;
-    f.idempotency.flush_journal().await;
-
-    let waiting = store::find_by_key(&f.db.db, "acme", "waiting").await.unwrap().unwrap();
-    assert_eq!(waiting.state, OperationState::AwaitingApproval);
-    let approvals: i64 = on_pool!(f.db.db.read(), |pool| sqlx::query_scalar(
-        "SELECT COUNT(*) FROM idempotency_approvals WHERE operation_id = 'op_waiting'"
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap());
-    assert_eq!(approvals, 1);
-    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
-    let journaled: Vec<(Option<&str>, AuditEvent)> = entries
-        .iter()
-        .map(|e| (e.idempotency_key.as_deref(), e.event))
-        .collect();
-    assert_eq!(
-        journaled,
-        [
-            (Some("done"), AuditEvent::Attempted),
-            (Some("done"), AuditEvent::Replayed),
-            (Some("after"), AuditEvent::Attempted),
-            (Some("after"), AuditEvent::Claimed),
-            (Some("after"), AuditEvent::Completed)
-        ]
-    );
-}
-
 /// A reader of the journal runs a chain round first. If it goes away
 /// mid-round (a client hung up on `GET /v1/audit`), the observations the round
 /// took out of memory must still reach the chain.
@@ -1016,7 +928,6 @@ platform::both_backends!(
     two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
     a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain,
     a_claim_made_after_the_newest_operation_was_released_is_still_journaled,
-    an_upgraded_database_keeps_its_operations_and_journals_only_what_happens_after,
     a_journal_round_whose_caller_went_away_still_links_what_it_took,
 );
 

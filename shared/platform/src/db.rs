@@ -164,10 +164,19 @@ impl Db {
             Db::Sqlite(_) => set.sqlite.iter().cloned().collect(),
         };
         let migrator = Migrator::with_migrations(sets.iter().flat_map(pick).collect());
-        match self {
+        let migrated = match self {
             Db::Postgres(pools) => migrator.run(&pools.main).await,
             Db::Sqlite(pools) => migrator.run(&pools.write).await,
+        };
+        if let Err(MigrateError::VersionMissing(version)) = &migrated {
+            // no release has shipped, so no upgrade path is kept from an earlier schema
+            tracing::error!(
+                version,
+                "this database was made by an earlier, unreleased schema and cannot be upgraded: \
+                 remove it (the sandbox keeps its databases in ./.sandbox) and start again"
+            );
         }
+        migrated
     }
 
     /// Begins a write transaction. On SQLite it takes the write lock at once

@@ -1,4 +1,4 @@
--- Deployments and rollbacks (CONTRACT §7 Deployments): immutable releases
+-- Deployments and rollbacks (docs/contract.md §7 Deployments): immutable releases
 -- rolled out by the deployment controller, by way of the outbox.
 
 -- A deployment or a rollback: both take the environment's lock and are rolled

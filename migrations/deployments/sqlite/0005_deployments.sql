@@ -1,4 +1,4 @@
--- Deployments and rollbacks (CONTRACT §7 Deployments): immutable releases
+-- Deployments and rollbacks (docs/contract.md §7 Deployments): immutable releases
 -- rolled out by the deployment controller, by way of the outbox.
 -- Times are fixed-width RFC 3339 UTC text (platform::time::Timestamp).
 

@@ -1,4 +1,4 @@
--- The agent's operation journal (CONTRACT §9): each task-level operation's
+-- The agent's operation journal (docs/contract.md §9): each task-level operation's
 -- idempotency key, stored before its first send, so that every retry and
 -- every restart of the agent sends the same key. The agent's own file; no
 -- service reads it.

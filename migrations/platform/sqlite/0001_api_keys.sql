@@ -1,4 +1,4 @@
--- API keys, stored only as the SHA-256 of the key (CONTRACT §1).
+-- API keys, stored only as the SHA-256 of the key (docs/contract.md §1).
 -- Times are fixed-width RFC 3339 UTC text (platform::time::Timestamp).
 CREATE TABLE api_keys (
     key_hash     TEXT PRIMARY KEY,
