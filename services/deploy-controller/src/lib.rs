@@ -1,6 +1,7 @@
-//! A simulated deployment controller (CONTRACT §7 Deployments): the external
-//! system the deployments service hands rollouts to. It is a real HTTP server
-//! with real state, so what the deployments service must survive is real too:
+//! A simulated deployment controller (docs/contract.md §7 Deployments): the
+//! external system the deployments service hands rollouts to. It is a real HTTP
+//! server with real state, so what the deployments service must survive is real
+//! too:
 //!
 //! - **rollouts take time**: `queued → running → succeeded | failed`, one
 //!   `step` per phase, and can be cancelled while they have not finished;
@@ -41,7 +42,7 @@ use platform::{
 use serde::{Deserialize, Serialize};
 use validator::Validate;
 
-/// The sandbox port (CONTRACT §12).
+/// The sandbox port (docs/contract.md §12).
 pub const DEFAULT_PORT: u16 = 7102;
 
 /// How long a request that the `drop_next` fault accepted is held before the

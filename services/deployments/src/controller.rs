@@ -331,7 +331,7 @@ impl Destination for Controller {
     }
 
     /// By the key, then by the deployment's id; what is found must be this
-    /// deployment's rollout of this digest.
+    /// deployment's rollout of this digest (docs/design.md §6).
     async fn look_up(&self, event: &OutboxEvent) -> Result<Lookup, String> {
         let order = order(event)?;
         let found = match self.find(&[("idempotency_key", &event.external_key)]).await? {

@@ -231,9 +231,10 @@ impl DeploymentKind {
     }
 }
 
-/// A deployment's lifecycle (CONTRACT §7): `queued` until the controller runs
-/// it, `running`, then `succeeded`, `failed` or `cancelled`; `unknown` while
-/// nobody knows whether the controller took it (the reconciler asks).
+/// A deployment's lifecycle (docs/contract.md §7): `queued` until the
+/// controller runs it, `running`, then `succeeded`, `failed` or `cancelled`;
+/// `unknown` while nobody knows whether the controller took it (the reconciler
+/// asks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeploymentState {
@@ -331,11 +332,11 @@ pub struct Environment {
     pub locked_by: Option<LockHolder>,
 }
 
-/// The environments a deployment may go to, and which of them wait for a
-/// human (CONTRACT §6, §7). Environments are configuration: a name that is
-/// not configured is 400 `unknown_environment` before anything is looked up
-/// or claimed, so `prod` can never slip past a policy written for
-/// `production`. Every rollback waits too, and production always does.
+/// The environments a deployment may go to, and which of them wait for a human
+/// (docs/contract.md §6, §7). Environments are configuration: a name that is
+/// not configured is 400 `unknown_environment` before anything is looked up or
+/// claimed, so `prod` can never slip past a policy written for `production`.
+/// Every rollback waits too, and production always does.
 #[derive(Debug, Clone)]
 pub struct DeploymentsPolicy {
     /// Every environment there is, in the order they are configured.

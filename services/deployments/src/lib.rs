@@ -1,4 +1,4 @@
-//! The deployments service (CONTRACT §7 Deployments): the article's
+//! The deployments service (docs/contract.md §7 Deployments): the article's
 //! deployment chapter made real.
 //!
 //! - Only immutable references: an artifact digest and a full commit SHA are
@@ -44,7 +44,7 @@ pub static MIGRATIONS: Migrations = Migrations {
     sqlite: sqlx::migrate!("../../migrations/deployments/sqlite"),
 };
 
-/// The sandbox port (CONTRACT §12).
+/// The sandbox port (docs/contract.md §12).
 pub const DEFAULT_PORT: u16 = 7003;
 /// Where the sandbox's simulated deployment controller listens.
 pub const CONTROLLER_DEFAULT_PORT: u16 = 7102;

@@ -1,4 +1,4 @@
-//! The deployments API (CONTRACT §7 Deployments). Each handler reads:
+//! The deployments API (docs/contract.md §7 Deployments). Each handler reads:
 //! authenticate, parse into a validated command (immutable references only),
 //! ask the policy whether a human must look, hand the command and its
 //! business write to the idempotency layer, answer what it answers.

@@ -1,7 +1,7 @@
-//! A real process, really killed (CONTRACT §5): a `deployments` process dies
-//! with SIGKILL after a deployment's outbox event was written and taken, and
-//! before it was handed to the controller. A new process on the same database
-//! finishes the work: the controller's own count says one rollout.
+//! A real process, really killed (docs/contract.md §5): a `deployments` process
+//! dies with SIGKILL after a deployment's outbox event was written and taken,
+//! and before it was handed to the controller. A new process on the same
+//! database finishes the work: the controller's own count says one rollout.
 //!
 //! The controller runs in the test process (it is the external system; it is
 //! not the one that dies). `FAILPOINTS=outbox::before_delivery=return` holds

@@ -1,6 +1,6 @@
-//! A simulated payment provider (CONTRACT §7 Payments): the external system
-//! the payments service charges through. It is a real HTTP server with real
-//! state, so the failures the payments service must survive are real too:
+//! A simulated payment provider (docs/contract.md §7 Payments): the external
+//! system the payments service charges through. It is a real HTTP server with
+//! real state, so the failures the payments service must survive are real too:
 //!
 //! - **its own idempotency keys**: a charge or refund sent again with the same
 //!   `Idempotency-Key` and the same body is the same charge (answered again,
@@ -46,7 +46,7 @@ use platform::{
 use serde::{Deserialize, Serialize};
 use validator::Validate;
 
-/// The sandbox port (CONTRACT §12).
+/// The sandbox port (docs/contract.md §12).
 pub const DEFAULT_PORT: u16 = 7101;
 
 /// How long a request that the `drop_next` fault accepted is held before the

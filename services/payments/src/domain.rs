@@ -75,8 +75,8 @@ pub struct CancelIntent {
     pub intent_id: String,
 }
 
-/// An intent's lifecycle (CONTRACT §7): `requires_capture → processing →
-/// succeeded | failed | unknown`, or `cancelled` before any capture.
+/// An intent's lifecycle (docs/contract.md §7): `requires_capture → processing
+/// → succeeded | failed | unknown`, or `cancelled` before any capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum IntentState {
@@ -317,8 +317,8 @@ pub fn refund_url(id: &str) -> String {
     format!("/v1/refunds/{id}")
 }
 
-/// Which payments wait for a human (CONTRACT §6): a capture at or above its
-/// currency's threshold, in that currency's major units. A currency with no
+/// Which payments wait for a human (docs/contract.md §6): a capture at or above
+/// its currency's threshold, in that currency's major units. A currency with no
 /// threshold of its own waits for every capture: one number for all would let
 /// 999.999 KWD (some 3,000 EUR) through where 1,000 EUR waits.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! The payments service (CONTRACT §7 Payments): the article's payments
+//! The payments service (docs/contract.md §7 Payments): the article's payments
 //! chapter made real.
 //!
 //! - Money is an amount string turned into integer minor units before
@@ -40,7 +40,7 @@ pub static MIGRATIONS: Migrations = Migrations {
     sqlite: sqlx::migrate!("../../migrations/payments/sqlite"),
 };
 
-/// The sandbox port (CONTRACT §12).
+/// The sandbox port (docs/contract.md §12).
 pub const DEFAULT_PORT: u16 = 7002;
 /// Where the sandbox's simulated payment provider listens.
 pub const PROVIDER_DEFAULT_PORT: u16 = 7101;

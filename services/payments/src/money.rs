@@ -1,6 +1,6 @@
 //! Money as the payments API takes it and as it is stored: a decimal
 //! **string** (`"12.50"`) with an ISO 4217 currency on the way in, integer
-//! minor units (`1250`) from then on (CONTRACT §7 Payments).
+//! minor units (`1250`) from then on (docs/contract.md §7 Payments).
 //!
 //! The conversion happens before the fingerprint, so `"12.5"` and `"12.50"`
 //! EUR are one command, and a float never touches an amount. The exponent of

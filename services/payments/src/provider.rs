@@ -173,7 +173,8 @@ impl Provider {
     /// By the idempotency key first, then by the merchant reference. What is
     /// found must be what was asked for — a succeeded charge or refund of this
     /// amount with this reference: anything else under the key is a collision
-    /// a person must look at, never taken for our money.
+    /// a person must look at, never taken for our money. Why two identities:
+    /// docs/design.md §6.
     async fn look_up_at(&self, path: &str, key: &str, reference: &str, amount_minor: i64) -> Result<Lookup, String> {
         let found = match self.find(path, &[("idempotency_key", key)]).await? {
             Some(listed) => Some(listed),

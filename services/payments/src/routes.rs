@@ -1,7 +1,7 @@
-//! The payments API (CONTRACT §7 Payments). Each handler reads: authenticate,
-//! parse into a validated command (amounts into minor units), hand the
-//! command and its business write to the idempotency layer, answer what it
-//! answers.
+//! The payments API (docs/contract.md §7 Payments). Each handler reads:
+//! authenticate, parse into a validated command (amounts into minor units),
+//! hand the command and its business write to the idempotency layer, answer
+//! what it answers.
 //!
 //! Every POST has [the shape of a route](idempotency#how-a-route-is-shaped):
 //! parse → read-only lookups → `execute` with a closure doing every write → answer.
@@ -89,7 +89,7 @@ pub async fn create_intent(
 }
 
 /// Cancel an intent before any capture; the order is free for a new intent.
-/// A cancel declares the end state, so it needs no key (CONTRACT §1):
+/// A cancel declares the end state, so it needs no key (docs/contract.md §1):
 /// cancelling what is already cancelled answers 200, unchanged. With a key,
 /// it is an operation like any other, replayed to its retries.
 #[utoipa::path(

@@ -100,10 +100,11 @@ fn order_already_has_payment(order_id: &str, live: String) -> ApiError {
     .with("payment_intent_id", live)
 }
 
-/// Cancels an intent that is waiting for its capture. A cancel declares the
-/// end state, so an intent already cancelled is answered as it is (CONTRACT
-/// §1). 404 when the account has no such intent; 409 `invalid_state` when it
-/// is past `requires_capture`. `true`: this call cancelled it.
+/// Cancels an intent that is waiting for its capture. A cancel declares the end
+/// state, so an intent already cancelled is answered as it is
+/// (docs/contract.md §1). 404 when the account has no such intent; 409
+/// `invalid_state` when it is past `requires_capture`. `true`: this call
+/// cancelled it.
 pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Result<(PaymentIntent, bool), ApiError> {
     const CANCEL: &str = concat!(
         "UPDATE payment_intents SET state = 'cancelled', updated_at = $3 \

@@ -1,9 +1,9 @@
-//! Real processes, really killed (CONTRACT §5): a `payments` process dies with
-//! SIGKILL while a capture's charge is on its way to the provider — once after
-//! the outbox event was written and taken but before it was sent, once after
-//! the provider charged but before the answer was recorded. A new process on
-//! the same database finishes the work, and the provider's own count says one
-//! charge.
+//! Real processes, really killed (docs/contract.md §5): a `payments` process
+//! dies with SIGKILL while a capture's charge is on its way to the provider —
+//! once after the outbox event was written and taken but before it was sent,
+//! once after the provider charged but before the answer was recorded. A new
+//! process on the same database finishes the work, and the provider's own count
+//! says one charge.
 //!
 //! The provider runs in the test process (it is the external system; it is not
 //! the one that dies). The binary is built with the `failpoints` feature for

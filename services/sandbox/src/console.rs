@@ -1,8 +1,8 @@
-//! The approval console (CONTRACT §6): a web page where a human sees the
-//! pending approvals of every running service — what each would do, to what,
-//! with which fingerprint, who asked and until when — and approves or
-//! rejects them, page by page, with the counts of what waits. Every approval
-//! is listed too, with who decided and when.
+//! The approval console (docs/contract.md §6): a web page where a human sees
+//! the pending approvals of every running service — what each would do, to
+//! what, with which fingerprint, who asked and until when — and approves or
+//! rejects them, page by page, with the counts of what waits. Every approval is
+//! listed too, with who decided and when.
 //!
 //! The console is just another client of the public API: it has no database,
 //! and acts with the approver's own API key. The key stays on the server:
@@ -33,7 +33,7 @@ use serde_json::Value;
 pub use session::SessionLimits;
 use session::{Session, Sessions};
 
-/// The sandbox's console port (CONTRACT §12).
+/// The sandbox's console port (docs/contract.md §12).
 pub const DEFAULT_PORT: u16 = 7000;
 
 /// How many approvals one page lists.

@@ -150,7 +150,7 @@ impl From<CreateTicketBody> for CreateTicket {
     }
 }
 
-/// Which creates wait for a human (CONTRACT §6): none by default. With
+/// Which creates wait for a human (docs/contract.md §6): none by default. With
 /// `TICKETS_APPROVAL_PRIORITY=urgent`, every urgent ticket does (with
 /// `high`, high and urgent ones) — an urgent ticket pages people.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! The tickets service: tickets an agent can create, comment on and resolve,
 //! where a retried create never makes a second ticket and one alert event
-//! never gets two (CONTRACT §7 Tickets).
+//! never gets two (docs/contract.md §7 Tickets).
 //!
 //! A library with a thin `main.rs`: [`build_router`] makes the whole HTTP API
 //! for tests and for the sandbox, [`serve`] runs it.
@@ -21,7 +21,7 @@ pub static MIGRATIONS: Migrations = Migrations {
     sqlite: sqlx::migrate!("../../migrations/tickets/sqlite"),
 };
 
-/// The sandbox port (CONTRACT §12).
+/// The sandbox port (docs/contract.md §12).
 pub const DEFAULT_PORT: u16 = 7001;
 
 /// Everything a handler needs.

@@ -1,6 +1,6 @@
-//! The tickets API (CONTRACT §7 Tickets). Each handler reads: authenticate,
-//! parse into a validated command, hand the command and its business write to
-//! the idempotency layer, answer what it answers.
+//! The tickets API (docs/contract.md §7 Tickets). Each handler reads:
+//! authenticate, parse into a validated command, hand the command and its
+//! business write to the idempotency layer, answer what it answers.
 //!
 //! Every POST has [the shape of a route](idempotency#how-a-route-is-shaped):
 //! parse → read-only lookups → `execute` with a closure doing every write → answer.

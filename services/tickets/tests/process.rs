@@ -1,8 +1,8 @@
-//! Real processes, really killed (CONTRACT §5): a tickets process dies with
-//! SIGKILL between the claim and the commit, a new one starts on the same
-//! database, and a retry runs the operation exactly once — after the lease
-//! for leased claims, at once for claims made in the effect's transaction.
-//! The stored answer survives the process.
+//! Real processes, really killed (docs/contract.md §5): a tickets process dies
+//! with SIGKILL between the claim and the commit, a new one starts on the same
+//! database, and a retry runs the operation exactly once — after the lease for
+//! leased claims, at once for claims made in the effect's transaction. The
+//! stored answer survives the process.
 //!
 //! The binary is built with the `failpoints` feature for tests, and a fail
 //! point (`FAILPOINTS=idempotency::after_claim=return`) holds the request at

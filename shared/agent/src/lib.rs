@@ -1,5 +1,5 @@
-//! The agent side of the contract (CONTRACT §9): a client that keeps one
-//! intended action one operation across retries, timeouts and restarts.
+//! The agent side of the contract (docs/contract.md §9): a client that keeps
+//! one intended action one operation across retries, timeouts and restarts.
 //!
 //! The caller names each operation (the task's own id for it) and gives what
 //! it intends. [`Agent::execute`] then follows the article's rule:
@@ -31,7 +31,7 @@ use serde_json::Value;
 
 pub use journal::{AttemptRecord, Entry, Journal};
 
-/// What a run of an operation came to (CONTRACT §9).
+/// What a run of an operation came to (docs/contract.md §9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -498,7 +498,7 @@ impl Run<'_> {
     }
 }
 
-/// What an answer means (CONTRACT §3, §9).
+/// What an answer means (docs/contract.md §3, §9).
 fn read_answer(status: u16, replayed: bool, retry_after: Option<u64>, body: &Value) -> Next {
     let code = body["code"].as_str().unwrap_or("");
     match status {

@@ -1,4 +1,4 @@
-//! Approvals bound to the exact operation (CONTRACT §6).
+//! Approvals bound to the exact operation (docs/contract.md §6).
 //!
 //! A route's policy decides, from the validated command, that a human must
 //! look first, and says what the human judges ([`ApprovalSummary`]). Such an
@@ -466,8 +466,9 @@ async fn record_expiry(tx: &mut Tx, approval: &ApprovalRecord, now: Timestamp) -
     Ok(changed == 1)
 }
 
-/// The execution-time check (CONTRACT §6), inside the effect's transaction.
-/// A decision never changes once made, so what this reads holds to the commit.
+/// The execution-time check (docs/contract.md §6), inside the effect's
+/// transaction. A decision never changes once made, so what this reads holds to
+/// the commit.
 pub(crate) async fn check_for_execution(
     tx: &mut Tx,
     approval_id: &str,
@@ -720,8 +721,8 @@ impl ApprovalRecord {
     }
 }
 
-/// Only an approver decides (CONTRACT §6): anyone else is refused before
-/// anything is looked up or claimed.
+/// Only an approver decides (docs/contract.md §6): anyone else is refused
+/// before anything is looked up or claimed.
 pub fn may_decide(principal: &Principal) -> Result<(), ApiError> {
     if principal.role == Role::Approver {
         Ok(())

@@ -1,5 +1,5 @@
-//! The audit journal (CONTRACT §8): an append-only, hash-chained record of
-//! what happened to every operation, one chain per service database.
+//! The audit journal (docs/contract.md §8): an append-only, hash-chained record
+//! of what happened to every operation, one chain per service database.
 //!
 //! Each entry carries `prev_hash` and `hash = sha256(prev_hash ‖
 //! canonical_json(entry))`, the entry being every field but `hash`. The
@@ -15,7 +15,7 @@
 //! catch a cut tail too.
 //!
 //! How events reach the chain without serialising every write on it: see
-//! [`Journal`].
+//! [`Journal`] and docs/design.md §8.
 
 use std::{sync::Mutex, time::Duration};
 

@@ -1,6 +1,6 @@
 //! Running one attempt of an operation: claim, or replay, or refuse — and when
 //! this attempt owns the operation, run its effect and complete it in one
-//! transaction (CONTRACT §3, §5).
+//! transaction (docs/contract.md §3, §5).
 
 use std::{
     sync::{Mutex, PoisonError},
@@ -53,7 +53,8 @@ pub struct Attempt<'a> {
     pub method: &'static str,
     /// The route *template*, e.g. `/v1/tickets/{ticket_id}/comments`.
     pub route: &'static str,
-    /// `Some`: the operation waits for an approver before it runs (CONTRACT §6).
+    /// `Some`: the operation waits for an approver before it runs
+    /// (docs/contract.md §6).
     pub approval: Option<ApprovalSummary>,
     /// When this attempt arrived: the time of its `attempted` journal entry.
     pub started: Timestamp,
@@ -1191,9 +1192,9 @@ fn new_lease_token() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-/// A place where a test can stop the process dead (CONTRACT §5's crash): with
-/// the `failpoints` feature and `FAILPOINTS=<name>=return`, the request stops
-/// here and holds what it has until the process is killed.
+/// A place where a test can stop the process dead (docs/contract.md §5's
+/// crash): with the `failpoints` feature and `FAILPOINTS=<name>=return`, the
+/// request stops here and holds what it has until the process is killed.
 pub(crate) async fn fail_point(name: &str) {
     #[cfg(feature = "failpoints")]
     {

@@ -1,4 +1,4 @@
-//! The fingerprint of a validated command (CONTRACT §2):
+//! The fingerprint of a validated command (docs/contract.md §2):
 //! `hex(sha256(canonical_json({method, route, account_id, command})))`, with
 //! RFC 8785 (JCS) canonical JSON.
 //!

@@ -1,4 +1,5 @@
-//! The `Idempotency-Key` header (CONTRACT §1) and `Prefer: wait=N` (§3).
+//! The `Idempotency-Key` header (docs/contract.md §1) and `Prefer: wait=N`
+//! (docs/contract.md §3).
 
 use std::{fmt, time::Duration};
 

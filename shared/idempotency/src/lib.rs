@@ -1,4 +1,4 @@
-//! Idempotent writes for services whose callers retry (CONTRACT §1–§5).
+//! Idempotent writes for services whose callers retry (docs/contract.md §1–§5).
 //!
 //! A service hands each POST that creates an effect to [`Idempotency::execute`]
 //! with the validated command and a closure doing the business writes. The
@@ -11,9 +11,9 @@
 //!
 //! # How a route is shaped
 //!
-//! Nothing happens before the claim (CONTRACT §3): an attempt answered with a
-//! replay, a 409 or a 422 has had no effect at all. So every POST handler
-//! does, in this order, and nothing else:
+//! Nothing happens before the claim (docs/contract.md §3): an attempt answered
+//! with a replay, a 409 or a 422 has had no effect at all. So every POST
+//! handler does, in this order, and nothing else:
 //!
 //! 1. **parse** the request into a validated command (a 400 claims nothing);
 //! 2. **look up, read-only**, what the command or an approver's summary needs
@@ -66,7 +66,8 @@ pub static MIGRATIONS: Migrations = Migrations {
     sqlite: sqlx::migrate!("../../migrations/idempotency/sqlite"),
 };
 
-/// When a first attempt's claim commits.
+/// When a first attempt's claim commits (why, and when each is used:
+/// docs/design.md §2, §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimMode {
     /// The claim, the effect and the stored answer commit in one transaction.
@@ -98,7 +99,7 @@ pub struct IdempotencyConfig {
     /// replays with no query (0: none). See [`replay_cache`].
     pub replay_cache_entries: usize,
     /// How long an approval request waits for a decision, and an approved
-    /// operation for the retry that runs it (CONTRACT §6; 15 minutes).
+    /// operation for the retry that runs it (docs/contract.md §6; 15 minutes).
     pub approval_ttl: Duration,
     /// `false` only to measure what idempotency costs (`RETRYSAFE_IDEMPOTENCY=off`):
     /// the same handler, validation, transaction and effect run with no claim,

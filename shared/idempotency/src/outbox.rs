@@ -1,7 +1,7 @@
-//! Work that leaves the process (CONTRACT §5): a payment provider's charge, a
-//! deployment controller's rollout. A database transaction cannot take back a
-//! charge once it has left, so an effect never calls the external system
-//! itself. It hands the work to the outbox
+//! Work that leaves the process (docs/contract.md §5): a payment provider's
+//! charge, a deployment controller's rollout. A database transaction cannot
+//! take back a charge once it has left, so an effect never calls the external
+//! system itself. It hands the work to the outbox
 //! ([`Effect::with_outbox`](crate::Effect::with_outbox)): an **event** written in
 //! the same transaction as the business rows and the operation's first answer
 //! (a 202). The operation then stays `in_progress`, its answer replayed to every

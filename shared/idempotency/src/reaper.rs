@@ -1,5 +1,5 @@
-//! The retention reaper (CONTRACT §5): finished operations older than the
-//! retention period are deleted; `in_progress`, `awaiting_approval` and
+//! The retention reaper (docs/contract.md §5): finished operations older than
+//! the retention period are deleted; `in_progress`, `awaiting_approval` and
 //! `unknown` ones never are.
 
 use platform::Timestamp;

@@ -6,7 +6,7 @@
 //! retry it has seen before with no query at all. The cache only ever
 //! *speeds up* an answer: on a miss (another process, a restart, an evicted
 //! entry) the database decides exactly as it would without it. Entries live
-//! no longer than the retention period.
+//! no longer than the retention period (docs/design.md §4).
 
 use std::{
     num::NonZeroUsize,

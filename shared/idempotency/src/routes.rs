@@ -1,6 +1,6 @@
 //! The routes every service mounts from this crate: the operation status
-//! resource (CONTRACT §4) — the answer for an agent that timed out and does
-//! not know what happened —, approvals and their decisions (§6), and the
+//! resource (docs/contract.md §4) — the answer for an agent that timed out and
+//! does not know what happened —, approvals and their decisions (§6), and the
 //! audit journal (§8).
 
 use axum::{
@@ -34,7 +34,7 @@ pub struct OperationView {
     pub method: String,
     #[schema(example = "/v1/tickets")]
     pub route: String,
-    /// hex SHA-256 of the canonical validated command (CONTRACT §2)
+    /// hex SHA-256 of the canonical validated command (docs/contract.md §2)
     pub fingerprint: String,
     pub state: OperationState,
     pub created_at: Timestamp,
@@ -108,7 +108,7 @@ impl OperationView {
     }
 }
 
-/// `{data, next_cursor}` (CONTRACT §10).
+/// `{data, next_cursor}` (docs/contract.md §10).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OperationList {
     pub data: Vec<OperationView>,
@@ -350,7 +350,7 @@ pub struct AuditList {
     pub next_cursor: Option<String>,
 }
 
-/// The account's audit journal entries, in chain order (CONTRACT §8).
+/// The account's audit journal entries, in chain order (docs/contract.md §8).
 #[utoipa::path(
     get,
     path = "/v1/audit",

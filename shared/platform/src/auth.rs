@@ -1,4 +1,4 @@
-//! Bearer API keys → account, principal and role (CONTRACT §1, §12).
+//! Bearer API keys → account, principal and role (docs/contract.md §1, §12).
 //!
 //! Keys are stored as SHA-256 hashes only; the plain key is shown once, when it
 //! is made. The sandbox's demo keys live in memory, so they exist only while a
@@ -87,7 +87,7 @@ impl fmt::Debug for ApiKey {
     }
 }
 
-/// A demo credential of the sandbox (CONTRACT §12).
+/// A demo credential of the sandbox (docs/contract.md §12).
 #[derive(Debug, Clone)]
 pub struct DemoKey {
     pub key: &'static str,

@@ -19,13 +19,13 @@ pub struct ServiceConfig {
     pub service: &'static str,
     pub listen: SocketAddr,
     pub database_url: String,
-    /// Sandbox mode: the demo keys of CONTRACT §12 exist.
+    /// Sandbox mode: the demo keys of docs/contract.md §12 exist.
     pub sandbox: bool,
     pub max_connections: u32,
     pub limits: ConnectionLimits,
 }
 
-/// What one client may hold of a server (CONTRACT §1): a slow or idle
+/// What one client may hold of a server (docs/contract.md §1): a slow or idle
 /// client costs a socket for a bounded time, never a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {

@@ -4,6 +4,7 @@
 //! function matches on the variant once and runs that backend's own SQL. The
 //! handler code stays backend-free and the SQL stays explicit and idiomatic per
 //! backend: enum dispatch, with no backend generic spreading into every handler.
+//! What differs between the backends, and why: docs/design.md §9.
 
 use std::{str::FromStr, time::Duration};
 

@@ -1,5 +1,5 @@
 //! The one error type of every service, rendered as `application/problem+json`
-//! (RFC 9457) with the contract's stable `code` (CONTRACT §11).
+//! (RFC 9457) with the contract's stable `code` (docs/contract.md §11).
 //!
 //! Internal causes never reach a body: they ride to the logging middleware in
 //! the response's extensions (see [`InternalCause`]), and the client sees a
@@ -63,7 +63,7 @@ pub struct Problem {
     title: String,
     status: u16,
     detail: String,
-    /// The stable machine-readable name of the problem (CONTRACT §11).
+    /// The stable machine-readable name of the problem (docs/contract.md §11).
     #[schema(example = "idempotency_key_reused")]
     code: String,
     /// Present on 400 `invalid_request`: every field that failed and why.

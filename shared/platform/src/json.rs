@@ -1,6 +1,7 @@
 //! Request input: JSON bodies (`Content-Type` checked, 415), query strings and
 //! path parameters — unknown fields named, every validation failure listed as
-//! `{field, message}` (CONTRACT §1), and every rejection in problem+json.
+//! `{field, message}` (docs/contract.md §1), and every rejection in
+//! problem+json.
 //!
 //! Extraction happens before anything is claimed, so input that fails here
 //! leaves the idempotency key unused.
@@ -106,7 +107,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// The body as a JSON value, refusing what serde_json alone would accept
 /// silently or describe wrongly: a member named twice in one object (which
-/// one counts is a guess, CONTRACT §1) and nesting past serde_json's
+/// one counts is a guess, docs/contract.md §1) and nesting past serde_json's
 /// recursion limit.
 fn parse_unambiguous(bytes: &[u8]) -> Result<Value, ApiError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);

@@ -1,7 +1,7 @@
 //! Completes a service's OpenAPI document with what its operations answer by
 //! construction, so that each route's annotation names only its own outcomes
 //! and the document still lists every status an operation can answer
-//! (CONTRACT §11):
+//! (docs/contract.md §11):
 //!
 //! - the problems the shared layers answer before a handler runs: a key that
 //!   authenticates nothing, input that does not parse, a body too large or

@@ -1,6 +1,6 @@
-//! Cursor pagination (CONTRACT §10): `limit` (default 50, at most 200) and an
-//! opaque `cursor`; answers are `{"data": [...], "next_cursor": string | null}`
-//! in creation order.
+//! Cursor pagination (docs/contract.md §10): `limit` (default 50, at most 200)
+//! and an opaque `cursor`; answers are
+//! `{"data": [...], "next_cursor": string | null}` in creation order.
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use serde::Serialize;

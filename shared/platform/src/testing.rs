@@ -168,8 +168,8 @@ macro_rules! both_backends {
 }
 
 /// A service binary running as a real process, for tests that kill it
-/// (CONTRACT §5's crashes): started with JSON logs on `127.0.0.1:0`, its
-/// address read from its "listening" line, its stdout drained so it never
+/// (docs/contract.md §5's crashes): started with JSON logs on `127.0.0.1:0`,
+/// its address read from its "listening" line, its stdout drained so it never
 /// blocks, and killed with SIGKILL — no clean-up, no graceful shutdown.
 #[derive(Debug)]
 pub struct ServiceProcess {

@@ -1,6 +1,7 @@
-//! CONTRACT §6 on deployments: every production deployment and every rollback
-//! waits for a human, who approves that exact release — service, environment,
-//! digest, commit, the release it replaces and whether a rollback is possible.
+//! docs/contract.md §6 on deployments: every production deployment and every
+//! rollback waits for a human, who approves that exact release — service,
+//! environment, digest, commit, the release it replaces and whether a rollback
+//! is possible.
 
 use axum::http::StatusCode;
 use platform::Backend;

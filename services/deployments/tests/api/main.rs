@@ -1,5 +1,5 @@
-//! The deployments API against CONTRACT §3–§7 Deployments, every test on
-//! SQLite and on PostgreSQL, with the simulated deployment controller as a
+//! The deployments API against docs/contract.md §3–§7 Deployments, every test
+//! on SQLite and on PostgreSQL, with the simulated deployment controller as a
 //! real HTTP server beside it.
 
 mod support;

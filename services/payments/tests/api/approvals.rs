@@ -1,6 +1,6 @@
-//! CONTRACT §6 on payments: a capture at or above its currency's threshold
-//! (in the sandbox 1,000 EUR, 150,000 JPY, 300 KWD…; every capture in a
-//! currency without one) waits for a human who approves that exact capture —
+//! docs/contract.md §6 on payments: a capture at or above its currency's
+//! threshold (in the sandbox 1,000 EUR, 150,000 JPY, 300 KWD…; every capture in
+//! a currency without one) waits for a human who approves that exact capture —
 //! payee, amount, currency, account — and a changed amount needs a new decision.
 
 use axum::http::StatusCode;

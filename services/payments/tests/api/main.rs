@@ -1,6 +1,6 @@
-//! The payments API against CONTRACT §1–§7 Payments, every test on SQLite and
-//! on PostgreSQL, with the simulated payment provider as a real HTTP server
-//! beside it.
+//! The payments API against docs/contract.md §1–§7 Payments, every test on
+//! SQLite and on PostgreSQL, with the simulated payment provider as a real HTTP
+//! server beside it.
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! CONTRACT §6 on tickets with the policy on (urgent tickets wait for a
+//! docs/contract.md §6 on tickets with the policy on (urgent tickets wait for a
 //! human): the approval request, who may decide, the fingerprint the human
 //! saw, the run on the next retry, rejection and expiry.
 

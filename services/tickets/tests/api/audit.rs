@@ -1,5 +1,5 @@
-//! CONTRACT §8 through the API: what each attempt leaves in the journal, who
-//! may read it, and a chain that holds under concurrent load.
+//! docs/contract.md §8 through the API: what each attempt leaves in the
+//! journal, who may read it, and a chain that holds under concurrent load.
 
 use std::sync::Arc;
 

@@ -1,4 +1,5 @@
-//! Bearer keys and accounts: every record belongs to one account (CONTRACT §1, §4).
+//! Bearer keys and accounts: every record belongs to one account
+//! (docs/contract.md §1, §4).
 
 use axum::{body::Body, http::Request};
 use platform::{Authenticator, Backend, Principal, Role};

@@ -1,6 +1,7 @@
-//! Slow and oversized clients against a real server on a socket (CONTRACT
-//! §1): late headers close the connection, oversized headers are 431, a body
-//! that trickles in is 408, and idle half-open connections hold no worker.
+//! Slow and oversized clients against a real server on a socket
+//! (docs/contract.md §1): late headers close the connection, oversized headers
+//! are 431, a body that trickles in is 408, and idle half-open connections hold
+//! no worker.
 //!
 //! These limits are the HTTP server's, not the database's; each test runs on
 //! both backends only because the tickets app it serves needs a database.

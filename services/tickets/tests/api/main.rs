@@ -1,5 +1,5 @@
-//! The tickets API against CONTRACT §1–§4, §6 (approvals), §7 Tickets and §8
-//! (the audit journal), every test on SQLite and on PostgreSQL; the
+//! The tickets API against docs/contract.md §1–§4, §6 (approvals), §7 Tickets
+//! and §8 (the audit journal), every test on SQLite and on PostgreSQL; the
 //! connection limits of §1 against a real socket.
 
 mod support;

@@ -1,4 +1,4 @@
-//! Every row of CONTRACT §3, through the tickets create.
+//! Every row of docs/contract.md §3, through the tickets create.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Tickets' own rules (CONTRACT §7 Tickets, §10).
+//! Tickets' own rules (docs/contract.md §7 Tickets, §10).
 
 use axum::http::Method;
 use platform::Backend;

@@ -1,4 +1,5 @@
-//! Bad input gets a clear problem+json answer and claims nothing (CONTRACT §1).
+//! Bad input gets a clear problem+json answer and claims nothing
+//! (docs/contract.md §1).
 
 use axum::{body::Body, http::Request};
 use platform::Backend;

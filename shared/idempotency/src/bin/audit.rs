@@ -1,4 +1,5 @@
-//! `audit`: export and verify a service's audit journal offline (CONTRACT §8).
+//! `audit`: export and verify a service's audit journal offline
+//! (docs/contract.md §8).
 //!
 //! ```text
 //! audit export  (--service NAME | --database-url URL)
