@@ -14,7 +14,7 @@ const ABOUT: &str = "The Retrysafe deployments service. Configured from the envi
 DEPLOYMENTS_ADDR (127.0.0.1:7003), DEPLOYMENTS_DATABASE_URL or DATABASE_URL (else SQLite under \
 RETRYSAFE_DATA_DIR, ./.sandbox), DEPLOYMENTS_CONTROLLER_URL and DEPLOYMENTS_CONTROLLER_KEY, \
 DEPLOYMENTS_ENVIRONMENTS (development,staging,production) and DEPLOYMENTS_APPROVAL_ENVIRONMENTS \
-(production), RETRYSAFE_SANDBOX=true for the demo keys; the README's Configuration lists the rest.";
+(production), RETRYSAFE_SANDBOX=true for the demo keys; docs/configuration.md lists the rest.";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -12,7 +12,7 @@ use platform::{
 const ABOUT: &str = "The Retrysafe payments service. Configured from the environment: \
 PAYMENTS_ADDR (127.0.0.1:7002), PAYMENTS_DATABASE_URL or DATABASE_URL (else SQLite under \
 RETRYSAFE_DATA_DIR, ./.sandbox), PAYMENTS_PROVIDER_URL and PAYMENTS_PROVIDER_KEY, \
-PAYMENTS_CAPTURE_THRESHOLDS, RETRYSAFE_SANDBOX=true for the demo keys; the README's Configuration lists the rest.";
+PAYMENTS_CAPTURE_THRESHOLDS, RETRYSAFE_SANDBOX=true for the demo keys; docs/configuration.md lists the rest.";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

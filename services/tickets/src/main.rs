@@ -14,7 +14,7 @@ use platform::{
 
 const ABOUT: &str = "The Retrysafe tickets service. Configured from the environment: \
 TICKETS_ADDR (127.0.0.1:7001), TICKETS_DATABASE_URL or DATABASE_URL (else SQLite under \
-RETRYSAFE_DATA_DIR, ./.sandbox), RETRYSAFE_SANDBOX=true for the demo keys; the README's Configuration lists the rest.";
+RETRYSAFE_DATA_DIR, ./.sandbox), RETRYSAFE_SANDBOX=true for the demo keys; docs/configuration.md lists the rest.";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
