@@ -400,18 +400,14 @@ pub(crate) fn chained((mut seq, mut prev_hash): (i64, String), records: Vec<Reco
 /// one statement of them all would hold parameters of that size.
 const ENTRIES_PER_STATEMENT: usize = 2_000;
 
-/// Appends `entries`, in order, a chunk a statement: a VALUES list binds
-/// twelve parameters an entry, and on SQLite binding them cost more than
-/// writing the rows (about 20 µs an entry, under the one writer).
+/// Appends `entries`, in order, a chunk a statement. A VALUES list would
+/// bind a dozen parameters an entry, and binding them would cost more than
+/// writing the rows, so each backend takes the chunk whole:
 /// - PostgreSQL takes each column as one array parameter and zips them with
-///   `unnest`: arrays travel in binary, so nothing is parsed. It replaced a
-///   JSON array read by `json_to_recordset`, whose parsing cost about 6.7 µs
-///   an entry; side by side, 2,000 entries went in in 15–22 ms instead of
-///   24–35 (medians of 30, the two alternating, on this machine).
+///   `unnest`: arrays travel in binary, so nothing is parsed;
 /// - SQLite has no arrays: it takes one JSON array and reads it with
 ///   `jsonb_each`, whose elements are binary JSON, so each field is read
-///   without parsing the element's text again (8.5 µs an entry instead of the
-///   20 µs `json_each` took).
+///   without parsing the element's text again.
 ///
 /// The database checks each entry's link as it goes in.
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
@@ -486,14 +482,11 @@ pub(crate) fn placeholders(first: usize, rows: usize, cols: usize) -> String {
 const CHAIN_EVERY: Duration = Duration::from_millis(100);
 
 /// Inbox records a process's rounds delete before it vacuums the inbox
-/// (PostgreSQL). Every create puts three records in and a round takes them
-/// out, so the table is a queue: its dead rows stay until a VACUUM, and every
-/// round's read of the inbox scans them all. Measured at 16 clients: 71,000
-/// dead rows (the bench's 30 seconds of creates, with no autovacuum run)
-/// made each read of the empty inbox take 9.5 ms; vacuuming them took 53 ms.
-/// Autovacuum comes a minute apart at best, and may be off. Every 5,000
-/// records, a read scans at most about a megabyte of dead rows, and the vacuum
-/// costs about 2 µs a create (3.7 ms a vacuum, under load).
+/// (PostgreSQL). Every create puts records in and a round takes them out, so
+/// the table is a queue: its dead rows stay until a VACUUM, and every round's
+/// read of the inbox scans them all. Autovacuum comes a minute apart at best,
+/// and may be off; a vacuum every few thousand records keeps each read small
+/// at a small cost per create.
 const VACUUM_INBOX_AFTER: u64 = 5_000;
 
 /// The journal of one service database: links recorded transitions and
@@ -509,7 +502,7 @@ const VACUUM_INBOX_AFTER: u64 = 5_000;
 /// - an **observation** (an attempt answered from what is stored: replayed,
 ///   key_reused, in_progress) changes nothing, so it is queued in memory
 ///   ([`Journal::observe`]) and never makes a replay wait for a write. A crash
-///   loses at most the observations of the last round (~100 ms).
+///   loses at most the observations of the last round ([`CHAIN_EVERY`]).
 ///
 /// A round takes the queued observations *first*, then reads what waits in
 /// the database: an observation saw a state that had committed before it, so
