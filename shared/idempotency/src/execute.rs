@@ -27,6 +27,7 @@ use crate::{
     outbox::{self, EventOf},
     replay_cache::CachedAnswer,
     store::{self, Completion, NewOperation},
+    verdict::{Asking, Stored, Verdict, verdict},
 };
 
 pub const OPERATION_ID: &str = "operation-id";
@@ -749,99 +750,115 @@ impl Idempotency {
         let by = attempt.principal.principal_id.as_str();
         let mut waited = false;
         loop {
-            let may_run = may_take_over && !waited;
             attempt.record_operation(&operation.operation_id, fingerprint);
-            if &operation.fingerprint != fingerprint {
-                telemetry::record_outcome("key_reused");
-                self.observe(
-                    attempt,
-                    &operation.operation_id,
-                    fingerprint,
-                    Some(AuditEvent::KeyReused),
-                );
-                return Ok(Decision::Answer(key_reused(&operation.operation_id, operation.state)));
-            }
-            match operation.state {
-                // no attempt holds it: its work went to the outbox after the first answer,
-                // which every retry gets (an approved run under a lease still shows the
-                // approval request as its answer, and is not replayed)
-                OperationState::InProgress if operation.lease_token.is_none() => {
-                    return Ok(Decision::Answer(self.replay_stored(
-                        attempt,
-                        &operation,
-                        fingerprint,
-                    )?));
+            let approval = match (&operation.state, &operation.approval_id) {
+                (OperationState::AwaitingApproval, Some(id)) => {
+                    let found = approval::find(&self.db, &operation.account_id, id).await?;
+                    Some(found.ok_or_else(|| ApiError::internal("an operation awaiting approval has no approval"))?)
                 }
-                OperationState::InProgress => {
-                    let now = Timestamp::now();
-                    if may_run && operation.lease_expired(now) {
-                        let locked_until = now.plus(self.config.lease);
-                        let mut tx = self.db.begin().await?;
-                        if let Some(taken) =
-                            store::take_over(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
-                        {
-                            let journaled = [
-                                taken.audit(AuditEvent::Attempted, by, attempt.started),
-                                taken.audit(AuditEvent::Claimed, by, now),
-                            ];
-                            audit::record(&mut tx, &journaled).await?;
-                            tx.commit().await?;
-                            tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
-                            return Ok(Decision::Run(Box::new(taken)));
-                        }
-                        tx.rollback().await?;
-                    } else if let Some(deadline) = deadline.filter(|d| Instant::now() < *d) {
-                        tokio::time::sleep(WAIT_POLL.min(deadline - Instant::now())).await;
-                        waited = true;
-                    } else {
-                        telemetry::record_outcome("in_progress");
-                        self.observe(
-                            attempt,
+                (OperationState::AwaitingApproval, None) => {
+                    return Err(ApiError::internal("an operation awaiting approval has no approval"));
+                }
+                _ => None,
+            };
+            let now = Timestamp::now();
+            let stored = Stored {
+                fingerprint: &operation.fingerprint,
+                state: operation.state,
+                locked_until: operation.locked_until,
+                answered: operation.response.is_some(),
+                approval: approval.as_ref().map(|a| a.state(now)),
+            };
+            let asking = Asking {
+                fingerprint,
+                now,
+                may_run: may_take_over && !waited,
+                may_wait: deadline.is_some_and(|d| Instant::now() < d),
+            };
+            match verdict(&stored, &asking) {
+                Verdict::KeyReused => {
+                    telemetry::record_outcome("key_reused");
+                    self.observe(
+                        attempt,
+                        &operation.operation_id,
+                        fingerprint,
+                        Some(AuditEvent::KeyReused),
+                    );
+                    return Ok(Decision::Answer(key_reused(&operation.operation_id, operation.state)));
+                }
+                Verdict::Replay => {
+                    let response = self.replay_stored(attempt, &operation, fingerprint)?;
+                    // only a finished answer is kept in memory: the others still change
+                    if let Some(stored) = operation.response.as_ref().filter(|_| operation.state.is_finished()) {
+                        self.replay_cache.put(
+                            &operation.account_id,
+                            operation.key.as_str(),
                             &operation.operation_id,
                             fingerprint,
-                            Some(AuditEvent::InProgress),
+                            operation.state,
+                            stored,
+                            operation.updated_at,
                         );
-                        return Ok(Decision::Answer(in_progress(&operation)));
+                    }
+                    return Ok(Decision::Answer(response));
+                }
+                Verdict::InProgress => {
+                    telemetry::record_outcome("in_progress");
+                    self.observe(
+                        attempt,
+                        &operation.operation_id,
+                        fingerprint,
+                        Some(AuditEvent::InProgress),
+                    );
+                    return Ok(Decision::Answer(in_progress(&operation)));
+                }
+                Verdict::Wait => {
+                    if let Some(deadline) = deadline {
+                        tokio::time::sleep(WAIT_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+                    }
+                    waited = true;
+                }
+                Verdict::TakeOver => {
+                    let locked_until = now.plus(self.config.lease);
+                    let mut tx = self.db.begin().await?;
+                    if let Some(taken) =
+                        store::take_over(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
+                    {
+                        let journaled = [
+                            taken.audit(AuditEvent::Attempted, by, attempt.started),
+                            taken.audit(AuditEvent::Claimed, by, now),
+                        ];
+                        audit::record(&mut tx, &journaled).await?;
+                        tx.commit().await?;
+                        tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
+                        return Ok(Decision::Run(Box::new(taken)));
+                    }
+                    // another attempt took it first
+                    tx.rollback().await?;
+                }
+                Verdict::StartApproved => {
+                    let locked_until = now.plus(self.config.lease);
+                    let mut tx = self.db.begin().await?;
+                    if let Some(started) =
+                        store::start_approved(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
+                    {
+                        let journaled = [
+                            started.audit(AuditEvent::Attempted, by, attempt.started),
+                            started.audit(AuditEvent::Claimed, by, now),
+                        ];
+                        audit::record(&mut tx, &journaled).await?;
+                        tx.commit().await?;
+                        return Ok(Decision::Run(Box::new(started)));
+                    }
+                    // another retry started it first
+                    tx.rollback().await?;
+                }
+                Verdict::Expire => {
+                    if let Some(approval) = &approval {
+                        self.expire(approval).await?;
                     }
                 }
-                OperationState::AwaitingApproval => {
-                    let approval = match &operation.approval_id {
-                        Some(id) => approval::find(&self.db, &operation.account_id, id).await?,
-                        None => None,
-                    }
-                    .ok_or_else(|| ApiError::internal("an operation awaiting approval has no approval"))?;
-                    match approval.state(Timestamp::now()) {
-                        ApprovalState::Expired => self.expire(&approval).await?,
-                        ApprovalState::Approved if may_run => {
-                            let now = Timestamp::now();
-                            let locked_until = now.plus(self.config.lease);
-                            let mut tx = self.db.begin().await?;
-                            if let Some(started) =
-                                store::start_approved(&mut tx, &operation, &new_lease_token(), locked_until, now)
-                                    .await?
-                            {
-                                let journaled = [
-                                    started.audit(AuditEvent::Attempted, by, attempt.started),
-                                    started.audit(AuditEvent::Claimed, by, now),
-                                ];
-                                audit::record(&mut tx, &journaled).await?;
-                                tx.commit().await?;
-                                return Ok(Decision::Run(Box::new(started)));
-                            }
-                            // another retry started it first: look again
-                            tx.rollback().await?;
-                        }
-                        // pending (or approved, for an attempt that cannot run it): the approval request again
-                        _ => {
-                            return Ok(Decision::Answer(self.replay_stored(
-                                attempt,
-                                &operation,
-                                fingerprint,
-                            )?));
-                        }
-                    }
-                }
-                OperationState::Unknown if operation.response.is_none() => {
+                Verdict::OutcomeUnknown => {
                     telemetry::record_outcome("outcome_unknown");
                     self.observe(attempt, &operation.operation_id, fingerprint, None);
                     let error = ApiError::new(
@@ -858,26 +875,6 @@ impl Idempotency {
                         &operation.operation_id,
                         false,
                     )));
-                }
-                // an unknown outcome whose first answer (a 202) was stored keeps replaying it
-                OperationState::Unknown
-                | OperationState::Completed
-                | OperationState::Failed
-                | OperationState::Rejected => {
-                    let response = self.replay_stored(attempt, &operation, fingerprint)?;
-                    // an unknown outcome still changes: only a finished answer is kept in memory
-                    if let Some(stored) = operation.response.as_ref().filter(|_| operation.state.is_finished()) {
-                        self.replay_cache.put(
-                            &operation.account_id,
-                            operation.key.as_str(),
-                            &operation.operation_id,
-                            fingerprint,
-                            operation.state,
-                            stored,
-                            operation.updated_at,
-                        );
-                    }
-                    return Ok(Decision::Answer(response));
                 }
             }
             // lost a race, waited a little, or settled an expired approval: look again

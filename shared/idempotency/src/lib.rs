@@ -50,6 +50,7 @@ pub mod reaper;
 pub mod replay_cache;
 pub mod routes;
 pub mod store;
+mod verdict;
 
 use std::time::Duration;
 
