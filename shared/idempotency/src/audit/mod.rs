@@ -1,0 +1,38 @@
+//! The audit journal (docs/contract.md §8): an append-only, hash-chained record
+//! of what happened to every operation, one chain per service database.
+//!
+//! Each entry carries `prev_hash` and `hash = sha256(prev_hash ‖
+//! canonical_json(entry))`, the entry being every field but `hash`. The
+//! database refuses UPDATE, DELETE and TRUNCATE on the table (triggers), an
+//! insert that would replace an entry (SQLite's `INSERT OR REPLACE`, an
+//! upsert), and an entry whose `prev_hash` is not the hash of the entry
+//! before it (`seq` is the primary key): no writer can fork the chain or
+//! leave a gap in it.
+//! Appends are serialised (PostgreSQL: an advisory lock held to the end of
+//! the transaction; SQLite: its one writer).
+//! [`verify`] checks a chain offline and names the first broken entry; a
+//! [`Head`] pinned earlier (`GET /v1/audit/head`, the service's log) lets it
+//! catch a cut tail too.
+//!
+//! How events reach the chain without serialising every write on it: see
+//! [`Journal`] and docs/design.md §8.
+//!
+//! The module, file by file: [`chain`] (the entries and their hashes, no
+//! database), [`inbox`] (how a transition records its entries), [`chainer`]
+//! (the rounds that link them) with [`append`] and [`claims`], and [`query`]
+//! (reading it back).
+
+mod append;
+mod chain;
+mod chainer;
+mod claims;
+mod inbox;
+mod query;
+
+pub use append::*;
+pub use chain::*;
+pub use chainer::*;
+pub use claims::*;
+pub(crate) use inbox::bind_records;
+pub use inbox::*;
+pub use query::*;

@@ -1,0 +1,157 @@
+//! Reading the journal: by filter for `GET /v1/audit`, in pages for the
+//! export, and its head.
+
+use platform::{Db, Timestamp, on_pool};
+use sqlx::Row;
+
+use super::{
+    append::{HEAD, head_or_genesis},
+    chain::{AuditEntry, AuditEvent, Head, Record, StateChange},
+};
+
+fn unknown_event(event: &str) -> sqlx::Error {
+    sqlx::Error::Decode(format!("audit: unknown event `{event}`").into())
+}
+
+/// Which entries of one account to read (`GET /v1/audit`).
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    pub operation_id: Option<String>,
+    pub event: Option<AuditEvent>,
+    /// At or after.
+    pub since: Option<Timestamp>,
+    /// Before.
+    pub until: Option<Timestamp>,
+}
+
+const ENTRY_COLUMNS: &str = "seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
+     external_ref, at, resource_type, resource_id, state, prev_hash, hash";
+
+/// Every entry after `after_seq`, in chain order, at most `limit`: the whole
+/// journal, every account, for export and verification.
+pub async fn entries(db: &Db, after_seq: i64, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let sql = format!("SELECT {ENTRY_COLUMNS} FROM audit_journal WHERE seq > $1 ORDER BY seq LIMIT $2");
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(after_seq)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(decode_entry)
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+/// One account's entries after `after_seq` that pass `filter`, in chain order.
+pub async fn find(
+    db: &Db,
+    account_id: &str,
+    filter: &AuditFilter,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {ENTRY_COLUMNS} FROM audit_journal WHERE account_id = $1 AND seq > $2 \
+         AND ($3 IS NULL OR operation_id = $3) AND ($4 IS NULL OR event = $4) \
+         AND ($5 IS NULL OR at >= $5) AND ($6 IS NULL OR at < $6) ORDER BY seq LIMIT $7"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(after_seq)
+            .bind(filter.operation_id.as_deref())
+            .bind(filter.event.map(AuditEvent::as_str))
+            .bind(filter.since)
+            .bind(filter.until)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(decode_entry)
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+/// The columns an inbox row and a journal entry share.
+pub(super) fn decode_record<R>(row: &R) -> Result<Record, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let event: String = row.try_get("event")?;
+    let change = match (
+        row.try_get::<Option<String>, _>("resource_type")?,
+        row.try_get::<Option<String>, _>("resource_id")?,
+        row.try_get::<Option<String>, _>("state")?,
+    ) {
+        (Some(resource_type), Some(resource_id), Some(state)) => Some(StateChange {
+            resource_type,
+            resource_id,
+            state,
+        }),
+        _ => None,
+    };
+    Ok(Record {
+        account_id: row.try_get("account_id")?,
+        principal_id: row.try_get("principal_id")?,
+        operation_id: row.try_get("operation_id")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        fingerprint: row.try_get("fingerprint")?,
+        route: row.try_get("route")?,
+        event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
+        external_ref: row.try_get("external_ref")?,
+        at: row.try_get("at")?,
+        change,
+    })
+}
+
+fn decode_entry<R>(row: &R) -> Result<AuditEntry, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(AuditEntry::of(
+        decode_record(row)?,
+        row.try_get("seq")?,
+        row.try_get("prev_hash")?,
+        row.try_get("hash")?,
+    ))
+}
+
+/// The chain's newest entry in `db`, or `0:GENESIS` while it is empty.
+pub async fn head(db: &Db) -> Result<Head, sqlx::Error> {
+    let (seq, hash) = head_or_genesis(on_pool!(db.read(), |pool| sqlx::query_as(HEAD)
+        .fetch_optional(pool)
+        .await?));
+    Ok(Head { seq, hash })
+}
+
+/// Logs the chain's head `when` (the service starts, stops): kept in the
+/// log, it is a pin that `audit verify --pin SEQ:HASH` can later check a
+/// journal against, and so catch a cut tail.
+pub async fn log_head(db: &Db, when: &str) {
+    match head(db).await {
+        Ok(head) => tracing::info!(seq = head.seq, hash = %head.hash, "audit journal head {when}: {head}"),
+        Err(e) => tracing::warn!(error = %e, "could not read the audit journal's head {when}"),
+    }
+}
+
+/// Reads the whole journal in `db`, in pages.
+pub async fn all_entries(db: &Db) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let (mut after, mut all) = (0_i64, Vec::new());
+    loop {
+        let page = entries(db, after, 10_000).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        all.extend(page);
+    }
+    Ok(all)
+}
