@@ -1,20 +1,29 @@
 //! Test support: a fresh database per test on either backend, the
 //! [`both_backends!`](crate::both_backends) macro that runs one test body on
-//! SQLite and on PostgreSQL, and [`ServiceProcess`], a service binary run as a
-//! real process for tests that kill it.
+//! SQLite and on PostgreSQL, [`TestClient`], which sends a service requests
+//! as an agent does and reads each answer whole into a [`TestResponse`], and
+//! [`ServiceProcess`], a service binary run as a real process for tests that
+//! kill it.
 //!
 //! PostgreSQL is found at `TEST_DATABASE_URL` (else `DATABASE_URL`, else
 //! `postgres://postgres@127.0.0.1:5432/postgres`). Where it cannot be reached,
 //! the PostgreSQL half of each test says so and passes — except under
 //! `CI=true`, where an unreachable PostgreSQL fails the test.
 
-use std::str::FromStr;
+use std::{fmt::Display, str::FromStr};
 
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    http::{HeaderMap, Method, Request, StatusCode},
+};
+use serde_json::Value;
 use sqlx::{
     ConnectOptions, Connection,
     postgres::{PgConnectOptions, PgConnection},
 };
 use tokio::sync::OnceCell;
+use tower::ServiceExt;
 
 use crate::db::{Backend, Db};
 
@@ -167,6 +176,181 @@ macro_rules! both_backends {
     };
 }
 
+/// The sandbox's demo keys ([`DEMO_KEYS`](crate::auth::DEMO_KEYS)), by the
+/// names tests give them.
+pub const ACME_AGENT: &str = "demo-acme-agent";
+pub const ACME_APPROVER: &str = "demo-acme-approver";
+pub const GLOBEX_AGENT: &str = "demo-globex-agent";
+pub const GLOBEX_APPROVER: &str = "demo-globex-approver";
+
+/// A client of one service: in process through its `Router` with
+/// `oneshot` (no socket), or over HTTP to a [`ServiceProcess`]. Either way a
+/// test reads the same [`TestResponse`].
+#[derive(Debug, Clone)]
+pub struct TestClient(Transport);
+
+#[derive(Debug, Clone)]
+enum Transport {
+    Router(Router),
+    Http { base: String, client: reqwest::Client },
+}
+
+impl TestClient {
+    /// Requests go straight to `router`.
+    pub fn new(router: Router) -> TestClient {
+        TestClient(Transport::Router(router))
+    }
+
+    /// Requests go over HTTP to `base` (`http://127.0.0.1:<port>`); one with
+    /// no answer within 20 seconds fails.
+    pub fn http(base: &str) -> TestClient {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(20))
+            .build()
+            .expect("an HTTP client");
+        TestClient(Transport::Http {
+            base: base.to_owned(),
+            client,
+        })
+    }
+
+    /// `request`'s answer, read whole.
+    pub async fn send(&self, request: Request<Body>) -> TestResponse {
+        self.try_send(request).await.expect("the service answers")
+    }
+
+    /// `request`'s answer, or why none came (over HTTP: the process died,
+    /// say). In process there is always an answer.
+    pub async fn try_send(&self, request: Request<Body>) -> reqwest::Result<TestResponse> {
+        match &self.0 {
+            Transport::Router(router) => {
+                let response = router.clone().oneshot(request).await.expect("the router answers");
+                let (parts, body) = response.into_parts();
+                Ok(TestResponse {
+                    status: parts.status,
+                    headers: parts.headers,
+                    body: axum::body::to_bytes(body, usize::MAX).await.expect("a body"),
+                })
+            }
+            Transport::Http { base, client } => {
+                let (parts, body) = request.into_parts();
+                let body = axum::body::to_bytes(body, usize::MAX).await.expect("a request body");
+                let response = client
+                    .request(parts.method, format!("{base}{}", parts.uri))
+                    .headers(parts.headers)
+                    .body(body)
+                    .send()
+                    .await?;
+                Ok(TestResponse {
+                    status: response.status(),
+                    headers: response.headers().clone(),
+                    body: response.bytes().await?,
+                })
+            }
+        }
+    }
+
+    /// A POST as an agent sends it: see [`json_request`].
+    pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: impl Display) -> TestResponse {
+        self.send(json_request(Method::POST, path, bearer, key, body)).await
+    }
+
+    /// A GET with a bearer key.
+    pub async fn get(&self, path: &str, bearer: &str) -> TestResponse {
+        let request = Request::get(path)
+            .header("authorization", format!("Bearer {bearer}"))
+            .body(Body::empty())
+            .expect("a request");
+        self.send(request).await
+    }
+}
+
+/// A request as an agent sends it: a bearer key, a JSON `body` (its text, or
+/// a `serde_json::Value`), and an `Idempotency-Key` if one is given.
+pub fn json_request(method: Method, path: &str, bearer: &str, key: Option<&str>, body: impl Display) -> Request<Body> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {bearer}"))
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_string())).expect("a request")
+}
+
+/// One answer, read whole, and what tests ask of it.
+#[derive(Debug, Clone)]
+pub struct TestResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl TestResponse {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("a JSON body, got {:?}", self.body))
+    }
+
+    /// A string member of the JSON body.
+    pub fn str(&self, member: &str) -> String {
+        self.json()[member]
+            .as_str()
+            .unwrap_or_else(|| panic!("`{member}` in {:?}", self.body))
+            .to_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn operation_id(&self) -> &str {
+        self.header("operation-id").expect("an Operation-Id header")
+    }
+
+    /// `Idempotent-Replayed`: `"true"` for a stored answer, `"false"` for a
+    /// first execution, absent where no key was claimed.
+    pub fn replayed(&self) -> Option<&str> {
+        self.header("idempotent-replayed")
+    }
+
+    /// The problem's `code`, or `""`.
+    pub fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Asserts a problem+json answer with this status and `code`.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16, code: &str) {
+        assert_eq!(self.status.as_u16(), status, "status of {:?}", self.body);
+        assert_eq!(self.header("content-type"), Some("application/problem+json"));
+        assert_eq!(self.code(), code, "code of {:?}", self.body);
+    }
+
+    /// The member names of the JSON object in the body, in order and with
+    /// repeats kept (a `serde_json::Value` would keep only the last of two).
+    pub fn member_names(&self) -> Vec<String> {
+        struct Names;
+        impl<'de> serde::de::Visitor<'de> for Names {
+            type Value = Vec<String>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut members: A) -> Result<Vec<String>, A::Error> {
+                let mut names = Vec::new();
+                while let Some((name, _)) = members.next_entry::<String, serde::de::IgnoredAny>()? {
+                    names.push(name);
+                }
+                Ok(names)
+            }
+        }
+        let mut deserializer = serde_json::Deserializer::from_slice(&self.body);
+        serde::Deserializer::deserialize_map(&mut deserializer, Names).expect("a JSON object")
+    }
+}
+
 /// A service binary running as a real process, for tests that kill it
 /// (docs/contract.md §5's crashes): started with JSON logs on `127.0.0.1:0`,
 /// its address read from its "listening" line, its stdout drained so it never
@@ -267,6 +451,11 @@ impl ServiceProcess {
         }
     }
 
+    /// A client of the process, over HTTP.
+    pub fn client(&self) -> TestClient {
+        TestClient::http(&self.base)
+    }
+
     /// SIGTERM: the process shuts down as it does in production (its log
     /// goes on until it [`exited`](ServiceProcess::exited)).
     pub fn terminate(&self) {
@@ -320,23 +509,11 @@ pub async fn keys_made_by_create_api_key_act_with_their_roles(binary: &str, serv
     )
     .await;
 
-    let status_for = async |key: &str| {
-        reqwest::Client::new()
-            .get(format!("{}/v1/approvals", process.base))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    };
+    let client = process.client();
+    let status_for = async |key: &str| client.get("/v1/approvals", key).await.status.as_u16();
     assert_eq!(status_for(&approver).await, 200, "an approver reads approvals");
     assert_eq!(status_for(&agent).await, 403, "an agent may not");
-    assert_eq!(
-        status_for("demo-acme-approver").await,
-        401,
-        "no demo keys outside the sandbox"
-    );
+    assert_eq!(status_for(ACME_APPROVER).await, 401, "no demo keys outside the sandbox");
     process.kill().await;
 }
 
