@@ -10,12 +10,11 @@
 
 use std::time::Duration;
 
+use axum::http::{Method, StatusCode};
 use platform::{
     Backend, on_pool,
-    testing::{ServiceProcess, TestDb},
+    testing::{ACME_AGENT, ServiceProcess, TestDb, TestResponse, json_request},
 };
-use reqwest::StatusCode;
-use serde_json::Value;
 
 const LEASE_SECONDS: &str = "2";
 const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
@@ -40,23 +39,9 @@ impl Service {
         self.0.kill().await
     }
 
-    async fn create(&self, key: &str) -> reqwest::Result<reqwest::Response> {
-        client()
-            .post(format!("{}/v1/tickets", self.0.base))
-            .bearer_auth("demo-acme-agent")
-            .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .body(BODY)
-            .send()
-            .await
+    async fn create(&self, key: &str) -> TestResponse {
+        self.0.client().post("/v1/tickets", ACME_AGENT, Some(key), BODY).await
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
 }
 
 async fn ticket_count(db: &TestDb) -> i64 {
@@ -73,16 +58,10 @@ async fn ticket_count(db: &TestDb) -> i64 {
 async fn kill_while_held(db: &TestDb, claim: &str, fail_point: &str) -> Service {
     let mut doomed = Service::start(&db.url, claim, Some(fail_point)).await;
     let lost = tokio::spawn({
-        let base = doomed.0.base.clone();
+        let client = doomed.0.client();
         async move {
-            client()
-                .post(format!("{base}/v1/tickets"))
-                .bearer_auth("demo-acme-agent")
-                .header("content-type", "application/json")
-                .header("idempotency-key", "crash-key")
-                .body(BODY)
-                .send()
-                .await
+            let create = json_request(Method::POST, "/v1/tickets", ACME_AGENT, Some("crash-key"), BODY);
+            client.try_send(create).await
         }
     });
     doomed.0.wait_for("fail point reached").await;
@@ -94,12 +73,11 @@ async fn kill_while_held(db: &TestDb, claim: &str, fail_point: &str) -> Service 
 /// A third process answers the retry with the stored answer, byte for byte.
 async fn assert_replayed_by_a_new_process(db: &TestDb, claim: &str, created_body: &[u8]) {
     let third = Service::start(&db.url, claim, None).await;
-    let replay = third.create("crash-key").await.unwrap();
-    assert_eq!(replay.status(), StatusCode::CREATED);
-    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let replay = third.create("crash-key").await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.replayed(), Some("true"));
     assert_eq!(
-        replay.bytes().await.unwrap(),
-        created_body,
+        replay.body, created_body,
         "the stored answer survived the process, byte for byte"
     );
     assert_eq!(ticket_count(db).await, 1);
@@ -112,16 +90,15 @@ async fn leased_crash_at(backend: Backend, fail_point: &str) {
     let db = TestDb::new(backend).await;
     let restarted = kill_while_held(&db, "leased", fail_point).await;
 
-    let early = restarted.create("crash-key").await.unwrap();
+    let early = restarted.create("crash-key").await;
     assert_eq!(
-        early.status(),
+        early.status,
         StatusCode::CONFLICT,
         "the dead process still holds the lease"
     );
-    let retry_after: u64 = early.headers()["retry-after"].to_str().unwrap().parse().unwrap();
-    let early_operation = early.headers()["operation-id"].to_str().unwrap().to_owned();
-    let early_body: Value = early.json().await.unwrap();
-    assert_eq!(early_body["code"], "request_in_progress");
+    let retry_after: u64 = early.header("retry-after").unwrap().parse().unwrap();
+    let early_operation = early.operation_id().to_owned();
+    assert_eq!(early.code(), "request_in_progress");
     assert_eq!(
         ticket_count(&db).await,
         0,
@@ -131,21 +108,17 @@ async fn leased_crash_at(backend: Backend, fail_point: &str) {
     let mut answer = None;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_secs(retry_after)).await;
-        let response = restarted.create("crash-key").await.unwrap();
-        if response.status() != StatusCode::CONFLICT {
+        let response = restarted.create("crash-key").await;
+        if response.status != StatusCode::CONFLICT {
             answer = Some(response);
             break;
         }
     }
     let created = answer.expect("the lease ran out and a retry ran the operation");
-    assert_eq!(created.status(), StatusCode::CREATED);
-    assert_eq!(created.headers()["idempotent-replayed"], "false");
-    assert_eq!(
-        created.headers()["operation-id"].to_str().unwrap(),
-        early_operation,
-        "one operation, one id"
-    );
-    let created_body = created.bytes().await.unwrap();
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_eq!(created.replayed(), Some("false"));
+    assert_eq!(created.operation_id(), early_operation, "one operation, one id");
+    let created_body = created.body;
     assert_eq!(ticket_count(&db).await, 1, "exactly one ticket");
     restarted.kill().await;
 
@@ -171,17 +144,17 @@ async fn a_transaction_killed_before_its_commit_leaves_nothing_and_the_retry_run
         "nothing of the killed attempt was committed"
     );
 
-    let created = restarted.create("crash-key").await.unwrap();
-    let again = restarted.create("crash-key").await.unwrap();
+    let created = restarted.create("crash-key").await;
+    let again = restarted.create("crash-key").await;
 
     assert_eq!(
-        created.status(),
+        created.status,
         StatusCode::CREATED,
         "no lease to wait for: the claim died with its transaction"
     );
-    assert_eq!(created.headers()["idempotent-replayed"], "false");
-    assert_eq!(again.headers()["idempotent-replayed"], "true");
-    let created_body = created.bytes().await.unwrap();
+    assert_eq!(created.replayed(), Some("false"));
+    assert_eq!(again.replayed(), Some("true"));
+    let created_body = created.body;
     assert_eq!(ticket_count(&db).await, 1, "exactly one ticket");
     restarted.kill().await;
 
@@ -191,17 +164,17 @@ async fn a_transaction_killed_before_its_commit_leaves_nothing_and_the_retry_run
 async fn a_stored_answer_is_replayed_by_a_restarted_process(backend: Backend) {
     let db = TestDb::new(backend).await;
     let first_process = Service::start(&db.url, "transaction", None).await;
-    let created = first_process.create("restart-key").await.unwrap();
-    assert_eq!(created.status(), StatusCode::CREATED);
-    let body = created.bytes().await.unwrap();
+    let created = first_process.create("restart-key").await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let body = created.body;
     first_process.kill().await;
 
     let second_process = Service::start(&db.url, "transaction", None).await;
-    let replay = second_process.create("restart-key").await.unwrap();
+    let replay = second_process.create("restart-key").await;
 
-    assert_eq!(replay.status(), StatusCode::CREATED);
-    assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    assert_eq!(replay.bytes().await.unwrap(), body);
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.replayed(), Some("true"));
+    assert_eq!(replay.body, body);
     assert_eq!(ticket_count(&db).await, 1);
     second_process.kill().await;
 }
@@ -213,7 +186,7 @@ async fn the_journal_head_is_logged_at_start_up_and_after_the_last_entries_on_sh
     let db = TestDb::new(backend).await;
     let mut service = Service::start(&db.url, "transaction", None).await;
     let at_start = service.0.logged("audit journal head at start-up").await;
-    let created = service.create("key-1").await.unwrap().status();
+    let created = service.create("key-1").await.status;
     // the create's entries may still wait to be linked: the shutdown links them
     service.0.terminate();
     let on_shutdown = service.0.wait_for("audit journal head on shutdown").await;

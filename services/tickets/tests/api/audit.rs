@@ -238,7 +238,7 @@ async fn a_status_change_without_a_key_is_journaled_with_its_principal_route_and
             &format!("/v1/tickets/{ticket}/status"),
             ACME_AGENT,
             None,
-            &json!({ "status": status }).to_string(),
+            json!({ "status": status }),
         )
     };
 

@@ -29,9 +29,14 @@ async fn serve(app: &TestApp) -> (SocketAddr, oneshot::Sender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(platform::serve(listener, app.router.clone(), LIMITS, async {
-        let _ = stopped.await;
-    }));
+    tokio::spawn(platform::serve(
+        listener,
+        tickets::build_router(app.app.clone()),
+        LIMITS,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     (addr, stop)
 }
 

@@ -399,29 +399,23 @@ async fn a_retry_reaching_another_instance_is_answered_from_the_database(backend
     let first = TestApp::spawn(backend).await;
     let created = first.create_ticket("key-1", ROTATE_CERT).await;
     // a second instance of the service on the same database: nothing in its memory
-    let other = tickets::build_router(tickets::App::new(first.db.db.clone(), Default::default(), true));
-    let send = async |body: &str| {
-        let request = json_request(axum::http::Method::POST, "/v1/tickets", ACME_AGENT, Some("key-1"), body);
-        let response = tower::ServiceExt::oneshot(other.clone(), request).await.unwrap();
-        let status = response.status();
-        let replayed = response
-            .headers()
-            .get("idempotent-replayed")
-            .map(|v| v.to_str().unwrap().to_owned());
-        let body = http_body_util::BodyExt::collect(response.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        (status, replayed, body)
-    };
+    let other = tickets::App::new(first.db.db.clone(), Default::default(), true);
+    let other = TestClient::new(tickets::build_router(other));
 
-    let (status, replayed, body) = send(ROTATE_CERT).await;
-    let (changed_status, _, _) = send(r#"{"project":"ops","title":"Something else"}"#).await;
+    let replay = other.post("/v1/tickets", ACME_AGENT, Some("key-1"), ROTATE_CERT).await;
+    let changed = other
+        .post(
+            "/v1/tickets",
+            ACME_AGENT,
+            Some("key-1"),
+            r#"{"project":"ops","title":"Something else"}"#,
+        )
+        .await;
 
-    assert_eq!(status, created.status);
-    assert_eq!(replayed.as_deref(), Some("true"));
-    assert_eq!(body, created.body);
-    assert_eq!(changed_status.as_u16(), 422);
+    assert_eq!(replay.status, created.status);
+    assert_eq!(replay.replayed(), Some("true"));
+    assert_eq!(replay.body, created.body);
+    assert_eq!(changed.status.as_u16(), 422);
     assert_eq!(
         first.ticket_count().await,
         1,

@@ -12,7 +12,7 @@ async fn set_status(app: &TestApp, ticket_id: &str, body: Value) -> TestResponse
         &format!("/v1/tickets/{ticket_id}/status"),
         ACME_AGENT,
         None,
-        &body.to_string(),
+        body,
     ))
     .await
 }
@@ -183,7 +183,7 @@ async fn a_closed_ticket_does_not_change_status_and_the_409_names_its_status_onc
     let reopen = set_status(&app, &id, json!({"status": "open"})).await;
 
     reopen.assert_problem(409, "invalid_state");
-    let names = member_names(&reopen.body);
+    let names = reopen.member_names();
     assert_eq!(names.iter().filter(|name| *name == "status").count(), 1, "{names:?}");
     assert_eq!(reopen.json()["status"], 409, "`status` is the HTTP status");
     assert_eq!(reopen.json()["ticket_status"], "closed");
