@@ -12,11 +12,11 @@
 
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use platform::{
     Backend,
-    testing::{ServiceProcess, TestDb},
+    testing::{ACME_AGENT, ACME_APPROVER, ServiceProcess, TestDb, TestResponse},
 };
-use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 /// A running `payments` process.
@@ -37,35 +37,13 @@ impl Service {
         Service(ServiceProcess::start(env!("CARGO_BIN_EXE_payments"), "payments", &env).await)
     }
 
-    async fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::Response {
-        client()
-            .post(format!("{}{path}", self.0.base))
-            .bearer_auth("demo-acme-agent")
-            .header("idempotency-key", key)
-            .json(body)
-            .send()
-            .await
-            .unwrap()
+    async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {
+        self.0.client().post(path, ACME_AGENT, Some(key), body).await
     }
 
     async fn get(&self, path: &str, bearer: &str) -> Value {
-        client()
-            .get(format!("{}{path}", self.0.base))
-            .bearer_auth(bearer)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.0.client().get(path, bearer).await.json()
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
 }
 
 /// Starts a process that holds its outbox worker at `fail_point`, captures an
@@ -92,17 +70,13 @@ async fn capture_killed_at(backend: Backend, fail_point: &str) -> (u64, Vec<Stri
                     "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"}}),
         )
         .await;
-    assert_eq!(intent.status(), StatusCode::CREATED);
-    let intent_id = intent.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    assert_eq!(intent.status, StatusCode::CREATED);
+    let intent_id = intent.str("id");
     let capture_path = format!("/v1/payment_intents/{intent_id}/capture");
     let accepted = doomed.post(&capture_path, "cap-1", &json!({})).await;
-    assert_eq!(accepted.status(), StatusCode::ACCEPTED, "the agent has its answer");
-    let operation_id = accepted.headers()["operation-id"].to_str().unwrap().to_owned();
-    let first_answer = accepted.bytes().await.unwrap();
-    let capture_id = serde_json::from_slice::<Value>(&first_answer).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "the agent has its answer");
+    let operation_id = accepted.operation_id().to_owned();
+    let capture_id = accepted.str("id");
     doomed.0.wait_for("fail point reached").await;
     doomed.0.kill().await;
     let charges_at_kill = provider.stats().charges_made;
@@ -110,9 +84,7 @@ async fn capture_killed_at(backend: Backend, fail_point: &str) -> (u64, Vec<Stri
     let restarted = Service::start(&db.url, &provider_url, None).await;
     let settled = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            let capture = restarted
-                .get(&format!("/v1/captures/{capture_id}"), "demo-acme-agent")
-                .await;
+            let capture = restarted.get(&format!("/v1/captures/{capture_id}"), ACME_AGENT).await;
             if capture["state"] == "succeeded" {
                 return capture;
             }
@@ -122,22 +94,18 @@ async fn capture_killed_at(backend: Backend, fail_point: &str) -> (u64, Vec<Stri
     .await
     .expect("the restarted process settles the capture");
     let operation = restarted
-        .get(&format!("/v1/operations/{operation_id}"), "demo-acme-agent")
+        .get(&format!("/v1/operations/{operation_id}"), ACME_AGENT)
         .await;
     let retry = restarted.post(&capture_path, "cap-1", &json!({})).await;
     let journal = restarted
-        .get(&format!("/v1/audit?operation_id={operation_id}"), "demo-acme-approver")
+        .get(&format!("/v1/audit?operation_id={operation_id}"), ACME_APPROVER)
         .await;
 
     assert_eq!(provider.stats().charges_made, 1, "exactly one charge");
     assert_eq!(operation["state"], "completed");
     assert_eq!(operation["external_ref"], settled["provider_charge_id"]);
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    assert_eq!(
-        retry.bytes().await.unwrap(),
-        first_answer,
-        "the first answer survived the process"
-    );
+    assert_eq!(retry.replayed(), Some("true"));
+    assert_eq!(retry.body, accepted.body, "the first answer survived the process");
     restarted.0.kill().await;
     let events = journal["data"]
         .as_array()

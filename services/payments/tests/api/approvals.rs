@@ -24,7 +24,7 @@ async fn a_large_capture_waits_for_an_approval_and_is_charged_once_after_the_ret
     let run = app.capture(&intent_id, "cap-1", &json!({})).await;
     app.deliver().await;
     let replay = app.capture(&intent_id, "cap-1", &json!({})).await;
-    let operation = app.operation(&requested.operation_id.clone().unwrap()).await;
+    let operation = app.operation(requested.operation_id()).await;
 
     assert_eq!(requested.status, StatusCode::ACCEPTED, "{:?}", requested.body);
     assert_eq!(request["state"], "awaiting_approval");
@@ -38,11 +38,7 @@ async fn a_large_capture_waits_for_an_approval_and_is_charged_once_after_the_ret
     assert_eq!(charges_before, 0, "nothing is charged before a human decides");
     assert_eq!(approved.status, StatusCode::OK, "{:?}", approved.body);
     assert_eq!(run.status, StatusCode::ACCEPTED, "{:?}", run.body);
-    assert_eq!(
-        run.replayed.as_deref(),
-        Some("false"),
-        "the approved retry runs the capture"
-    );
+    assert_eq!(run.replayed(), Some("false"), "the approved retry runs the capture");
     assert_eq!(run.json()["state"], "processing");
     assert_eq!(replay.body, run.body, "from then on, the capture's answer is replayed");
     assert_eq!(app.provider.stats().charges_made, 1);

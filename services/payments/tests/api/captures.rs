@@ -21,7 +21,7 @@ async fn a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_k
 
     let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
     let retried = app.capture(&intent_id, "cap-1", &json!({})).await;
-    let operation_id = accepted.operation_id.clone().unwrap();
+    let operation_id = accepted.operation_id().to_owned();
     let before_delivery = app.operation(&operation_id).await;
     app.deliver().await;
     let after_delivery = app.operation(&operation_id).await;
@@ -44,7 +44,7 @@ async fn a_capture_answers_202_and_the_outbox_charges_the_provider_once_with_a_k
     );
     for retry in [&retried, &retried_after] {
         assert_eq!(retry.status, StatusCode::ACCEPTED);
-        assert_eq!(retry.replayed.as_deref(), Some("true"));
+        assert_eq!(retry.replayed(), Some("true"));
         assert_eq!(retry.body, accepted.body, "the first answer, byte for byte");
     }
     assert_eq!(before_delivery["state"], "in_progress", "{before_delivery}");
@@ -75,7 +75,7 @@ async fn while_the_outbox_delivers_a_capture_its_operation_shows_the_stored_202_
     let intent_id = app.intent_for("order-1", "12.50").await;
 
     let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
-    let operation_id = accepted.operation_id.clone().unwrap();
+    let operation_id = accepted.operation_id().to_owned();
     let delivering = app.operation(&operation_id).await;
     app.deliver().await;
     let delivered = app.operation(&operation_id).await;
@@ -100,7 +100,7 @@ async fn a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_
     });
 
     let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
-    let operation_id = accepted.operation_id.clone().unwrap();
+    let operation_id = accepted.operation_id().to_owned();
     app.deliver().await;
     let lost = app.operation(&operation_id).await;
     let capture_url = format!("/v1/captures/{}", accepted.str("id"));
@@ -115,7 +115,7 @@ async fn a_lost_provider_answer_leaves_the_capture_unknown_until_the_reconciler_
     assert_eq!(capture_while_unknown["state"], "unknown");
     for retry in [&retry_while_unknown, &retry_after] {
         assert_eq!(retry.status, StatusCode::ACCEPTED);
-        assert_eq!(retry.replayed.as_deref(), Some("true"));
+        assert_eq!(retry.replayed(), Some("true"));
         assert_eq!(retry.body, accepted.body, "a retry is a replay of the first answer");
     }
     assert_eq!(settled["state"], "completed", "{settled}");
@@ -155,7 +155,7 @@ async fn a_provider_that_fails_before_accepting_is_asked_and_then_sent_the_same_
     });
 
     let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
-    let operation_id = accepted.operation_id.clone().unwrap();
+    let operation_id = accepted.operation_id().to_owned();
     app.deliver().await;
     let after_failure = app.operation(&operation_id).await;
     app.reconcile().await;
@@ -199,7 +199,7 @@ async fn an_answer_that_may_mean_still_processing_leaves_the_capture_unknown_and
             ..Faults::default()
         });
         let accepted = app.capture(&intent_id, &format!("cap-{i}"), &json!({})).await;
-        let operation_id = accepted.operation_id.clone().unwrap();
+        let operation_id = accepted.operation_id().to_owned();
         app.deliver().await;
         let after_answer = app.operation(&operation_id).await;
         let second_intent = app.create(&format!("another-intent-{i}"), &order_id).await;
@@ -253,7 +253,7 @@ async fn a_charge_the_provider_declines_fails_the_capture_and_frees_the_order(ba
     });
 
     let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
-    let operation_id = accepted.operation_id.clone().unwrap();
+    let operation_id = accepted.operation_id().to_owned();
     app.deliver().await;
     let operation = app.operation(&operation_id).await;
     let capture = app
@@ -289,7 +289,7 @@ async fn a_key_collision_at_the_provider_is_never_taken_for_the_capture_s_charge
     let app = TestApp::spawn(backend).await;
     let intent_id = app.intent_for("order-1", "40.00").await;
     let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
-    let operation_id = accepted.operation_id.clone().unwrap();
+    let operation_id = accepted.operation_id().to_owned();
     let squatted = reqwest::Client::new()
         .post(format!("{}/v1/charges", app.provider.url))
         .bearer_auth(payments::provider::SANDBOX_MERCHANT_KEY)
@@ -400,7 +400,7 @@ async fn an_omitted_amount_is_the_whole_amount_with_one_fingerprint_and_a_partia
 
     assert_eq!(omitted.json()["amount_minor"], 1250);
     assert_eq!(
-        explicit.replayed.as_deref(),
+        explicit.replayed(),
         Some("true"),
         "`{{}}` and the whole amount are one request: {:?}",
         explicit.body
@@ -408,7 +408,7 @@ async fn an_omitted_amount_is_the_whole_amount_with_one_fingerprint_and_a_partia
     assert_eq!(partial.json()["amount"], "5.00");
     let charges = app
         .provider
-        .charges_with_key(&format!("retrysafe-{}", partial.operation_id.clone().unwrap()))
+        .charges_with_key(&format!("retrysafe-{}", partial.operation_id()))
         .await;
     assert_eq!(
         charges["data"][0]["amount_minor"], 500,
@@ -422,7 +422,7 @@ async fn four_outbox_workers_racing_on_one_database_send_each_charge_once(backen
     for n in 0..20 {
         let intent_id = app.intent_for(&format!("order-{n}"), "7.00").await;
         let accepted = app.capture(&intent_id, &format!("cap-{n}"), &json!({})).await;
-        operations.push(accepted.operation_id.clone().unwrap());
+        operations.push(accepted.operation_id().to_owned());
     }
 
     // four workers — as if in four processes — take one event at a time from one

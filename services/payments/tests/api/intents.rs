@@ -11,7 +11,7 @@ use futures::future::join_all;
 use platform::{Backend, on_pool};
 use serde_json::json;
 
-use crate::support::{ACME_AGENT, ACME_APPROVER, Answer, GLOBEX_AGENT, TestApp, intent};
+use crate::support::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestApp, TestResponse, intent};
 
 async fn an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_replays_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
@@ -40,11 +40,7 @@ async fn an_intent_shows_its_amount_as_a_string_and_in_minor_units_and_a_retry_r
     assert_eq!(body["currency"], "EUR");
     assert_eq!(body["state"], "requires_capture");
     assert!(body["id"].as_str().unwrap().starts_with("pi_"));
-    assert_eq!(
-        again.replayed.as_deref(),
-        Some("true"),
-        "12.5 and 12.50 EUR are one request"
-    );
+    assert_eq!(again.replayed(), Some("true"), "12.5 and 12.50 EUR are one request");
     assert_eq!(again.body, first.body);
     assert_eq!(app.count("payment_intents").await, 1);
 }
@@ -97,8 +93,8 @@ async fn sixteen_racing_keys_for_one_order_make_one_live_intent(backend: Backend
     }))
     .await;
 
-    let answers: Vec<Answer> = racers.into_iter().map(|r| r.unwrap()).collect();
-    let created: Vec<&Answer> = answers.iter().filter(|a| a.status == StatusCode::CREATED).collect();
+    let answers: Vec<TestResponse> = racers.into_iter().map(|r| r.unwrap()).collect();
+    let created: Vec<&TestResponse> = answers.iter().filter(|a| a.status == StatusCode::CREATED).collect();
     assert_eq!(created.len(), 1, "exactly one key made the intent");
     let winner = created[0].json()["id"].clone();
     for refused in answers.iter().filter(|a| a.status != StatusCode::CREATED) {
@@ -126,7 +122,7 @@ async fn a_cancelled_intent_frees_its_order_and_cancelling_it_again_answers_it_u
 
     assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
     assert_eq!(cancelled.json()["state"], "cancelled");
-    assert_eq!(replayed.replayed.as_deref(), Some("true"));
+    assert_eq!(replayed.replayed(), Some("true"));
     for repeat in [&again, &keyless] {
         assert_eq!(
             repeat.status,
@@ -285,7 +281,7 @@ async fn an_amount_above_ten_to_the_fifteen_minor_units_is_refused_naming_amount
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{:?}", refused.body);
         assert_eq!(refused.json()["code"], "invalid_request");
         assert_eq!(refused.json()["errors"][0]["field"], "amount", "{:?}", refused.body);
-        assert_eq!(refused.replayed, None);
+        assert_eq!(refused.replayed(), None);
     }
     assert_eq!(fixed.status, StatusCode::CREATED, "nothing was claimed by the 400s");
     assert_eq!(fixed.json()["amount_minor"], 1250);

@@ -6,11 +6,9 @@
 use std::time::Duration;
 
 use axum::{
-    Router,
-    body::{Body, Bytes},
+    body::Body,
     http::{Request, StatusCode},
 };
-use http_body_util::BodyExt;
 use idempotency::{
     IdempotencyConfig,
     outbox::{Outbox, OutboxConfig},
@@ -20,20 +18,16 @@ use payments::{
     domain::PaymentsPolicy,
     provider::{Provider, ProviderConfig},
 };
-use platform::{Backend, on_pool, testing::TestDb};
+pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestClient, TestDb, TestResponse};
+use platform::{Backend, on_pool};
 use serde_json::{Value, json};
-use tower::ServiceExt;
-
-pub const ACME_AGENT: &str = "demo-acme-agent";
-pub const ACME_APPROVER: &str = "demo-acme-approver";
-pub const GLOBEX_AGENT: &str = "demo-globex-agent";
 
 /// How long the outbox waits for the provider's answer in these tests.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub struct TestApp {
     pub service: payments::App,
-    pub router: Router,
+    pub client: TestClient,
     pub db: TestDb,
     pub outbox: Outbox<Provider>,
     pub provider: TestProvider,
@@ -77,27 +71,6 @@ impl TestProvider {
     }
 }
 
-pub struct Answer {
-    pub status: StatusCode,
-    pub replayed: Option<String>,
-    pub operation_id: Option<String>,
-    pub body: Bytes,
-}
-
-impl Answer {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON, got {:?}", self.body))
-    }
-
-    /// A string member of the JSON body.
-    pub fn str(&self, member: &str) -> String {
-        self.json()[member]
-            .as_str()
-            .unwrap_or_else(|| panic!("`{member}` in {:?}", self.body))
-            .to_owned()
-    }
-}
-
 /// The test outbox: answers within a second or they are lost, a held event is
 /// free again after three, an unknown outcome may be asked about at once, and
 /// what was not accepted may be sent again at once.
@@ -133,49 +106,27 @@ impl TestApp {
         };
         TestApp {
             outbox: app.outbox(provider_config, outbox_config()),
-            router: payments::build_router(app.clone()),
+            client: TestClient::new(payments::build_router(app.clone())),
             service: app,
             db,
             provider,
         }
     }
 
-    pub async fn send(&self, request: Request<Body>) -> Answer {
-        let response = self.router.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let header =
-            |headers: &axum::http::HeaderMap, name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
-        let replayed = header(response.headers(), "idempotent-replayed");
-        let operation_id = header(response.headers(), "operation-id");
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        Answer {
-            status,
-            replayed,
-            operation_id,
-            body,
-        }
+    pub async fn send(&self, request: Request<Body>) -> TestResponse {
+        self.client.send(request).await
     }
 
-    pub async fn post(&self, path: &str, bearer: &str, key: &str, body: &Value) -> Answer {
-        let request = Request::post(path)
-            .header("authorization", format!("Bearer {bearer}"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .body(Body::from(body.to_string()))
-            .unwrap();
-        self.send(request).await
+    pub async fn post(&self, path: &str, bearer: &str, key: &str, body: &Value) -> TestResponse {
+        self.client.post(path, bearer, Some(key), body).await
     }
 
-    pub async fn get(&self, path: &str, bearer: &str) -> Answer {
-        let request = Request::get(path)
-            .header("authorization", format!("Bearer {bearer}"))
-            .body(Body::empty())
-            .unwrap();
-        self.send(request).await
+    pub async fn get(&self, path: &str, bearer: &str) -> TestResponse {
+        self.client.get(path, bearer).await
     }
 
     /// A POST with no `Idempotency-Key` and no body.
-    pub async fn post_without_key(&self, path: &str) -> Answer {
+    pub async fn post_without_key(&self, path: &str) -> TestResponse {
         let request = Request::post(path)
             .header("authorization", format!("Bearer {ACME_AGENT}"))
             .body(Body::empty())
@@ -183,7 +134,7 @@ impl TestApp {
         self.send(request).await
     }
 
-    pub async fn create(&self, key: &str, order_id: &str) -> Answer {
+    pub async fn create(&self, key: &str, order_id: &str) -> TestResponse {
         self.post("/v1/payment_intents", ACME_AGENT, key, &intent(order_id, json!("5.00")))
             .await
     }
@@ -202,7 +153,7 @@ impl TestApp {
         created.str("id")
     }
 
-    pub async fn capture(&self, intent_id: &str, key: &str, body: &Value) -> Answer {
+    pub async fn capture(&self, intent_id: &str, key: &str, body: &Value) -> TestResponse {
         self.post(
             &format!("/v1/payment_intents/{intent_id}/capture"),
             ACME_AGENT,
@@ -212,7 +163,7 @@ impl TestApp {
         .await
     }
 
-    pub async fn refund(&self, intent_id: &str, key: &str, amount: &str) -> Answer {
+    pub async fn refund(&self, intent_id: &str, key: &str, amount: &str) -> TestResponse {
         self.post(
             &format!("/v1/payment_intents/{intent_id}/refunds"),
             ACME_AGENT,
@@ -290,7 +241,7 @@ impl TestApp {
     }
 
     /// An approver's decision on an approval, echoing `fingerprint`.
-    pub async fn decide(&self, approval_id: &str, decision: &str, fingerprint: &str) -> Answer {
+    pub async fn decide(&self, approval_id: &str, decision: &str, fingerprint: &str) -> TestResponse {
         self.post(
             &format!("/v1/approvals/{approval_id}/decision"),
             ACME_APPROVER,
