@@ -9,12 +9,12 @@
 
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use platform::{
     Backend,
-    testing::{ServiceProcess, TestDb},
+    testing::{ACME_AGENT, ServiceProcess, TestDb},
 };
-use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 async fn start(database_url: &str, controller_url: &str, fail_point: Option<&str>) -> ServiceProcess {
     let fail_point = fail_point.map(|point| format!("{point}=return"));
@@ -28,13 +28,6 @@ async fn start(database_url: &str, controller_url: &str, fail_point: Option<&str
     ];
     env.extend(fail_point.as_deref().map(|point| ("FAILPOINTS", point)));
     ServiceProcess::start(env!("CARGO_BIN_EXE_deployments"), "deployments", &env).await
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
 }
 
 async fn a_deployment_killed_between_its_outbox_write_and_the_hand_over_rolls_out_once_after_restart(backend: Backend) {
@@ -55,20 +48,12 @@ async fn a_deployment_killed_between_its_outbox_write_and_the_hand_over_rolls_ou
                       "artifact_digest": format!("sha256:{}", "a".repeat(64))});
 
     let mut doomed = start(&db.url, &controller_url, Some("outbox::before_delivery")).await;
-    let accepted = client()
-        .post(format!("{}/v1/deployments", doomed.base))
-        .bearer_auth("demo-acme-agent")
-        .header("idempotency-key", "deploy-1")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(accepted.status(), StatusCode::ACCEPTED, "the agent has its answer");
-    let first_answer = accepted.bytes().await.unwrap();
-    let deployment_id = serde_json::from_slice::<Value>(&first_answer).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let accepted = doomed
+        .client()
+        .post("/v1/deployments", ACME_AGENT, Some("deploy-1"), &body)
+        .await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "the agent has its answer");
+    let deployment_id = accepted.str("id");
     doomed.wait_for("fail point reached").await;
     doomed.kill().await;
     let started_at_kill = controller.stats().rollouts_started;
@@ -76,15 +61,11 @@ async fn a_deployment_killed_between_its_outbox_write_and_the_hand_over_rolls_ou
     let restarted = start(&db.url, &controller_url, None).await;
     let succeeded = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            let deployment: Value = client()
-                .get(format!("{}/v1/deployments/{deployment_id}", restarted.base))
-                .bearer_auth("demo-acme-agent")
-                .send()
+            let deployment = restarted
+                .client()
+                .get(&format!("/v1/deployments/{deployment_id}"), ACME_AGENT)
                 .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+                .json();
             if deployment["state"] == "succeeded" {
                 return deployment;
             }
@@ -93,24 +74,16 @@ async fn a_deployment_killed_between_its_outbox_write_and_the_hand_over_rolls_ou
     })
     .await
     .expect("the restarted process hands the rollout over and follows it to its end");
-    let retry = client()
-        .post(format!("{}/v1/deployments", restarted.base))
-        .bearer_auth("demo-acme-agent")
-        .header("idempotency-key", "deploy-1")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let retry = restarted
+        .client()
+        .post("/v1/deployments", ACME_AGENT, Some("deploy-1"), &body)
+        .await;
 
     assert_eq!(started_at_kill, 0, "nothing reached the controller before the kill");
     assert_eq!(controller.stats().rollouts_started, 1, "exactly one rollout");
     assert!(succeeded["controller_rollout_id"].as_str().unwrap().starts_with("ro_"));
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    assert_eq!(
-        retry.bytes().await.unwrap(),
-        first_answer,
-        "the first answer survived the process"
-    );
+    assert_eq!(retry.replayed(), Some("true"));
+    assert_eq!(retry.body, accepted.body, "the first answer survived the process");
     restarted.kill().await;
 }
 

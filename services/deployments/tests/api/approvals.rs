@@ -37,10 +37,10 @@ async fn a_production_deployment_waits_for_an_approval_of_its_exact_release_and_
     assert_eq!(identifiers["replaces"], "none");
     assert!(identifiers["rollback_possible"].as_str().unwrap().starts_with("no"));
     assert_eq!(rollouts_before, 0, "nothing rolls out before a human decides");
-    wrong.assert_problem(StatusCode::CONFLICT, "approval_fingerprint_mismatch");
+    wrong.assert_problem(409, "approval_fingerprint_mismatch");
     assert_eq!(approved.status, StatusCode::OK, "{:?}", approved.body);
     assert_eq!(run.status, StatusCode::ACCEPTED);
-    assert_eq!(run.replayed.as_deref(), Some("false"), "the approved retry runs it");
+    assert_eq!(run.replayed(), Some("false"), "the approved retry runs it");
     assert_eq!(run.json()["state"], "queued");
     assert_eq!(replay.body, run.body);
     assert_eq!(app.controller.stats().rollouts_started, 1, "exactly one rollout");
@@ -71,11 +71,7 @@ async fn a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replace
         "awaiting_approval",
         "a rollback waits for a human even in staging"
     );
-    assert_eq!(
-        requested.replayed.as_deref(),
-        Some("false"),
-        "a new operation, not a replay"
-    );
+    assert_eq!(requested.replayed(), Some("false"), "a new operation, not a replay");
     assert_eq!(requested.json()["summary"]["identifiers"]["restores"], good);
     assert_eq!(requested.json()["summary"]["identifiers"]["replaces"], bad);
     assert_eq!(approved.status, StatusCode::OK);
@@ -93,7 +89,7 @@ async fn a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replace
         rollback["status_url"],
         format!("/v1/rollbacks/{}", rollback["id"].as_str().unwrap())
     );
-    meanwhile.assert_problem(StatusCode::CONFLICT, "environment_locked");
+    meanwhile.assert_problem(409, "environment_locked");
     assert_eq!(
         meanwhile.json()["deployment_id"],
         rollback["id"],
@@ -122,9 +118,9 @@ async fn a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claim
     let missing = app.rollback("rollback-1", &to("dep_missing")).await;
 
     for refused in [&not_finished, &other_environment, &already_current] {
-        refused.assert_problem(StatusCode::CONFLICT, "invalid_state");
+        refused.assert_problem(409, "invalid_state");
     }
-    missing.assert_problem(StatusCode::NOT_FOUND, "not_found");
+    missing.assert_problem(404, "not_found");
     let operations = app
         .get("/v1/operations?idempotency_key=rollback-1", ACME_AGENT)
         .await
@@ -158,21 +154,21 @@ async fn an_unconfigured_environment_is_400_naming_the_known_ones_and_claims_not
         .await
         .json();
 
-    prod.assert_problem(StatusCode::BAD_REQUEST, "unknown_environment");
+    prod.assert_problem(400, "unknown_environment");
     assert_eq!(
         prod.json()["known_environments"],
         json!(["development", "staging", "production"])
     );
-    assert_eq!(prod.operation_id, None, "nothing was claimed");
+    assert_eq!(prod.header("operation-id"), None, "nothing was claimed");
     assert_eq!(production.status, StatusCode::ACCEPTED, "{:?}", production.body);
     assert_eq!(
         production.json()["state"],
         "awaiting_approval",
         "the same key works once the environment is right, and production waits"
     );
-    rollback.assert_problem(StatusCode::BAD_REQUEST, "unknown_environment");
+    rollback.assert_problem(400, "unknown_environment");
     assert_eq!(claimed["data"], json!([]), "a refused rollback claims nothing");
-    environment.assert_problem(StatusCode::BAD_REQUEST, "unknown_environment");
+    environment.assert_problem(400, "unknown_environment");
     assert_eq!(app.controller.stats().rollouts_started, 1);
 }
 

@@ -42,18 +42,18 @@ async fn the_article_s_failure_sequence_locks_out_the_second_plan_and_starts_one
 
     assert_eq!(dep_118.status, StatusCode::ACCEPTED, "{:?}", dep_118.body);
     assert_eq!(while_unknown["state"], "unknown", "{while_unknown}");
-    dep_119.assert_problem(StatusCode::CONFLICT, "environment_locked");
+    dep_119.assert_problem(409, "environment_locked");
     assert_eq!(dep_119.json()["deployment_id"], dep_118.json()["id"]);
     assert_eq!(
         dep_119.json()["operation_id"].as_str(),
-        dep_118.operation_id.as_deref(),
+        Some(dep_118.operation_id()),
         "the 409 names the holder's operation, so the agent can poll it"
     );
-    assert_eq!(retry_118.replayed.as_deref(), Some("true"));
+    assert_eq!(retry_118.replayed(), Some("true"));
     assert_eq!(retry_118.body, dep_118.body, "the retry with its own key replays");
     assert_eq!(finished["commit_sha"], COMMIT_A1B2C3);
     assert_eq!(app.controller.stats().rollouts_started, 1, "one rollout, not two");
-    let operation = app.operation(dep_118.operation_id.as_deref().unwrap()).await;
+    let operation = app.operation(dep_118.operation_id()).await;
     assert_eq!(operation["state"], "completed");
     assert_eq!(operation["external_ref"], finished["controller_rollout_id"]);
 }
@@ -80,13 +80,13 @@ async fn an_answer_that_may_mean_still_starting_leaves_the_deployment_unknown_an
             .deploy(&format!("deploy-{i}"), &release(&digest('a'), COMMIT_A1B2C3))
             .await;
         app.deliver().await;
-        let after_answer = app.operation(first.operation_id.as_deref().unwrap()).await;
+        let after_answer = app.operation(first.operation_id()).await;
         let second = app
             .deploy(&format!("other-{i}"), &release(&digest('d'), COMMIT_D4E5F6))
             .await;
         assert_eq!(first.status, StatusCode::ACCEPTED, "{status}: {:?}", first.body);
         assert_eq!(after_answer["state"], "unknown", "{status}: {after_answer}");
-        second.assert_problem(StatusCode::CONFLICT, "environment_locked");
+        second.assert_problem(409, "environment_locked");
 
         app.controller.set_faults(Faults::default());
         app.reconcile().await;
@@ -119,8 +119,8 @@ async fn the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout
 
     assert_eq!(first.status, StatusCode::ACCEPTED);
     for changed in [&other_digest, &other_commit] {
-        changed.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
-        assert_eq!(changed.json()["operation_id"].as_str(), first.operation_id.as_deref());
+        changed.assert_problem(422, "idempotency_key_reused");
+        assert_eq!(changed.json()["operation_id"].as_str(), Some(first.operation_id()));
     }
     assert_eq!(app.controller.stats().rollouts_started, 1);
     let listed = app
@@ -135,7 +135,7 @@ async fn a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_cur
 
     let accepted = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
     let id = accepted.str("id");
-    let operation_id = accepted.operation_id.clone().unwrap();
+    let operation_id = accepted.operation_id().to_owned();
     let environment_while_queued = app.environment("checkout", "staging").await;
     app.deliver().await;
     app.until(&id, "running").await;
@@ -155,7 +155,7 @@ async fn a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_cur
     assert_eq!(body["status_url"], format!("/v1/deployments/{id}"));
     assert_eq!(
         body["controller_idempotency_key"],
-        format!("retrysafe-{}", accepted.operation_id.clone().unwrap())
+        format!("retrysafe-{}", accepted.operation_id())
     );
     assert_eq!(environment_while_queued["locked_by"]["deployment_id"], id);
     assert_eq!(environment_while_queued["current"], Value::Null);
@@ -214,7 +214,7 @@ async fn a_stale_expected_current_deployment_is_409_version_mismatch(backend: Ba
     fresh["expected_current_deployment_id"] = json!(second);
     let accepted = app.deploy("deploy-4", &fresh).await;
 
-    refused.assert_problem(StatusCode::CONFLICT, "version_mismatch");
+    refused.assert_problem(409, "version_mismatch");
     assert_eq!(refused.json()["current_deployment_id"], second);
     assert_eq!(accepted.status, StatusCode::ACCEPTED, "{:?}", accepted.body);
     assert_eq!(accepted.json()["replaces"], second);
@@ -230,7 +230,7 @@ async fn a_failed_rollout_fails_the_deployment_and_frees_the_environment(backend
     let failing = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
     app.deliver().await;
     let failed = app.until(&failing.str("id"), "failed").await;
-    let operation = app.operation(failing.operation_id.as_deref().unwrap()).await;
+    let operation = app.operation(failing.operation_id()).await;
     let next = app.deploy("deploy-2", &release("staging", &digest('b'), None)).await;
 
     assert_eq!(operation["state"], "failed", "the operation fails with its rollout");
@@ -262,7 +262,7 @@ async fn sixteen_racing_deployments_to_one_environment_hold_one_lock(backend: Ba
     let accepted: Vec<_> = answers.iter().filter(|a| a.status == StatusCode::ACCEPTED).collect();
     assert_eq!(accepted.len(), 1, "one deployment holds the environment");
     for locked_out in answers.iter().filter(|a| a.status != StatusCode::ACCEPTED) {
-        locked_out.assert_problem(StatusCode::CONFLICT, "environment_locked");
+        locked_out.assert_problem(409, "environment_locked");
         assert_eq!(locked_out.json()["deployment_id"], accepted[0].json()["id"]);
     }
 }
@@ -284,7 +284,7 @@ async fn a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_contro
         )
         .await;
     app.deliver().await;
-    let early_operation = app.operation(early.operation_id.as_deref().unwrap()).await;
+    let early_operation = app.operation(early.operation_id()).await;
 
     // once the controller has it: the controller is asked to stop it
     let late = app.deploy("deploy-2", &release("staging", &digest('b'), None)).await;
@@ -330,18 +330,15 @@ async fn a_deployment_is_cancelled_before_the_controller_has_it_or_at_the_contro
     );
     assert_eq!(stopped.status, StatusCode::OK, "{:?}", stopped.body);
     assert_eq!(stopped.json()["state"], "cancelled");
-    assert_eq!(
-        app.operation(late.operation_id.as_deref().unwrap()).await["state"],
-        "failed"
-    );
+    assert_eq!(app.operation(late.operation_id()).await["state"], "failed");
     assert_eq!(
         again.status,
         StatusCode::OK,
         "cancelling what is cancelled answers it unchanged"
     );
     assert_eq!(again.json()["updated_at"], stopped.json()["updated_at"]);
-    too_late.assert_problem(StatusCode::CONFLICT, "invalid_state");
-    theirs.assert_problem(StatusCode::NOT_FOUND, "not_found");
+    too_late.assert_problem(409, "invalid_state");
+    theirs.assert_problem(404, "not_found");
     assert_eq!(
         app.controller.stats().rollouts_started,
         2,
@@ -393,7 +390,7 @@ async fn a_rollout_the_controller_began_running_is_journaled_by_the_watcher(back
     let entry = &entries[0];
     assert_eq!(entry["principal_id"], "system:rollout-watcher");
     assert_eq!(entry["route"], "/v1/deployments");
-    assert_eq!(entry["operation_id"], json!(accepted.operation_id));
+    assert_eq!(entry["operation_id"], accepted.operation_id());
     assert_eq!(
         (&entry["resource_type"], &entry["resource_id"], &entry["state"]),
         (&json!("deployment"), &json!(id), &json!("running"))
@@ -422,7 +419,7 @@ async fn a_cancel_while_the_rollout_is_being_handed_over_asks_to_be_sent_again(b
     handing_over.await.unwrap();
     let later = app.post(&cancel, ACME_AGENT, Some("cancel-1"), &json!({})).await;
 
-    too_soon.assert_problem(StatusCode::CONFLICT, "invalid_state");
+    too_soon.assert_problem(409, "invalid_state");
     assert!(too_soon.json()["detail"].as_str().unwrap().contains("Retry-After"));
     assert_eq!(
         later.status,
@@ -471,12 +468,12 @@ async fn a_cancel_with_a_key_used_for_another_request_is_422_and_the_rollout_run
         .await;
 
     assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
-    reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
+    reused.assert_problem(422, "idempotency_key_reused");
     assert_eq!(asked_after_422, 0, "a refused attempt never reaches the controller");
     assert_eq!(still["state"], "running", "{still}");
     assert_eq!(stopped.status, StatusCode::OK, "{:?}", stopped.body);
     assert_eq!(stopped.json()["state"], "cancelled");
-    assert_eq!(replayed.replayed.as_deref(), Some("true"));
+    assert_eq!(replayed.replayed(), Some("true"));
     assert_eq!(replayed.body, stopped.body);
     assert_eq!(
         app.controller.stats().cancel_requests,
@@ -535,7 +532,7 @@ async fn another_account_sees_none_of_it(backend: Backend) {
         )
         .await;
 
-    seen.assert_problem(StatusCode::NOT_FOUND, "not_found");
+    seen.assert_problem(404, "not_found");
     assert_eq!(environment["locked_by"], Value::Null);
     assert_eq!(
         theirs.status,

@@ -60,7 +60,7 @@ async fn a_tag_a_branch_latest_or_a_short_sha_is_refused_by_name_and_claims_noth
 
     for (body, field) in &refused {
         let answer = app.deploy("deploy-1", body).await;
-        answer.assert_problem(StatusCode::BAD_REQUEST, "mutable_reference_rejected");
+        answer.assert_problem(400, "mutable_reference_rejected");
         assert_eq!(answer.json()["field"], *field, "{:?}", answer.body);
     }
     let fixed = app
@@ -81,7 +81,7 @@ async fn a_tag_a_branch_latest_or_a_short_sha_is_refused_by_name_and_claims_noth
     );
     assert_eq!(fixed.json()["artifact_digest"], digest('a'));
     assert_eq!(fixed.json()["commit_sha"], COMMIT_A1B2C3);
-    bad_name.assert_problem(StatusCode::BAD_REQUEST, "invalid_request");
+    bad_name.assert_problem(400, "invalid_request");
 }
 
 platform::both_backends!(a_tag_a_branch_latest_or_a_short_sha_is_refused_by_name_and_claims_nothing);

@@ -5,22 +5,13 @@
 
 use std::time::Duration;
 
-use axum::{
-    Router,
-    body::{Body, Bytes},
-    http::{Request, StatusCode},
-};
+use axum::http::StatusCode;
 use deploy_controller::{ControllerConfig as SimulatedConfig, Faults, Stats};
 use deployments::controller::{Controller, ControllerConfig, SANDBOX_CONTROLLER_KEY};
-use http_body_util::BodyExt;
 use idempotency::outbox::{Outbox, OutboxConfig};
-use platform::{Backend, testing::TestDb};
+use platform::Backend;
+pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestClient, TestDb, TestResponse};
 use serde_json::{Value, json};
-use tower::ServiceExt;
-
-pub const ACME_AGENT: &str = "demo-acme-agent";
-pub const ACME_APPROVER: &str = "demo-acme-approver";
-pub const GLOBEX_AGENT: &str = "demo-globex-agent";
 
 /// How long each phase of a simulated rollout takes here.
 pub const STEP: Duration = Duration::from_millis(250);
@@ -38,7 +29,7 @@ pub fn digest(fill: char) -> String {
 
 pub struct TestApp {
     pub service: deployments::App,
-    pub router: Router,
+    pub client: TestClient,
     pub db: TestDb,
     pub outbox: Outbox<Controller>,
     pub controller: TestController,
@@ -76,31 +67,6 @@ impl TestController {
     }
 }
 
-pub struct Answer {
-    pub status: StatusCode,
-    pub replayed: Option<String>,
-    pub operation_id: Option<String>,
-    pub body: Bytes,
-}
-
-impl Answer {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON, got {:?}", self.body))
-    }
-
-    pub fn str(&self, member: &str) -> String {
-        self.json()[member]
-            .as_str()
-            .unwrap_or_else(|| panic!("`{member}` in {:?}", self.body))
-            .to_owned()
-    }
-
-    pub fn assert_problem(&self, status: StatusCode, code: &str) {
-        assert_eq!(self.status, status, "{:?}", self.body);
-        assert_eq!(self.json()["code"], code, "{:?}", self.body);
-    }
-}
-
 /// The test outbox: answers within a second or they are lost, an unknown
 /// outcome may be asked about at once.
 pub fn outbox_config() -> OutboxConfig {
@@ -131,53 +97,27 @@ impl TestApp {
         let service = deployments::App::new(db.db.clone(), Default::default(), true, config);
         TestApp {
             outbox: service.outbox(outbox_config()),
-            router: deployments::build_router(service.clone()),
+            client: TestClient::new(deployments::build_router(service.clone())),
             service,
             db,
             controller,
         }
     }
 
-    pub async fn send(&self, request: Request<Body>) -> Answer {
-        let response = self.router.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let header =
-            |headers: &axum::http::HeaderMap, name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
-        let replayed = header(response.headers(), "idempotent-replayed");
-        let operation_id = header(response.headers(), "operation-id");
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        Answer {
-            status,
-            replayed,
-            operation_id,
-            body,
-        }
+    pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: &Value) -> TestResponse {
+        self.client.post(path, bearer, key, body).await
     }
 
-    pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: &Value) -> Answer {
-        let mut request = Request::post(path)
-            .header("authorization", format!("Bearer {bearer}"))
-            .header("content-type", "application/json");
-        if let Some(key) = key {
-            request = request.header("idempotency-key", key);
-        }
-        self.send(request.body(Body::from(body.to_string())).unwrap()).await
-    }
-
-    pub async fn get(&self, path: &str, bearer: &str) -> Answer {
-        let request = Request::get(path)
-            .header("authorization", format!("Bearer {bearer}"))
-            .body(Body::empty())
-            .unwrap();
-        self.send(request).await
+    pub async fn get(&self, path: &str, bearer: &str) -> TestResponse {
+        self.client.get(path, bearer).await
     }
 
     /// An agent's deployment request.
-    pub async fn deploy(&self, key: &str, body: &Value) -> Answer {
+    pub async fn deploy(&self, key: &str, body: &Value) -> TestResponse {
         self.post("/v1/deployments", ACME_AGENT, Some(key), body).await
     }
 
-    pub async fn rollback(&self, key: &str, body: &Value) -> Answer {
+    pub async fn rollback(&self, key: &str, body: &Value) -> TestResponse {
         self.post("/v1/rollbacks", ACME_AGENT, Some(key), body).await
     }
 
@@ -236,7 +176,7 @@ impl TestApp {
     }
 
     /// An approver's decision on the approval request `request` (a 202 body).
-    pub async fn decide(&self, request: &Value, decision: &str, fingerprint: &str) -> Answer {
+    pub async fn decide(&self, request: &Value, decision: &str, fingerprint: &str) -> TestResponse {
         self.post(
             &format!("/v1/approvals/{}/decision", request["approval_id"].as_str().unwrap()),
             ACME_APPROVER,
