@@ -60,9 +60,7 @@ pub async fn create_api_key<E>(
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    crate::prepare_sqlite_dir(&config.database_url)?;
-    let db = Db::connect(&config.database_url, 1).await?;
-    migrate(&db).await?;
+    let db = crate::service::connect(&config.database_url, 1, migrate).await?;
     let principal = Principal {
         account_id: key.account,
         principal_id: key.principal,

@@ -1,6 +1,9 @@
-//! What every service's router has besides its own routes: `/healthz`,
-//! `/openapi.json`, the docs page with every problem `code`, a problem+json
-//! 404/405, and the request span.
+//! What every service does the same way: its start-up ([`connect`],
+//! [`bind`]) and its shutdown ([`run`]), and what its router has besides its
+//! own routes ([`router`]): `/healthz`, `/openapi.json`, the docs page with
+//! every problem `code`, a problem+json 404/405, and the request span.
+
+use std::net::SocketAddr;
 
 use axum::{
     Json, Router,
@@ -8,13 +11,66 @@ use axum::{
     response::{Html, IntoResponse},
     routing::get,
 };
+use tokio::net::TcpListener;
 use utoipa::openapi::{
     OpenApi,
     security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
 };
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::error::ApiError;
+use crate::{Db, config::ConnectionLimits, error::ApiError};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Opens a service's database at `url` with up to `max_connections` (making
+/// the directory of a SQLite file first, so a fresh checkout can start) and
+/// brings its schema up to date with `migrate`.
+pub async fn connect<E>(
+    url: &str,
+    max_connections: u32,
+    migrate: impl AsyncFnOnce(&Db) -> Result<(), E>,
+) -> Result<Db, Error>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    crate::prepare_sqlite_dir(url)?;
+    let db = Db::connect(url, max_connections).await?;
+    migrate(&db).await?;
+    Ok(db)
+}
+
+/// The listener a service serves on: the one it was given (a test's, or the
+/// sandbox's, bound before the service starts), else `addr`, bound now.
+pub async fn bind(listener: Option<TcpListener>, addr: SocketAddr) -> std::io::Result<TcpListener> {
+    match listener {
+        Some(listener) => Ok(listener),
+        None => TcpListener::bind(addr).await,
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves (see
+/// [`crate::serve`]), then stops the service's background work and, last,
+/// closes its database: the background work still writes on its way out.
+pub async fn run(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    stop_background: impl Future<Output = ()>,
+    db: Db,
+) -> Result<(), Error> {
+    let served = crate::serve(listener, router, limits, shutdown).await;
+    stop_background.await;
+    db.close().await;
+    Ok(served?)
+}
+
+/// A service's whole router: its own `routes` (given their state), what
+/// every service has besides ([`common_routes`], with `openapi` as the
+/// document), and the fallbacks and request span of [`finish`].
+pub fn router(title: &'static str, routes: Router, openapi: OpenApi) -> Router {
+    finish(routes.merge(common_routes(title, openapi)))
+}
 
 /// Every problem `code` a service may answer with, and what it means; the
 /// docs page lists them, and each problem's `type` points at its entry.
