@@ -165,12 +165,8 @@ pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
     let openapi = openapi(&app.policy.environments);
-    platform::service::finish(
-        routes::router()
-            .merge(idempotency::routes::routes())
-            .with_state(app)
-            .merge(platform::service::common_routes("Retrysafe deployments", openapi)),
-    )
+    let routes = routes::router().merge(idempotency::routes::routes()).with_state(app);
+    platform::service::router("Retrysafe deployments", routes, openapi)
 }
 
 /// Connects, migrates, and serves on `config.listen` until `shutdown`
@@ -183,9 +179,7 @@ pub async fn serve(
     listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    platform::prepare_sqlite_dir(&config.database_url)?;
-    let db = Db::connect(&config.database_url, config.max_connections).await?;
-    migrate(&db).await?;
+    let db = platform::service::connect(&config.database_url, config.max_connections, migrate).await?;
     if !config.sandbox && settings.controller.api_key == controller::SANDBOX_CONTROLLER_KEY {
         tracing::warn!(
             "DEPLOYMENTS_CONTROLLER_KEY is not set: using the sandbox's key, which only the simulated controller accepts"
@@ -198,16 +192,11 @@ pub async fn serve(
         .spawn_background()
         .with(app.outbox(settings.outbox.clone()).spawn())
         .with(app.controller.clone().spawn_watcher(db.clone(), settings.watch_every));
-    let listener = match listener {
-        Some(listener) => listener,
-        None => tokio::net::TcpListener::bind(config.listen).await?,
-    };
+    let listener = platform::service::bind(listener, config.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
         controller = %settings.controller.url, environments = ?settings.policy.environments,
         approval_environments = ?settings.policy.approval_environments,
         "deployments listening");
-    let served = platform::serve(listener, build_router(app), config.limits, shutdown).await;
-    background.stop().await;
-    db.close().await;
-    Ok(served?)
+    let router = build_router(app);
+    platform::service::run(listener, router, config.limits, shutdown, background.stop(), db).await
 }

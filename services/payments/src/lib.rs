@@ -123,12 +123,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
-    platform::service::finish(
-        routes::router()
-            .merge(idempotency::routes::routes())
-            .with_state(app)
-            .merge(platform::service::common_routes("Retrysafe payments", openapi())),
-    )
+    let routes = routes::router().merge(idempotency::routes::routes()).with_state(app);
+    platform::service::router("Retrysafe payments", routes, openapi())
 }
 
 /// Connects, migrates, and serves on `config.listen` until `shutdown`
@@ -141,9 +137,7 @@ pub async fn serve(
     listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    platform::prepare_sqlite_dir(&config.database_url)?;
-    let db = Db::connect(&config.database_url, config.max_connections).await?;
-    migrate(&db).await?;
+    let db = platform::service::connect(&config.database_url, config.max_connections, migrate).await?;
     if !config.sandbox && settings.provider.merchant_key == provider::SANDBOX_MERCHANT_KEY {
         tracing::warn!(
             "PAYMENTS_PROVIDER_KEY is not set: using the sandbox's merchant key, which only the simulated provider accepts"
@@ -154,14 +148,9 @@ pub async fn serve(
         .idempotency
         .spawn_background()
         .with(app.outbox(settings.provider.clone(), settings.outbox.clone()).spawn());
-    let listener = match listener {
-        Some(listener) => listener,
-        None => tokio::net::TcpListener::bind(config.listen).await?,
-    };
+    let listener = platform::service::bind(listener, config.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
         provider = %settings.provider.url, capture_thresholds = ?settings.policy.capture_thresholds, "payments listening");
-    let served = platform::serve(listener, build_router(app), config.limits, shutdown).await;
-    background.stop().await;
-    db.close().await;
-    Ok(served?)
+    let router = build_router(app);
+    platform::service::run(listener, router, config.limits, shutdown, background.stop(), db).await
 }

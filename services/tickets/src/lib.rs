@@ -76,12 +76,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
-    platform::service::finish(
-        routes::router()
-            .merge(idempotency::routes::routes())
-            .with_state(app)
-            .merge(platform::service::common_routes("Retrysafe tickets", openapi())),
-    )
+    let routes = routes::router().merge(idempotency::routes::routes()).with_state(app);
+    platform::service::router("Retrysafe tickets", routes, openapi())
 }
 
 /// Connects, migrates, and serves on `config.listen` until `shutdown`
@@ -94,21 +90,14 @@ pub async fn serve(
     listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    platform::prepare_sqlite_dir(&config.database_url)?;
-    let db = Db::connect(&config.database_url, config.max_connections).await?;
-    migrate(&db).await?;
+    let db = platform::service::connect(&config.database_url, config.max_connections, migrate).await?;
     let app = App::new(db.clone(), idempotency, config.sandbox).with_policy(policy);
     if !app.idempotency.config().enabled {
         tracing::warn!("RETRYSAFE_IDEMPOTENCY=off: no claims, no replays. For measuring the layer's cost only");
     }
     let background = app.idempotency.spawn_background();
-    let listener = match listener {
-        Some(listener) => listener,
-        None => tokio::net::TcpListener::bind(config.listen).await?,
-    };
+    let listener = platform::service::bind(listener, config.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, approval_from = ?policy.approval_from, "tickets listening");
-    let served = platform::serve(listener, build_router(app), config.limits, shutdown).await;
-    background.stop().await;
-    db.close().await;
-    Ok(served?)
+    let router = build_router(app);
+    platform::service::run(listener, router, config.limits, shutdown, background.stop(), db).await
 }
