@@ -10,7 +10,8 @@ use deploy_controller::{ControllerConfig as SimulatedConfig, Faults, Stats};
 use deployments::controller::{Controller, ControllerConfig, SANDBOX_CONTROLLER_KEY};
 use idempotency::outbox::{Outbox, OutboxConfig};
 use platform::Backend;
-pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestClient, TestDb, TestResponse};
+pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestResponse};
+use platform::testing::{TestClient, TestDb};
 use serde_json::{Value, json};
 
 /// How long each phase of a simulated rollout takes here.

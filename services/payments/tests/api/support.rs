@@ -18,7 +18,8 @@ use payments::{
     domain::PaymentsPolicy,
     provider::{Provider, ProviderConfig},
 };
-pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestClient, TestDb, TestResponse};
+pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestResponse};
+use platform::testing::{TestClient, TestDb};
 use platform::{Backend, on_pool};
 use serde_json::{Value, json};
 
