@@ -1,0 +1,213 @@
+//! Deciding an approval: only an approver of the account, never the
+//! requester, and only on the fingerprint they were shown; and how an
+//! operation ends when its approval is rejected or runs out.
+
+use axum::http::StatusCode;
+use platform::{ApiError, Principal, Role, Timestamp, Tx};
+
+use crate::{
+    Idempotency,
+    audit::{self, AuditEvent},
+    execute::problem_response,
+    operation::OperationState,
+    store::{self, Completion},
+};
+
+use super::{
+    ApprovalRecord, ApprovalState, ApprovalView, Decision, refusal,
+    store::{due, find, record_decision, record_expiry},
+};
+
+/// Who records an expiry in the journal: nobody decided.
+const EXPIRY_PRINCIPAL: &str = "retrysafe:expiry";
+
+impl Idempotency {
+    /// `POST /v1/approvals/{id}/decision`: an approver's decision, bound to
+    /// the fingerprint they saw. Repeating the decision already made by the
+    /// same approver answers it again (a lost response is retried safely);
+    /// any other decision on a decided approval is 409 `invalid_state`.
+    pub async fn decide_approval(
+        &self,
+        principal: &Principal,
+        approval_id: &str,
+        decision: Decision,
+        echoed_fingerprint: &str,
+    ) -> Result<ApprovalView, ApiError> {
+        may_decide(principal)?;
+        let not_found = || ApiError::not_found(format!("approval `{approval_id}`"));
+        let approval = find(&self.db, &principal.account_id, approval_id)
+            .await?
+            .ok_or_else(not_found)?;
+        if approval.requested_by == principal.principal_id {
+            return Err(ApiError::forbidden(
+                "the principal that requested an operation may not approve it; another approver must decide",
+            ));
+        }
+        if approval.state(Timestamp::now()) != ApprovalState::Pending {
+            return self.answer_decided(approval, principal, decision).await;
+        }
+        if echoed_fingerprint != approval.fingerprint.as_str() {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "approval_fingerprint_mismatch",
+                "Fingerprint mismatch",
+                "the fingerprint sent is not the operation's: the decision must be about the exact request waiting. Nothing was decided",
+            )
+            .with("approval_id", &approval.approval_id)
+            .with("fingerprint", approval.fingerprint.as_str()));
+        }
+
+        let mut tx = self.db.begin().await?;
+        // the time of the decision is taken once the write lock is held
+        let now = Timestamp::now();
+        if !record_decision(
+            &mut tx,
+            &approval,
+            decision.state(),
+            &principal.principal_id,
+            echoed_fingerprint,
+            now,
+        )
+        .await?
+        {
+            // decided (by this very decision sent twice at once, too) or expired between the read and the write
+            let _ = tx.rollback().await;
+            let current = find(&self.db, &principal.account_id, approval_id)
+                .await?
+                .ok_or_else(not_found)?;
+            return self.answer_decided(current, principal, decision).await;
+        }
+        let event = match decision {
+            Decision::Approve => AuditEvent::Approved,
+            Decision::Reject => AuditEvent::Rejected,
+        };
+        if decision == Decision::Reject {
+            // the operation ends here: its answer from now on is the refusal
+            self.settle(&mut tx, &approval, ApprovalState::Rejected, now).await?;
+        }
+        audit::record(&mut tx, &[approval.audit(event, &principal.principal_id, now)]).await?;
+        tx.commit().await?;
+        let decided = find(&self.db, &principal.account_id, approval_id)
+            .await?
+            .ok_or_else(not_found)?;
+        Ok(ApprovalView::of(decided, Timestamp::now()))
+    }
+
+    /// The answer to a decision on an approval that is no longer pending. The
+    /// same approver repeating the decision made gets it again, however the
+    /// repeats interleave (a lost response retried, a request sent twice at
+    /// once); any other decision is 409 `invalid_state`, and one on an
+    /// approval past its expiry is the `approval_expired` refusal.
+    async fn answer_decided(
+        &self,
+        approval: ApprovalRecord,
+        principal: &Principal,
+        decision: Decision,
+    ) -> Result<ApprovalView, ApiError> {
+        let now = Timestamp::now();
+        match approval.state(now) {
+            ApprovalState::Expired => {
+                self.expire(&approval).await?;
+                Err(refusal(
+                    ApprovalState::Expired,
+                    &approval.operation_id,
+                    &approval.approval_id,
+                ))
+            }
+            decided
+                if decided == decision.state() && approval.decided_by.as_deref() == Some(&principal.principal_id) =>
+            {
+                Ok(ApprovalView::of(approval, now))
+            }
+            state => Err(ApiError::invalid_state(format!(
+                "this approval is {}; a decision is made once",
+                state.as_str()
+            ))
+            .with("approval_id", &approval.approval_id)
+            .with("state", state)),
+        }
+    }
+
+    /// Ends an operation whose approval ran out: a pending approval is
+    /// marked expired; the operation, if it still waits (an approved one no
+    /// retry ran in time, too), becomes `rejected` with the `approval_expired`
+    /// answer. Nothing if it was decided, or started, meanwhile.
+    pub(crate) async fn expire(&self, approval: &ApprovalRecord) -> Result<(), sqlx::Error> {
+        let mut tx = self.db.begin().await?;
+        let now = Timestamp::now();
+        if approval.expires_at > now {
+            return tx.rollback().await;
+        }
+        let pending = approval.decision.is_none();
+        if pending && !record_expiry(&mut tx, approval, now).await? {
+            // decided between the read and now: the decision stands
+            return tx.rollback().await;
+        }
+        // compare-and-set on `awaiting_approval`: an approved operation a retry just started is left to run
+        let settled = self.settle(&mut tx, approval, ApprovalState::Expired, now).await?;
+        if !pending && !settled {
+            return tx.rollback().await;
+        }
+        audit::record(&mut tx, &[approval.audit(AuditEvent::Expired, EXPIRY_PRINCIPAL, now)]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Expires every pending approval past its time (run by the reaper).
+    pub async fn expire_due_approvals(&self) -> Result<usize, sqlx::Error> {
+        let due = due(&self.db, Timestamp::now(), 500).await?;
+        for approval in &due {
+            self.expire(approval).await?;
+        }
+        Ok(due.len())
+    }
+
+    /// Ends an operation waiting for its approval with the refusal as its
+    /// answer. `false`: it was not waiting any more.
+    async fn settle(
+        &self,
+        tx: &mut Tx,
+        approval: &ApprovalRecord,
+        state: ApprovalState,
+        now: Timestamp,
+    ) -> Result<bool, sqlx::Error> {
+        let response = problem_response(&refusal(state, &approval.operation_id, &approval.approval_id));
+        let completion = Completion {
+            state: OperationState::Rejected,
+            response: &response,
+            resource: None,
+            external_ref: None,
+            now,
+        };
+        store::settle_awaiting(tx, &approval.account_id, &approval.operation_id, &completion).await
+    }
+}
+
+impl ApprovalRecord {
+    fn audit(&self, event: AuditEvent, principal_id: &str, at: Timestamp) -> audit::Record {
+        audit::Record {
+            account_id: self.account_id.clone(),
+            principal_id: principal_id.to_owned(),
+            operation_id: Some(self.operation_id.clone()),
+            idempotency_key: Some(self.idempotency_key.clone()),
+            fingerprint: Some(self.fingerprint.as_str().to_owned()),
+            route: Some(self.route.clone()),
+            event,
+            external_ref: None,
+            at,
+            change: None,
+        }
+    }
+}
+
+/// Only an approver decides (docs/contract.md §6): anyone else is refused
+/// before anything is looked up or claimed.
+pub fn may_decide(principal: &Principal) -> Result<(), ApiError> {
+    if principal.role == Role::Approver {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(
+            "only a principal with the role `approver` may decide on an approval",
+        ))
+    }
+}

@@ -1,0 +1,264 @@
+//! The approvals table, on both backends: insert, find, list and count,
+//! the decision and the expiry as compare-and-set writes, and the check the
+//! running attempt makes inside its effect's transaction (docs/contract.md §6).
+
+use platform::{Db, Timestamp, Tx, on_pool, on_tx};
+use sqlx::Row;
+
+use crate::fingerprint::Fingerprint;
+
+use super::{ApprovalRecord, ApprovalState};
+
+/// Whether an approval still allows its operation to run, checked by the
+/// attempt that runs it inside the effect's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutionCheck {
+    Allowed,
+    /// Not approved: rejected, still pending, or for another operation or fingerprint.
+    Refused,
+    Expired,
+}
+
+const COLUMNS: &str = "seq, approval_id, account_id, operation_id, idempotency_key, route, fingerprint, summary, \
+     requested_by, created_at, expires_at, decision, decided_by, decided_at";
+
+pub(crate) async fn insert(tx: &mut Tx, approval: &ApprovalRecord) -> Result<(), sqlx::Error> {
+    let summary = serde_json::to_string(&approval.summary).map_err(|e| sqlx::Error::Encode(e.into()))?;
+    on_tx!(tx, |conn| {
+        sqlx::query(
+            "INSERT INTO idempotency_approvals (approval_id, account_id, operation_id, idempotency_key, route, \
+             fingerprint, summary, requested_by, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&approval.approval_id)
+        .bind(&approval.account_id)
+        .bind(&approval.operation_id)
+        .bind(&approval.idempotency_key)
+        .bind(&approval.route)
+        .bind(approval.fingerprint.as_str())
+        .bind(&summary)
+        .bind(&approval.requested_by)
+        .bind(approval.created_at)
+        .bind(approval.expires_at)
+        .execute(conn)
+        .await?;
+    });
+    Ok(())
+}
+
+/// One of the account's approvals; another account's is `None`.
+pub async fn find(db: &Db, account_id: &str, approval_id: &str) -> Result<Option<ApprovalRecord>, sqlx::Error> {
+    let sql = format!("SELECT {COLUMNS} FROM idempotency_approvals WHERE account_id = $1 AND approval_id = $2");
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(approval_id)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+/// The SQL condition for approvals in `state` as of the time bound to `$now`.
+fn in_state(state: Option<ApprovalState>, now: &str) -> String {
+    match state {
+        None => "TRUE".to_owned(),
+        Some(ApprovalState::Pending) => format!("decision IS NULL AND expires_at > {now}"),
+        Some(ApprovalState::Expired) => {
+            format!("(decision = 'expired' OR (decision IS NULL AND expires_at <= {now}))")
+        }
+        Some(ApprovalState::Approved) => "decision = 'approved'".to_owned(),
+        Some(ApprovalState::Rejected) => "decision = 'rejected'".to_owned(),
+    }
+}
+
+/// The account's approvals after `after_seq` in creation order, in `state` if given (as of `now`).
+pub async fn list(
+    db: &Db,
+    account_id: &str,
+    state: Option<ApprovalState>,
+    now: Timestamp,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
+    let condition = in_state(state, "$4");
+    // `$4 IS NOT NULL` keeps the parameter bound in every variant
+    let sql = format!(
+        "SELECT {COLUMNS} FROM idempotency_approvals \
+         WHERE account_id = $1 AND seq > $2 AND {condition} AND $4 IS NOT NULL ORDER BY seq LIMIT $3"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(after_seq)
+            .bind(limit)
+            .bind(now)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(decode)
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+/// How many of the account's approvals are in `state` (all of them if `None`) as of `now`.
+pub async fn count(
+    db: &Db,
+    account_id: &str,
+    state: Option<ApprovalState>,
+    now: Timestamp,
+) -> Result<i64, sqlx::Error> {
+    let condition = in_state(state, "$2");
+    let sql =
+        format!("SELECT COUNT(*) FROM idempotency_approvals WHERE account_id = $1 AND {condition} AND $2 IS NOT NULL");
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(now)
+            .fetch_one(pool)
+            .await?
+    }))
+}
+
+/// Approvals past their expiry whose operation still waits, of every
+/// account: pending ones nobody decided, and approved ones no retry ran in
+/// time. The reaper's work.
+pub(super) async fn due(db: &Db, now: Timestamp, limit: i64) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
+    let columns = COLUMNS.replace(", ", ", a.");
+    let sql = format!(
+        "SELECT a.{columns} FROM idempotency_approvals a \
+         JOIN idempotency_operations o ON o.operation_id = a.operation_id \
+         WHERE o.state = 'awaiting_approval' AND a.expires_at <= $1 \
+           AND (a.decision IS NULL OR a.decision = 'approved') \
+         ORDER BY a.seq LIMIT $2"
+    );
+    Ok(on_pool!(db.read(), |pool| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(now)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(decode)
+            .collect::<Result<Vec<_>, _>>()?
+    }))
+}
+
+/// Records a decision: compare-and-set on a pending, unexpired approval
+/// whose fingerprint is the one the approver saw and whose requester is not
+/// the approver. `false`: one of those did not hold, and nothing changed.
+pub(super) async fn record_decision(
+    tx: &mut Tx,
+    approval: &ApprovalRecord,
+    decision: ApprovalState,
+    decided_by: &str,
+    echoed: &str,
+    now: Timestamp,
+) -> Result<bool, sqlx::Error> {
+    let changed = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_approvals SET decision = $3, decided_by = $4, decided_at = $5 \
+             WHERE account_id = $1 AND approval_id = $2 AND decision IS NULL AND expires_at > $5 \
+               AND fingerprint = $6 AND requested_by <> $4",
+        )
+        .bind(&approval.account_id)
+        .bind(&approval.approval_id)
+        .bind(decision.as_str())
+        .bind(decided_by)
+        .bind(now)
+        .bind(echoed)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(changed == 1)
+}
+
+/// Marks a pending approval past its expiry as expired. `false`: it was
+/// decided (or expired) meanwhile.
+pub(super) async fn record_expiry(tx: &mut Tx, approval: &ApprovalRecord, now: Timestamp) -> Result<bool, sqlx::Error> {
+    let changed = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_approvals SET decision = 'expired', decided_at = $2 \
+             WHERE approval_id = $1 AND decision IS NULL AND expires_at <= $2",
+        )
+        .bind(&approval.approval_id)
+        .bind(now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(changed == 1)
+}
+
+/// The execution-time check (docs/contract.md §6), inside the effect's
+/// transaction. A decision never changes once made, so what this reads holds to
+/// the commit.
+pub(crate) async fn check_for_execution(
+    tx: &mut Tx,
+    approval_id: &str,
+    operation_id: &str,
+    fingerprint: &Fingerprint,
+    now: Timestamp,
+) -> Result<ExecutionCheck, sqlx::Error> {
+    let row: Option<(String, String, Option<String>, Timestamp)> = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "SELECT operation_id, fingerprint, decision, expires_at FROM idempotency_approvals WHERE approval_id = $1",
+        )
+        .bind(approval_id)
+        .fetch_optional(conn)
+        .await?
+    });
+    Ok(match row {
+        Some((op, fp, Some(decision), expires_at))
+            if op == operation_id && fp == fingerprint.as_str() && decision == "approved" =>
+        {
+            if expires_at > now {
+                ExecutionCheck::Allowed
+            } else {
+                ExecutionCheck::Expired
+            }
+        }
+        Some((_, _, None, expires_at)) if expires_at <= now => ExecutionCheck::Expired,
+        Some((_, _, Some(decision), _)) if decision == "expired" => ExecutionCheck::Expired,
+        _ => ExecutionCheck::Refused,
+    })
+}
+
+fn decode<R>(row: &R) -> Result<ApprovalRecord, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<Timestamp>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_approvals: {what}").into());
+    let summary: String = row.try_get("summary")?;
+    let decision = match row.try_get::<Option<String>, _>("decision")?.as_deref() {
+        None => None,
+        Some("approved") => Some(ApprovalState::Approved),
+        Some("rejected") => Some(ApprovalState::Rejected),
+        Some("expired") => Some(ApprovalState::Expired),
+        Some(_) => return Err(corrupt("unknown decision")),
+    };
+    Ok(ApprovalRecord {
+        seq: row.try_get("seq")?,
+        approval_id: row.try_get("approval_id")?,
+        account_id: row.try_get("account_id")?,
+        operation_id: row.try_get("operation_id")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        route: row.try_get("route")?,
+        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
+        summary: serde_json::from_str(&summary).map_err(|_| corrupt("summary is not JSON"))?,
+        requested_by: row.try_get("requested_by")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        decision,
+        decided_by: row.try_get("decided_by")?,
+        decided_at: row.try_get("decided_at")?,
+    })
+}
