@@ -1,0 +1,224 @@
+//! Claiming a key: one insert under the primary key (docs/contract.md §3),
+//! so of two attempts with the same key exactly one writes; the other learns
+//! the key is taken and has done nothing.
+
+use platform::{Timestamp, Tx, on_tx};
+
+use crate::{
+    audit::{self, AuditEvent, Record},
+    fingerprint::Fingerprint,
+    key::IdempotencyKey,
+    operation::{OperationRecord, StoredResponse},
+};
+
+use super::{Completion, read::decode};
+
+/// What a first attempt writes when it claims a key.
+#[derive(Debug)]
+pub struct NewOperation<'a> {
+    pub account_id: &'a str,
+    pub key: &'a IdempotencyKey,
+    pub operation_id: String,
+    pub principal_id: &'a str,
+    pub method: &'a str,
+    pub route: &'a str,
+    pub fingerprint: &'a Fingerprint,
+    pub lease_token: String,
+    pub locked_until: Timestamp,
+    pub now: Timestamp,
+}
+
+/// Claims the key: one insert under the primary key. `None` means the key
+/// already names an operation; nothing was written.
+pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "INSERT INTO idempotency_operations \
+         (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
+          lease_token, locked_until, attempts, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_progress', $8, $9, 1, $10, $10) \
+         ON CONFLICT (account_id, idempotency_key) DO NOTHING \
+         RETURNING ",
+        columns!()
+    );
+    let row = on_tx!(tx, |conn| {
+        sqlx::query(SQL)
+            .bind(new.account_id)
+            .bind(new.key.as_str())
+            .bind(&new.operation_id)
+            .bind(new.principal_id)
+            .bind(new.method)
+            .bind(new.route)
+            .bind(new.fingerprint.as_str())
+            .bind(&new.lease_token)
+            .bind(new.locked_until)
+            .bind(new.now)
+            .fetch_optional(conn)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    });
+    Ok(row)
+}
+
+/// PostgreSQL's claim of [`claim_finished`], binding $1–$17 as [`bind_claim_finished!`]
+/// does (its journal records follow, in the inbox).
+const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
+     (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
+      response_status, response_content_type, response_location, response_body, \
+      resource_type, resource_id, resource_url, external_ref, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17) \
+     ON CONFLICT (account_id, idempotency_key) DO NOTHING";
+
+/// SQLite's claim of [`claim_finished`]: the same, and what its journal
+/// entries say that the row does not ($18: when the attempt started; the
+/// state it was claimed in, $8, which stays while `state` moves on).
+const CLAIM_FINISHED_SQLITE: &str = "INSERT INTO idempotency_operations \
+     (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
+      response_status, response_content_type, response_location, response_body, \
+      resource_type, resource_id, resource_url, external_ref, created_at, updated_at, attempted_at, claimed_state) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17, $18, $8) \
+     ON CONFLICT (account_id, idempotency_key) DO NOTHING";
+
+macro_rules! bind_claim_finished {
+    ($query:expr, $new:expr, $c:expr) => {
+        $query
+            .bind($new.account_id)
+            .bind($new.key.as_str())
+            .bind(&$new.operation_id)
+            .bind($new.principal_id)
+            .bind($new.method)
+            .bind($new.route)
+            .bind($new.fingerprint.as_str())
+            .bind($c.state.as_str())
+            .bind(i32::from($c.response.status.as_u16()))
+            .bind(&$c.response.content_type)
+            .bind($c.response.location.as_deref())
+            .bind(&$c.response.body)
+            .bind($c.resource.map(|r| r.kind.as_str()))
+            .bind($c.resource.map(|r| r.id.as_str()))
+            .bind($c.resource.map(|r| r.url.as_str()))
+            .bind($c.external_ref)
+            .bind($c.now)
+    };
+}
+
+/// Claims the key with the operation already finished, inside the
+/// transaction of its effect ([`ClaimMode::InTransaction`](crate::ClaimMode)),
+/// and journals the claim ([`audit::finished_claim`]: the attempt that
+/// started at `attempted_at`, the claim, its outcome) with it: one insert
+/// under the primary key carries the claim and the answer. `false`: another
+/// attempt holds the key (PostgreSQL waited for it to commit), nothing was
+/// written, and the caller must roll its effect back. The lease fields of
+/// `new` are not used: a claim that finishes in its own transaction is never
+/// seen running.
+///
+/// The claim and its journal records travel in *one* round trip, because
+/// every round trip inside a write transaction is time the transaction holds
+/// its locks (on SQLite, the one writer):
+/// - PostgreSQL: a writable CTE puts the records in the inbox (see
+///   [`audit::record`]) if the claim inserted its row;
+/// - SQLite: the row itself keeps what they say, and the chain round makes
+///   them from it (see [`audit::finished_claim`] for why).
+pub async fn claim_finished(
+    tx: &mut Tx,
+    new: &NewOperation<'_>,
+    completion: &Completion<'_>,
+    attempted_at: Timestamp,
+) -> Result<bool, sqlx::Error> {
+    let written = match tx {
+        Tx::Postgres(pg) => {
+            let journaled = audit::finished_claim(
+                |event, at| new.audit(event, at),
+                attempted_at,
+                completion.now,
+                completion.state,
+            );
+            let (inbox, values) = (
+                audit::INBOX_INSERT,
+                audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS),
+            );
+            let sql = format!(
+                "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) \
+                 {inbox} SELECT * FROM (VALUES {values}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)"
+            );
+            let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
+            audit::bind_records!(query, &journaled)
+                .execute(&mut **pg)
+                .await?
+                .rows_affected()
+        }
+        Tx::Sqlite(lite) => bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQLITE), new, completion)
+            .bind(attempted_at)
+            .execute(&mut **lite)
+            .await?
+            .rows_affected(),
+    };
+    Ok(written > 0)
+}
+
+/// Claims the key for an operation that waits for a human: stored as
+/// `awaiting_approval` with its 202 answer (the approval request) and the
+/// approval's id. `false`: the key is taken, nothing was written.
+pub async fn claim_awaiting_approval(
+    tx: &mut Tx,
+    new: &NewOperation<'_>,
+    answer: &StoredResponse,
+    approval_id: &str,
+) -> Result<bool, sqlx::Error> {
+    let inserted = on_tx!(tx, |conn| {
+        sqlx::query(
+            "INSERT INTO idempotency_operations \
+             (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
+              response_status, response_content_type, response_location, response_body, approval_id, \
+              created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'awaiting_approval', 1, $8, $9, $10, $11, $12, $13, $13) \
+             ON CONFLICT (account_id, idempotency_key) DO NOTHING",
+        )
+        .bind(new.account_id)
+        .bind(new.key.as_str())
+        .bind(&new.operation_id)
+        .bind(new.principal_id)
+        .bind(new.method)
+        .bind(new.route)
+        .bind(new.fingerprint.as_str())
+        .bind(i32::from(answer.status.as_u16()))
+        .bind(&answer.content_type)
+        .bind(answer.location.as_deref())
+        .bind(&answer.body)
+        .bind(approval_id)
+        .bind(new.now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(inserted == 1)
+}
+
+impl NewOperation<'_> {
+    /// Who an outbox event of this operation belongs to.
+    pub(crate) fn event_of(&self) -> crate::outbox::EventOf<'_> {
+        crate::outbox::EventOf {
+            account_id: self.account_id,
+            operation_id: &self.operation_id,
+            idempotency_key: self.key.as_str(),
+            fingerprint: self.fingerprint.as_str(),
+            route: self.route,
+        }
+    }
+
+    /// An audit record of this operation, by the principal claiming it.
+    pub fn audit(&self, event: AuditEvent, at: Timestamp) -> Record {
+        Record {
+            account_id: self.account_id.to_owned(),
+            principal_id: self.principal_id.to_owned(),
+            operation_id: Some(self.operation_id.clone()),
+            idempotency_key: Some(self.key.as_str().to_owned()),
+            fingerprint: Some(self.fingerprint.as_str().to_owned()),
+            route: Some(self.route.to_owned()),
+            event,
+            external_ref: None,
+            at,
+            change: None,
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The writes on a claimed operation, each a compare-and-set on its lease or
+//! its state so that of two racing attempts exactly one wins: take over a
+//! lapsed lease, start an approved operation, complete it with its answer,
+//! settle one that waited (an outbox delivery, an approval), release it.
+
+use platform::{Timestamp, Tx, on_tx};
+
+use crate::{
+    key::IdempotencyKey,
+    operation::{OperationRecord, OperationState, ResourceRef, StoredResponse},
+};
+
+use super::read::decode;
+
+/// Takes over an operation whose lease has run out: compare-and-set on the
+/// old lease token and its expiry, so of two racing takers exactly one wins.
+pub async fn take_over(
+    tx: &mut Tx,
+    operation: &OperationRecord,
+    new_token: &str,
+    locked_until: Timestamp,
+    now: Timestamp,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "UPDATE idempotency_operations SET lease_token = $3, locked_until = $4, updated_at = $5 \
+         WHERE account_id = $1 AND idempotency_key = $2 AND state = 'in_progress' \
+           AND lease_token = $6 AND locked_until <= $5 \
+         RETURNING ",
+        columns!()
+    );
+    Ok(on_tx!(tx, |conn| {
+        sqlx::query(SQL)
+            .bind(&operation.account_id)
+            .bind(operation.key.as_str())
+            .bind(new_token)
+            .bind(locked_until)
+            .bind(now)
+            .bind(operation.lease_token.as_deref().unwrap_or(""))
+            .fetch_optional(conn)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+/// Starts an approved operation: `awaiting_approval` → `in_progress` under a
+/// new lease, compare-and-set on the state, so of two racing retries exactly
+/// one runs it.
+pub async fn start_approved(
+    tx: &mut Tx,
+    operation: &OperationRecord,
+    token: &str,
+    locked_until: Timestamp,
+    now: Timestamp,
+) -> Result<Option<OperationRecord>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "UPDATE idempotency_operations SET state = 'in_progress', lease_token = $3, locked_until = $4, updated_at = $5 \
+         WHERE account_id = $1 AND idempotency_key = $2 AND state = 'awaiting_approval' \
+         RETURNING ",
+        columns!()
+    );
+    Ok(on_tx!(tx, |conn| {
+        sqlx::query(SQL)
+            .bind(&operation.account_id)
+            .bind(operation.key.as_str())
+            .bind(token)
+            .bind(locked_until)
+            .bind(now)
+            .fetch_optional(conn)
+            .await?
+            .map(|row| decode(&row))
+            .transpose()?
+    }))
+}
+
+/// How an operation ends: its final state, its first answer, what it made.
+#[derive(Debug)]
+pub struct Completion<'a> {
+    pub state: OperationState,
+    pub response: &'a StoredResponse,
+    pub resource: Option<&'a ResourceRef>,
+    pub external_ref: Option<&'a str>,
+    pub now: Timestamp,
+}
+
+impl<'a> Completion<'a> {
+    /// A final business failure: its problem answer, nothing made.
+    pub fn failed(response: &'a StoredResponse) -> Self {
+        Completion {
+            state: OperationState::Failed,
+            response,
+            resource: None,
+            external_ref: None,
+            now: Timestamp::now(),
+        }
+    }
+}
+
+const COMPLETE_SQL: &str = "UPDATE idempotency_operations SET state = $4, lease_token = NULL, locked_until = NULL, \
+     response_status = $5, response_content_type = $6, response_location = $7, response_body = $8, \
+     resource_type = $9, resource_id = $10, resource_url = $11, external_ref = $12, updated_at = $13 \
+     WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'";
+
+macro_rules! bind_completion {
+    ($query:expr, $account:expr, $key:expr, $token:expr, $c:expr) => {
+        $query
+            .bind($account)
+            .bind($key.as_str())
+            .bind($token)
+            .bind($c.state.as_str())
+            .bind(i32::from($c.response.status.as_u16()))
+            .bind(&$c.response.content_type)
+            .bind($c.response.location.as_deref())
+            .bind(&$c.response.body)
+            .bind($c.resource.map(|r| r.kind.as_str()))
+            .bind($c.resource.map(|r| r.id.as_str()))
+            .bind($c.resource.map(|r| r.url.as_str()))
+            .bind($c.external_ref)
+            .bind($c.now)
+    };
+}
+
+/// Finishes the operation inside the transaction of its effect, if this
+/// attempt still holds the lease. `false`: the lease was lost, and the caller
+/// must roll the effect back.
+pub async fn complete(
+    tx: &mut Tx,
+    account_id: &str,
+    key: &IdempotencyKey,
+    lease_token: &str,
+    completion: &Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = on_tx!(tx, |conn| {
+        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
+            .execute(conn)
+            .await?
+            .rows_affected()
+    });
+    Ok(done == 1)
+}
+
+/// Moves an operation whose work went to the outbox — it answered, and
+/// holds no lease — to how that work ended: `completed` with the external
+/// system's reference, `failed`, or `unknown`. The stored answer stays the
+/// first one given. `false`: the operation is not waiting for a delivery.
+pub async fn settle_external(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    state: OperationState,
+    external_ref: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, sqlx::Error> {
+    let done = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET state = $3, external_ref = COALESCE($4, external_ref), updated_at = $5 \
+             WHERE account_id = $1 AND operation_id = $2 AND lease_token IS NULL \
+               AND response_status IS NOT NULL AND state IN ('in_progress', 'unknown')",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(state.as_str())
+        .bind(external_ref)
+        .bind(now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(done == 1)
+}
+
+/// Ends an operation that waits for its approval (a rejection, an expiry).
+/// `false`: it was not waiting any more.
+pub async fn settle_awaiting(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    completion: &Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET state = $3, response_status = $4, response_content_type = $5, \
+             response_location = $6, response_body = $7, updated_at = $8 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'awaiting_approval'",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(completion.state.as_str())
+        .bind(i32::from(completion.response.status.as_u16()))
+        .bind(&completion.response.content_type)
+        .bind(completion.response.location.as_deref())
+        .bind(&completion.response.body)
+        .bind(completion.now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(done == 1)
+}
+
+/// Gives an operation back after a server error: nothing happened. A plain
+/// operation is forgotten, so the next attempt claims afresh; one bound to an
+/// approval goes back to `awaiting_approval`, keeping its approval for the
+/// next retry. `false`: the lease was lost.
+pub async fn release(tx: &mut Tx, operation: &OperationRecord, lease_token: &str) -> Result<bool, sqlx::Error> {
+    let sql = if operation.approval_id.is_some() {
+        "UPDATE idempotency_operations SET state = 'awaiting_approval', lease_token = NULL, locked_until = NULL \
+         WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'"
+    } else {
+        "DELETE FROM idempotency_operations \
+         WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'"
+    };
+    let freed = on_tx!(tx, |conn| {
+        sqlx::query(sql)
+            .bind(&operation.account_id)
+            .bind(operation.key.as_str())
+            .bind(lease_token)
+            .execute(conn)
+            .await?
+            .rows_affected()
+    });
+    Ok(freed == 1)
+}

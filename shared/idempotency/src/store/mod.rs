@@ -1,0 +1,28 @@
+//! The operations table, on both backends. Every statement here is the one
+//! place its rule is enforced: the claim by the primary key, the takeover and
+//! the completion by compare-and-set on the lease.
+//!
+//! Grouped by what the statements do: `claim`, the inserts that take a key
+//! (leased, finished in the effect's transaction, or awaiting approval);
+//! `complete`, the compare-and-set writes on a claimed operation (take over,
+//! start an approved one, complete, settle, release); `read`, the lookups by
+//! key or id and the attempt count they show; `reap`, retention.
+
+/// Every column, in the order `decode` reads them by name.
+macro_rules! columns {
+    () => {
+        "account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
+     lease_token, locked_until, attempts, response_status, response_content_type, response_location, response_body, \
+     resource_type, resource_id, resource_url, external_ref, approval_id, created_at, updated_at"
+    };
+}
+
+mod claim;
+mod complete;
+mod read;
+mod reap;
+
+pub use claim::{NewOperation, claim, claim_awaiting_approval, claim_finished};
+pub use complete::{Completion, complete, release, settle_awaiting, settle_external, start_approved, take_over};
+pub use read::{add_attempts, find_by_id, find_by_key};
+pub use reap::reap;
