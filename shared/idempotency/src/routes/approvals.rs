@@ -1,0 +1,193 @@
+//! Approvals and their decisions (docs/contract.md §6): the list and one
+//! approval, for approvers and admins, and the decision, which a key makes an
+//! operation like any other.
+
+use axum::{
+    Json,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use platform::{
+    ApiError, ApiJson, ApiPath, ApiQuery, Principal, Timestamp,
+    page::{Page, PageRequest},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Attempt, Effect, Idempotency, OptionalIdempotencyHeaders,
+    approval::{self, ApprovalState, ApprovalView, Decision},
+};
+
+use super::may_read_approvals;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalQuery {
+    /// `pending`, `approved`, `rejected` or `expired`; all when absent.
+    pub state: Option<ApprovalState>,
+    /// 1–200, default 50.
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+/// The account's approvals in creation order, and how many there are:
+/// `?state=pending` is what waits for a human.
+#[utoipa::path(
+    get,
+    path = "/v1/approvals",
+    tag = "approvals",
+    params(ApprovalQuery),
+    responses(
+        (status = 200, description = "`{data, next_cursor}` of approvals", body = ApprovalList),
+        (status = 403, description = "Not an approver or admin", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_approvals(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+    ApiQuery(query): ApiQuery<ApprovalQuery>,
+) -> Result<Json<ApprovalList>, ApiError> {
+    may_read_approvals(&principal)?;
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
+    let now = Timestamp::now();
+    let rows = approval::list(
+        &idempotency.db,
+        &principal.account_id,
+        query.state,
+        now,
+        page.after_seq,
+        page.fetch_limit(),
+    )
+    .await?;
+    let total = approval::count(&idempotency.db, &principal.account_id, query.state, now).await?;
+    let page = Page::from_rows(
+        rows.into_iter().map(|a| (a.seq, ApprovalView::of(a, now))).collect(),
+        page,
+    );
+    Ok(Json(ApprovalList {
+        data: page.data,
+        next_cursor: page.next_cursor,
+        total,
+    }))
+}
+
+/// `{data, next_cursor, total}` of approvals.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ApprovalList {
+    pub data: Vec<ApprovalView>,
+    pub next_cursor: Option<String>,
+    /// How many of the account's approvals are in the `state` asked for, on every page: what a human has to get through.
+    pub total: i64,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/approvals/{approval_id}",
+    tag = "approvals",
+    params(("approval_id" = String, Path)),
+    responses(
+        (status = 200, body = ApprovalView),
+        (status = 403, body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_approval(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+    ApiPath(approval_id): ApiPath<String>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    may_read_approvals(&principal)?;
+    approval::find(&idempotency.db, &principal.account_id, &approval_id)
+        .await?
+        .map(|a| Json(ApprovalView::of(a, Timestamp::now())))
+        .ok_or_else(|| ApiError::not_found(format!("approval `{approval_id}`")))
+}
+
+/// An approver's decision, bound to the fingerprint they were shown.
+#[derive(Debug, Deserialize, validator::Validate, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    pub decision: Decision,
+    /// The operation's fingerprint, as the approver saw it.
+    pub fingerprint: String,
+}
+
+/// The route of a decision, as the operation of a decision sent with a key names it.
+pub const DECISION_ROUTE: &str = "/v1/approvals/{approval_id}/decision";
+
+/// What a decision sent with a key is an operation of: this decision on this
+/// approval, about the fingerprint the approver saw.
+#[derive(Debug, Serialize)]
+struct DecideApproval<'a> {
+    approval_id: &'a str,
+    decision: Decision,
+    fingerprint: &'a str,
+}
+
+/// Approve or reject one waiting operation. Role `approver`, same account,
+/// never the principal that requested it; `fingerprint` must be the operation's.
+///
+/// Repeating it needs no key: the approver who decided gets the decision
+/// again, any other decision is 409 `invalid_state`. With a key it is an
+/// operation like any other: its answer is stored and replayed to a retry
+/// with that key, and the key sent with another decision is 422.
+#[utoipa::path(
+    post,
+    path = "/v1/approvals/{approval_id}/decision",
+    tag = "approvals",
+    params(
+        ("approval_id" = String, Path),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: honoured when sent"),
+    ),
+    request_body = DecisionBody,
+    responses(
+        (status = 200, description = "Decided. An approved operation runs on the agent's next retry with the same key", body = ApprovalView),
+        (status = 400, description = "`idempotency_key_invalid`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an approver, or the requester", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such approval in this account", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`approval_fingerprint_mismatch`, `approval_expired`, `invalid_state` (already decided otherwise), or `request_in_progress` (with a key)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`: the key was sent with another decision", body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn decide(
+    State(idempotency): State<Idempotency>,
+    principal: Principal,
+    OptionalIdempotencyHeaders(key): OptionalIdempotencyHeaders,
+    ApiPath(approval_id): ApiPath<String>,
+    ApiJson(body): ApiJson<DecisionBody>,
+) -> Response {
+    if let Err(refused) = approval::may_decide(&principal) {
+        return refused.into_response();
+    }
+    let decide = async || {
+        idempotency
+            .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)
+            .await
+    };
+    let Some(key) = key else {
+        return match decide().await {
+            Ok(view) => Json(view).into_response(),
+            Err(error) => error.into_response(),
+        };
+    };
+    let command = DecideApproval {
+        approval_id: &approval_id,
+        decision: body.decision,
+        fingerprint: &body.fingerprint,
+    };
+    // The decision makes its own writes once the key is claimed, as a call-out
+    // does: repeating it is safe (the same approver gets the same decision).
+    idempotency
+        .execute_calling_out(
+            Attempt::post(DECISION_ROUTE, &principal, key),
+            &command,
+            async |_| decide().await,
+            async |_, _, view: ApprovalView| Ok(Effect::json(StatusCode::OK, &view)),
+        )
+        .await
+}

@@ -1,0 +1,91 @@
+//! The routes every service mounts from this crate: the operation status
+//! resource (docs/contract.md §4) — the answer for an agent that timed out and
+//! does not know what happened —, approvals and their decisions (§6), and the
+//! audit journal (§8).
+//!
+//! Each resource has its file: `operations`, `approvals`, `audit`. This one
+//! holds what they share: the router a service merges, the rule of who may
+//! read approvals and the journal, and the OpenAPI document of them all.
+
+mod approvals;
+mod audit;
+mod operations;
+
+use axum::{
+    Router,
+    extract::FromRef,
+    routing::{get, post},
+};
+use platform::{ApiError, Authenticator, Principal, Role};
+
+use crate::{
+    Idempotency, OperationState, ResourceRef,
+    approval::{ApprovalRequested, ApprovalState, ApprovalSummary, ApprovalView, Decision},
+    audit::{AuditEntry, AuditEvent, Head},
+};
+
+pub use approvals::{ApprovalList, ApprovalQuery, DECISION_ROUTE, DecisionBody, decide, get_approval, list_approvals};
+pub use audit::{AuditList, AuditQuery, read_audit, read_audit_head};
+pub use operations::{
+    OperationApproval, OperationList, OperationQuery, OperationView, find_operation_by_key, get_operation,
+};
+
+/// `GET /v1/operations/{operation_id}` and `GET /v1/operations?idempotency_key=`.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Idempotency: FromRef<S>,
+    Authenticator: FromRef<S>,
+{
+    Router::new()
+        .route("/v1/operations", get(find_operation_by_key))
+        .route("/v1/operations/{operation_id}", get(get_operation))
+        .route("/v1/approvals", get(list_approvals))
+        .route("/v1/approvals/{approval_id}", get(get_approval))
+        .route(DECISION_ROUTE, post(decide))
+        .route("/v1/audit", get(read_audit))
+        .route("/v1/audit/head", get(read_audit_head))
+}
+
+/// Approvals are for the humans who decide (`approver`) and for `admin`;
+/// an agent learns its own operation's approval from the operation status.
+fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
+    match principal.role {
+        Role::Approver | Role::Admin => Ok(()),
+        Role::Agent => Err(ApiError::forbidden(
+            "approvals and the audit journal are for approvers and admins; an agent reads its operation's approval from its status_url",
+        )),
+    }
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    paths(
+        operations::get_operation,
+        operations::find_operation_by_key,
+        approvals::list_approvals,
+        approvals::get_approval,
+        approvals::decide,
+        audit::read_audit,
+        audit::read_audit_head
+    ),
+    components(schemas(
+        OperationView,
+        OperationList,
+        OperationState,
+        OperationApproval,
+        ResourceRef,
+        ApprovalView,
+        ApprovalList,
+        ApprovalState,
+        ApprovalSummary,
+        ApprovalRequested,
+        DecisionBody,
+        Decision,
+        AuditEntry,
+        AuditEvent,
+        AuditList,
+        Head
+    ))
+)]
+pub struct OperationsApi;
