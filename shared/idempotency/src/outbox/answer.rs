@@ -1,0 +1,69 @@
+//! What the external system said: to a delivery ([`Delivery`], and the one
+//! place an answer that is not 2xx is read, [`Delivery::from_refusal`]) and to
+//! a lookup ([`Lookup`]). See docs/design.md §5.
+
+/// What sending an event came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// The external system took it; `external_ref` is its id for what it made.
+    Accepted { external_ref: String },
+    /// The external system refused it, finally; nothing happened (a business
+    /// refusal: sending it again would be refused again).
+    Refused { reason: String },
+    /// Nothing happened, and it may work later: a connection that never
+    /// opened, a refusal at the door. Sent again later, with the same key.
+    NotAccepted { reason: String },
+    /// It was sent and no answer came back, or one that may mean it is still
+    /// in flight: it may or may not have happened.
+    AnswerLost { reason: String },
+}
+
+impl Delivery {
+    /// What an answer that is not 2xx means for the request, read from its
+    /// status and its problem body (RFC 9457, whose `code` it looks at); the
+    /// one place a client decides it. Only an answer that says "not done,
+    /// and never will be" is final: a 4xx business refusal, or a 409 whose
+    /// code is one of `final_conflicts` (the external system's business
+    /// refusals that come as 409, such as a refund past its charge).
+    ///
+    /// Whatever may mean the request is still in flight or was taken after
+    /// all leaves it unknown, for the reconciler to ask about before anything
+    /// is sent again: any other 409 (a request with the key is being
+    /// processed), a reused key (what holds it may be ours, sent before in
+    /// another shape: the lookup tells), 425, a 429 that says why, and every
+    /// 5xx — a 503 too, since a gateway says it when its upstream took the
+    /// request and then timed out.
+    ///
+    /// Only what cannot have reached the work is sent again as it is, with
+    /// the same key: a bare 429 (rate limited at the door), 408 (the request
+    /// never arrived whole), and a refusal of who we are (401, 403).
+    pub fn from_refusal(status: u16, body: &str, final_conflicts: &[&str]) -> Delivery {
+        let code = serde_json::from_str::<ProblemCode>(body).ok().and_then(|p| p.code);
+        let reason = format!("{status}: {}", body.chars().take(500).collect::<String>());
+        match (status, code.as_deref()) {
+            (401 | 403 | 408, _) => Delivery::NotAccepted { reason },
+            (429, _) if body.trim().is_empty() => Delivery::NotAccepted { reason },
+            (_, Some(KEY_REUSED)) => Delivery::AnswerLost { reason },
+            (409, Some(code)) if final_conflicts.contains(&code) => Delivery::Refused { reason },
+            (409 | 425 | 429 | 500..=599, _) => Delivery::AnswerLost { reason },
+            // a decline, an invalid request, an unknown charge: the same request would be refused again
+            _ => Delivery::Refused { reason },
+        }
+    }
+}
+
+/// The code with which an external system refuses a key it holds for another request.
+const KEY_REUSED: &str = "idempotency_key_reused";
+
+/// A problem body's `code`, when it has one.
+#[derive(serde::Deserialize)]
+struct ProblemCode {
+    code: Option<String>,
+}
+
+/// What the external system knows of an event, asked by its key or reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    Found { external_ref: String },
+    Absent,
+}

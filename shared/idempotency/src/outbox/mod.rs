@@ -1,0 +1,272 @@
+//! Work that leaves the process (docs/contract.md §5): a payment provider's
+//! charge, a deployment controller's rollout. A database transaction cannot
+//! take back a charge once it has left, so an effect never calls the external
+//! system itself. It hands the work to the outbox
+//! ([`Effect::with_outbox`](crate::Effect::with_outbox)): an **event** written in
+//! the same transaction as the business rows and the operation's first answer
+//! (a 202). The operation then stays `in_progress`, its answer replayed to every
+//! retry, until the outbox settles it.
+//!
+//! A **worker** ([`Outbox::deliver_due`]) sends each event through the service's
+//! [`Destination`] with an external idempotency key derived from the operation
+//! id ([`external_key`]) — the same on every delivery and after every restart —
+//! and settles the event, the operation and the service's business rows in one
+//! transaction with what the external system said:
+//!
+//! | the external system… | event | operation | journal |
+//! |---|---|---|---|
+//! | accepted it | `delivered` | `completed`, with its `external_ref` | `dispatched`, `accepted`, `completed` |
+//! | refused it, finally | `failed` | `failed` | `dispatched`, `failed` |
+//! | cannot have taken it (unreachable, 408, a bare 429, 401/403) | `pending` again, later, same key | unchanged | `dispatched` |
+//! | may have taken it or still be at it (answer lost, 409, 425, 429 with a reason, 5xx) | `unknown` | `unknown` | `dispatched`, `unknown` |
+//!
+//! The **reconciler** ([`Outbox::reconcile_due`]) takes every event whose fate
+//! nobody knows — an answer lost, or a worker that died holding the event — and
+//! *asks* the external system, by the key or by the service's own reference:
+//! found, it is settled as accepted and journaled `reconciled`; not there, it is
+//! sent again with the **same** key, which the external system's own
+//! idempotency makes safe. It never guesses, never sends a second, different
+//! request for the same operation, and never drops an event because a worker
+//! timed out.
+//!
+//! Events are held under a lease (a token and the time it ends) while a worker
+//! or the reconciler handles them, and every settlement is a compare-and-set on
+//! that token: two processes on one database never settle one event twice, and
+//! a holder that dies is replaced when its lease ends.
+
+mod answer;
+mod config;
+mod ending;
+mod reconciler;
+mod settle;
+mod store;
+mod worker;
+
+use std::{future::Future, sync::Arc};
+
+use platform::{Timestamp, Tx};
+use serde::Serialize;
+
+pub use answer::{Delivery, Lookup};
+pub use config::OutboxConfig;
+pub use ending::{finish, withdraw};
+pub(crate) use store::enqueue;
+pub use store::event_of;
+
+use crate::{
+    Idempotency,
+    audit::{AuditEvent, Record},
+};
+
+/// The principal the journal names for what the worker does.
+pub const WORKER: &str = "system:outbox-worker";
+/// The principal the journal names for what the reconciler does.
+pub const RECONCILER: &str = "system:reconciler";
+
+/// The external idempotency key of an operation's event: derived from the
+/// operation id, so every delivery of it — after any retry or restart — is
+/// the same request to the external system.
+pub fn external_key(operation_id: &str) -> String {
+    format!("retrysafe-{operation_id}")
+}
+
+/// What an effect hands to the outbox: the kind of work, in the service's
+/// words, and what the [`Destination`] needs to send it. A payload that would
+/// not serialise is kept as its error: the effect then fails with a server
+/// error and nothing commits, rather than an event that says nothing.
+#[derive(Debug, Clone)]
+pub(crate) struct Message {
+    pub kind: &'static str,
+    pub payload: Result<serde_json::Value, String>,
+}
+
+impl Message {
+    pub fn new(kind: &'static str, payload: &impl Serialize) -> Self {
+        Message {
+            kind,
+            payload: serde_json::to_value(payload).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Where an event is in its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventState {
+    /// To be sent (first, or again).
+    Pending,
+    /// A worker holds it and may have sent it.
+    Sending,
+    /// Sent, and the answer was lost: the reconciler asks.
+    Unknown,
+    Delivered,
+    Failed,
+}
+
+impl EventState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventState::Pending => "pending",
+            EventState::Sending => "sending",
+            EventState::Unknown => "unknown",
+            EventState::Delivered => "delivered",
+            EventState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => EventState::Pending,
+            "sending" => EventState::Sending,
+            "unknown" => EventState::Unknown,
+            "delivered" => EventState::Delivered,
+            "failed" => EventState::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// One event, as a worker or the reconciler holds it.
+#[derive(Debug, Clone)]
+pub struct OutboxEvent {
+    pub event_id: String,
+    pub account_id: String,
+    pub operation_id: String,
+    pub idempotency_key: String,
+    pub fingerprint: String,
+    pub route: String,
+    /// What to deliver, in the service's words (`capture`, `refund`, `rollout`…).
+    pub kind: String,
+    pub payload: serde_json::Value,
+    /// The external system's idempotency key: the same on every delivery.
+    pub external_key: String,
+    /// Where it was when it was taken: `Sending` means a worker died holding it.
+    pub state: EventState,
+    /// How many times it was handed to the external system, this time included.
+    pub deliveries: i32,
+    lease_token: String,
+}
+
+impl OutboxEvent {
+    /// A journal record of what happened to this event's operation.
+    fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
+        Record {
+            account_id: self.account_id.clone(),
+            principal_id: by.to_owned(),
+            operation_id: Some(self.operation_id.clone()),
+            idempotency_key: Some(self.idempotency_key.clone()),
+            fingerprint: Some(self.fingerprint.clone()),
+            route: Some(self.route.clone()),
+            event,
+            external_ref: external_ref.map(str::to_owned),
+            at,
+            change: None,
+        }
+    }
+}
+
+/// How an event ended, for the service's business rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement<'a> {
+    Accepted {
+        external_ref: &'a str,
+    },
+    Refused {
+        reason: &'a str,
+    },
+    /// Sent, and nobody knows yet whether it took effect.
+    Unknown,
+}
+
+/// The external system a service's events go to.
+pub trait Destination: Send + Sync + 'static {
+    /// Sends `event`, with `event.external_key` as the external system's
+    /// idempotency key. The outbox bounds it by its delivery timeout: a
+    /// delivery that runs out of time is [`Delivery::AnswerLost`].
+    fn deliver(&self, event: &OutboxEvent) -> impl Future<Output = Delivery> + Send;
+
+    /// Asks the external system what became of `event`, by its key or by the
+    /// service's own reference. `Err`: it could not be asked.
+    fn look_up(&self, event: &OutboxEvent) -> impl Future<Output = Result<Lookup, String>> + Send;
+
+    /// Whether the external system's acceptance ends the operation: `true`
+    /// for a charge (accepted is done), `false` for work that goes on there
+    /// (a rollout): the operation then stays `in_progress`, with the external
+    /// reference, until the service ends it with [`finish`].
+    fn completes_on_acceptance(&self, _event: &OutboxEvent) -> bool {
+        true
+    }
+
+    /// The service's business writes for how `event` ended (a capture
+    /// succeeded, a refund failed…), in the transaction that settles the event
+    /// and its operation.
+    fn settle(
+        &self,
+        tx: &mut Tx,
+        event: &OutboxEvent,
+        settlement: Settlement<'_>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// The identity of the operation an event belongs to, as the effect claimed it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventOf<'a> {
+    pub account_id: &'a str,
+    pub operation_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub fingerprint: &'a str,
+    pub route: &'a str,
+}
+
+/// The outbox of one service: its idempotency layer (database, journal), the
+/// external system its events go to, and the pace.
+#[derive(Debug)]
+pub struct Outbox<D> {
+    idempotency: Idempotency,
+    destination: Arc<D>,
+    config: OutboxConfig,
+}
+
+impl<D> Clone for Outbox<D> {
+    fn clone(&self) -> Self {
+        Outbox {
+            idempotency: self.idempotency.clone(),
+            destination: self.destination.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<D: Destination> Outbox<D> {
+    /// A lease no longer than the delivery timeout is made twice the timeout:
+    /// otherwise every slow delivery would be taken over while it runs.
+    pub fn new(idempotency: Idempotency, destination: D, mut config: OutboxConfig) -> Self {
+        if config.lease <= config.delivery_timeout {
+            tracing::warn!(lease = ?config.lease, timeout = ?config.delivery_timeout,
+                "the outbox lease must outlast a delivery; using twice the delivery timeout");
+            config.lease = config.delivery_timeout * 2;
+        }
+        Outbox {
+            idempotency,
+            destination: Arc::new(destination),
+            config,
+        }
+    }
+
+    pub fn destination(&self) -> &D {
+        &self.destination
+    }
+
+    /// Runs the worker and the reconciler until the returned task is aborted,
+    /// each in its own loop, so a slow delivery never holds up a lookup. The
+    /// worker starts at once when an effect in this process wrote an event;
+    /// otherwise both look every `poll`.
+    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            tokio::join!(self.run_worker(), self.run_reconciler());
+        })
+    }
+}
+
+fn new_lease_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}

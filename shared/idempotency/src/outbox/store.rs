@@ -1,0 +1,234 @@
+//! The outbox's SQL: one function per statement, each written once for both
+//! backends (docs/design.md §9). Every write to a held event is a
+//! compare-and-set on its lease token (docs/design.md §5).
+
+use platform::{Timestamp, Tx, on_tx};
+use sqlx::Row;
+
+use super::{EventOf, EventState, Message, OutboxEvent, external_key};
+
+/// Writes `message` as a pending event of its operation, inside the
+/// transaction of the effect that made it: the event exists if and only if
+/// the effect and the operation's answer do.
+pub(crate) async fn enqueue(
+    tx: &mut Tx,
+    of: EventOf<'_>,
+    message: &Message,
+    now: Timestamp,
+) -> Result<(), sqlx::Error> {
+    let payload = message.payload.as_ref().map_err(|e| {
+        sqlx::Error::Protocol(format!(
+            "the `{}` event's payload does not serialise: {e}",
+            message.kind
+        ))
+    })?;
+    on_tx!(tx, |conn| {
+        sqlx::query(
+            "INSERT INTO idempotency_outbox \
+             (event_id, account_id, operation_id, idempotency_key, fingerprint, route, kind, payload, external_key, \
+              state, next_attempt_at, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10, $10)",
+        )
+        .bind(format!("evt_{}", uuid::Uuid::now_v7().simple()))
+        .bind(of.account_id)
+        .bind(of.operation_id)
+        .bind(of.idempotency_key)
+        .bind(of.fingerprint)
+        .bind(of.route)
+        .bind(message.kind)
+        .bind(payload.to_string())
+        .bind(external_key(of.operation_id))
+        .bind(now)
+        .execute(conn)
+        .await?;
+    });
+    Ok(())
+}
+
+macro_rules! event_columns {
+    () => {
+        "event_id, account_id, operation_id, idempotency_key, fingerprint, route, kind, payload, external_key, \
+         state, deliveries, lease_token"
+    };
+}
+
+/// Takes due events in `states` under a new lease (until `until`): one
+/// statement, so two workers never take the same event (PostgreSQL skips rows
+/// another transaction holds; SQLite has one writer). `send`: they are being
+/// sent now — `sending`, and one more delivery counted.
+pub(super) async fn take_due(
+    tx: &mut Tx,
+    states: &[EventState],
+    send: bool,
+    token: &str,
+    until: Timestamp,
+    now: Timestamp,
+    batch: i64,
+) -> Result<Vec<OutboxEvent>, sqlx::Error> {
+    let states = states
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let set = if send {
+        "state = 'sending', deliveries = deliveries + 1,"
+    } else {
+        ""
+    };
+    let skip_locked = if matches!(tx, Tx::Postgres(_)) {
+        "FOR UPDATE SKIP LOCKED"
+    } else {
+        ""
+    };
+    // the condition twice: the inner one picks the events, the outer one is
+    // checked again on each row as it is written, so an event another worker
+    // took in between is left alone
+    let due = format!("state IN ({states}) AND next_attempt_at <= $3");
+    let sql = format!(
+        "UPDATE idempotency_outbox SET {set} lease_token = $1, next_attempt_at = $2, updated_at = $3 \
+         WHERE {due} AND seq IN (SELECT seq FROM idempotency_outbox WHERE {due} \
+                                 ORDER BY next_attempt_at LIMIT $4 {skip_locked}) \
+         RETURNING {}",
+        event_columns!()
+    );
+    let taken = on_tx!(tx, |conn| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(token)
+            .bind(until)
+            .bind(now)
+            .bind(batch)
+            .fetch_all(conn)
+            .await?
+            .iter()
+            .map(decode_event)
+            .collect::<Result<Vec<_>, _>>()?
+    });
+    Ok(taken)
+}
+
+/// Lets go of an event this holder took, in its new state: compare-and-set on
+/// the lease token. `false`: the lease ran out and another holder has it.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn release(
+    tx: &mut Tx,
+    event: &OutboxEvent,
+    state: EventState,
+    next_attempt_at: Timestamp,
+    external_ref: Option<&str>,
+    last_error: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, sqlx::Error> {
+    let released = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_outbox SET state = $3, lease_token = NULL, next_attempt_at = $4, \
+             external_ref = COALESCE($5, external_ref), last_error = $6, updated_at = $7 \
+             WHERE event_id = $1 AND lease_token = $2",
+        )
+        .bind(&event.event_id)
+        .bind(&event.lease_token)
+        .bind(state.as_str())
+        .bind(next_attempt_at)
+        .bind(external_ref)
+        .bind(last_error)
+        .bind(now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(released == 1)
+}
+
+/// The journal identity of an operation whose event is ended by the service:
+/// its idempotency key, fingerprint and route.
+pub(super) type Identity = (String, String, String);
+
+/// Fails an operation's event if it was never handed to the external system:
+/// a compare-and-set on `pending` with no delivery yet. `None`: a worker has
+/// it, or it was sent at least once.
+pub(super) async fn withdraw_unsent(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    reason: &str,
+    now: Timestamp,
+) -> Result<Option<Identity>, sqlx::Error> {
+    let withdrawn = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "UPDATE idempotency_outbox SET state = 'failed', last_error = $3, updated_at = $4 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'pending' AND deliveries = 0 \
+             RETURNING idempotency_key, fingerprint, route",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(reason)
+        .bind(now)
+        .fetch_optional(conn)
+        .await?
+    });
+    Ok(withdrawn)
+}
+
+/// An operation's event that was delivered while the operation is still in
+/// progress (work that goes on at the external system), with the external
+/// reference. `None`: there is no such event, or the operation has ended.
+pub(super) async fn delivered_in_progress(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+) -> Result<Option<(Identity, Option<String>)>, sqlx::Error> {
+    let found: Option<(String, String, String, Option<String>)> = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "SELECT o.idempotency_key, o.fingerprint, o.route, o.external_ref FROM idempotency_outbox o \
+             JOIN idempotency_operations op ON op.operation_id = o.operation_id \
+             WHERE o.account_id = $1 AND o.operation_id = $2 AND o.state = 'delivered' AND op.state = 'in_progress'",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .fetch_optional(conn)
+        .await?
+    });
+    Ok(found.map(|(key, fingerprint, route, external_ref)| ((key, fingerprint, route), external_ref)))
+}
+
+/// The state of an operation's event and how many times it was sent (for
+/// tests and tools).
+pub async fn event_of(
+    db: &platform::Db,
+    account_id: &str,
+    operation_id: &str,
+) -> Result<Option<(EventState, i32)>, sqlx::Error> {
+    let row: Option<(String, i32)> = platform::on_pool!(db.read(), |pool| {
+        sqlx::query_as("SELECT state, deliveries FROM idempotency_outbox WHERE account_id = $1 AND operation_id = $2")
+            .bind(account_id)
+            .bind(operation_id)
+            .fetch_optional(pool)
+            .await?
+    });
+    Ok(row.and_then(|(state, deliveries)| Some((EventState::parse(&state)?, deliveries))))
+}
+
+fn decode_event<R>(row: &R) -> Result<OutboxEvent, sqlx::Error>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_outbox: {what}").into());
+    let state: String = row.try_get("state")?;
+    let payload: String = row.try_get("payload")?;
+    Ok(OutboxEvent {
+        event_id: row.try_get("event_id")?,
+        account_id: row.try_get("account_id")?,
+        operation_id: row.try_get("operation_id")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        fingerprint: row.try_get("fingerprint")?,
+        route: row.try_get("route")?,
+        kind: row.try_get("kind")?,
+        payload: serde_json::from_str(&payload).map_err(|_| corrupt("payload is not JSON"))?,
+        external_key: row.try_get("external_key")?,
+        state: EventState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        deliveries: row.try_get("deliveries")?,
+        lease_token: row.try_get("lease_token")?,
+    })
+}

@@ -1,0 +1,103 @@
+//! The worker: takes due `pending` events, sends each through the service's
+//! [`Destination`] with its external key, and settles it with the answer
+//! (docs/contract.md §5, docs/design.md §5).
+
+use platform::Timestamp;
+
+use super::{
+    Delivery, Destination, EventState, Outbox, OutboxEvent, WORKER, new_lease_token,
+    settle::{Outcome, log_failure},
+    store,
+};
+use crate::{
+    audit::{self, AuditEvent, Record},
+    execute::fail_point,
+};
+
+impl<D: Destination> Outbox<D> {
+    /// The worker: sends every pending event that is due, concurrently, and
+    /// settles each with its answer. Returns how many it took.
+    pub async fn deliver_due(&self) -> Result<usize, sqlx::Error> {
+        let now = Timestamp::now();
+        let token = new_lease_token();
+        let mut tx = self.idempotency.db.begin().await?;
+        let events = store::take_due(
+            &mut tx,
+            &[EventState::Pending],
+            true,
+            &token,
+            now.plus(self.config.lease),
+            now,
+            self.config.batch,
+        )
+        .await?;
+        // journaled with the take, so a crash after it still shows the dispatch
+        let dispatched: Vec<Record> = events
+            .iter()
+            .map(|e| e.audit(AuditEvent::Dispatched, WORKER, None, now))
+            .collect();
+        audit::record(&mut tx, &dispatched).await?;
+        tx.commit().await?;
+        let taken = events.len();
+        futures::future::join_all(events.into_iter().map(|event| self.deliver(event))).await;
+        Ok(taken)
+    }
+
+    /// Delivers due events until the task is aborted; starts at once when an
+    /// effect in this process wrote an event, otherwise looks every `poll`.
+    pub(super) async fn run_worker(&self) {
+        let wake = self.idempotency.outbox_wake.clone();
+        loop {
+            let taken = self.deliver_due().await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "outbox: could not take events to deliver; trying again");
+                0
+            });
+            if taken == 0 {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep(self.config.poll) => {}
+                }
+            }
+        }
+    }
+
+    async fn deliver(&self, event: OutboxEvent) {
+        fail_point("outbox::before_delivery").await;
+        let delivery = tokio::time::timeout(self.config.delivery_timeout, self.destination.deliver(&event))
+            .await
+            .unwrap_or_else(|_| Delivery::AnswerLost {
+                reason: format!("no answer within {:?}", self.config.delivery_timeout),
+            });
+        fail_point("outbox::after_delivery").await;
+        let settled = match delivery {
+            Delivery::Accepted { external_ref } => {
+                self.settle(
+                    &event,
+                    Outcome::Accepted {
+                        external_ref,
+                        reconciled: false,
+                    },
+                )
+                .await
+            }
+            Delivery::Refused { reason } => self.settle(&event, Outcome::Refused { reason }).await,
+            Delivery::AnswerLost { reason } => {
+                self.settle(
+                    &event,
+                    Outcome::Unknown {
+                        reason,
+                        reconciled: false,
+                    },
+                )
+                .await
+            }
+            Delivery::NotAccepted { reason } => {
+                tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,
+                    "not accepted; it is sent again later with the same key");
+                let wait = self.config.backoff_after(event.deliveries);
+                self.reschedule(&event, EventState::Pending, wait, &reason).await
+            }
+        };
+        log_failure(&event, settled);
+    }
+}
