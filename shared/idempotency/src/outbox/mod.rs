@@ -1,42 +1,72 @@
-//! Work that leaves the process (docs/contract.md §5): a payment provider's
-//! charge, a deployment controller's rollout. A database transaction cannot
-//! take back a charge once it has left, so an effect never calls the external
-//! system itself. It hands the work to the outbox
-//! ([`Effect::with_outbox`](crate::Effect::with_outbox)): an **event** written in
-//! the same transaction as the business rows and the operation's first answer
-//! (a 202). The operation then stays `in_progress`, its answer replayed to every
-//! retry, until the outbox settles it.
+//! Work that leaves the process (docs/contract.md §5, docs/design.md §5 and
+//! §6): a payment provider's charge, a deployment controller's rollout. A
+//! database transaction cannot take back a charge once it has left, so an
+//! effect never calls the external system itself. It hands the work to the
+//! outbox ([`Effect::with_outbox`](crate::Effect::with_outbox)): an **event**
+//! written in the same transaction as the business rows and the operation's
+//! first answer (a 202). The operation then stays `in_progress`, its answer
+//! replayed to every retry, until the outbox settles it.
 //!
-//! A **worker** ([`Outbox::deliver_due`]) sends each event through the service's
-//! [`Destination`] with an external idempotency key derived from the operation
-//! id ([`external_key`]) — the same on every delivery and after every restart —
-//! and settles the event, the operation and the service's business rows in one
-//! transaction with what the external system said:
+//! # The life of an event
+//!
+//! ```text
+//! pending ──worker takes it──► sending ──sent──► delivered | failed | unknown | pending, later
+//! unknown, or sending past its lease ──reconciler asks──► delivered | pending, now | unknown
+//! ```
+//!
+//! A **worker** ([`Outbox::deliver_due`]) takes due `pending` events, journals
+//! `dispatched` with the take, sends each through the service's
+//! [`Destination`] with an external idempotency key derived from the
+//! operation id ([`external_key`]) — the same on every delivery and after
+//! every restart — and settles the event, the operation and the service's
+//! business rows in one transaction with what the external system said:
 //!
 //! | the external system… | event | operation | journal |
 //! |---|---|---|---|
 //! | accepted it | `delivered` | `completed`, with its `external_ref` | `dispatched`, `accepted`, `completed` |
 //! | refused it, finally | `failed` | `failed` | `dispatched`, `failed` |
-//! | cannot have taken it (unreachable, 408, a bare 429, 401/403) | `pending` again, later, same key | unchanged | `dispatched` |
+//! | cannot have taken it (unreachable, 408, a bare 429, 401/403) | `pending` again, after a backoff, same key | unchanged | `dispatched` |
 //! | may have taken it or still be at it (answer lost, 409, 425, 429 with a reason, 5xx) | `unknown` | `unknown` | `dispatched`, `unknown` |
 //!
+//! Work that goes on at the external system after it accepted it (a rollout)
+//! leaves the operation `in_progress`, with its `external_ref` and without
+//! `completed`, until the service ends it with [`finish`].
+//!
 //! The **reconciler** ([`Outbox::reconcile_due`]) takes every event whose fate
-//! nobody knows — an answer lost, or a worker that died holding the event — and
-//! *asks* the external system, by the key or by the service's own reference:
-//! found, it is settled as accepted and journaled `reconciled`; not there, it is
-//! sent again with the **same** key, which the external system's own
-//! idempotency makes safe. It never guesses, never sends a second, different
-//! request for the same operation, and never drops an event because a worker
-//! timed out.
+//! nobody knows — `unknown`, or `sending` past its lease (a worker that died
+//! holding it) — and *asks* the external system through
+//! [`Destination::look_up`]: first by the external key, then by the service's
+//! own reference, since keys expire and can be lost on the way. It never
+//! guesses, never sends a second, different request for the same operation,
+//! and never drops an event because a worker timed out:
+//!
+//! | the lookup… | event | operation | journal |
+//! |---|---|---|---|
+//! | found it | `delivered` | as accepted | `reconciled`, `completed` |
+//! | found no trace of it | `pending`, due at once: sent again with the **same** key | unchanged | — |
+//! | could not be made, the event `sending` | `unknown` | `unknown` | `unknown` |
+//! | could not be made, the event `unknown` | `unknown`, asked again after a backoff | unchanged | — |
 //!
 //! Events are held under a lease (a token and the time it ends) while a worker
 //! or the reconciler handles them, and every settlement is a compare-and-set on
 //! that token: two processes on one database never settle one event twice, and
 //! a holder that dies is replaced when its lease ends.
+//!
+//! # The files
+//!
+//! - `mod.rs`: the types a service sees, and [`Outbox`], which runs the two loops;
+//! - `worker.rs` and `reconciler.rs`: taking due events, delivering, asking;
+//! - `plan.rs`: the rows of both tables above, one pure function from an
+//!   outcome to what it writes; `settle.rs` writes it in one transaction;
+//! - `store.rs`: the SQL, one function per statement, both backends;
+//! - `ending.rs`: what the service ends itself ([`withdraw`], [`finish`]);
+//! - `answer.rs`: how an answer is read ([`Delivery::from_refusal`], [`Lookup`]);
+//! - `config.rs`: the pace ([`OutboxConfig`]).
 
 mod answer;
 mod config;
 mod ending;
+mod plan;
 mod reconciler;
 mod settle;
 mod store;

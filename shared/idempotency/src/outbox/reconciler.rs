@@ -3,15 +3,9 @@
 //! system by the key, then by the service's own reference, through
 //! [`Destination::look_up`] (docs/contract.md §5, docs/design.md §6).
 
-use std::time::Duration;
-
 use platform::Timestamp;
 
-use super::{
-    Destination, EventState, Lookup, Outbox, OutboxEvent, new_lease_token,
-    settle::{Outcome, log_failure},
-    store,
-};
+use super::{Destination, EventState, Outbox, OutboxEvent, new_lease_token, plan::Outcome, store};
 
 impl<D: Destination> Outbox<D> {
     /// The reconciler: asks the external system about every event whose fate
@@ -55,48 +49,15 @@ impl<D: Destination> Outbox<D> {
         let found = tokio::time::timeout(self.config.delivery_timeout, self.destination.look_up(&event))
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.config.delivery_timeout)));
-        let settled = match found {
-            Ok(Lookup::Found { external_ref }) => {
-                self.settle(
-                    &event,
-                    Outcome::Accepted {
-                        external_ref,
-                        reconciled: true,
-                    },
-                )
-                .await
+        let outcome = Outcome::looked_up(found, event.state);
+        match &outcome {
+            Outcome::Absent => tracing::info!(event_id = %event.event_id, operation_id = %event.operation_id,
+                "reconciler: the external system has no trace of it; it is sent again with the same key"),
+            Outcome::NotAsked { reason, sending: false } => {
+                tracing::warn!(event_id = %event.event_id, %reason, "reconciler: could not ask; asking again later")
             }
-            Ok(Lookup::Absent) => {
-                tracing::info!(event_id = %event.event_id, operation_id = %event.operation_id,
-                    "reconciler: the external system has no trace of it; it is sent again with the same key");
-                let sent_again = self
-                    .reschedule(
-                        &event,
-                        EventState::Pending,
-                        Duration::ZERO,
-                        "not found by the reconciler",
-                    )
-                    .await;
-                self.idempotency.outbox_wake.notify_one();
-                sent_again
-            }
-            // a worker died holding it: whether it was sent, nobody knows until someone can ask
-            Err(reason) if event.state == EventState::Sending => {
-                self.settle(
-                    &event,
-                    Outcome::Unknown {
-                        reason,
-                        reconciled: true,
-                    },
-                )
-                .await
-            }
-            Err(reason) => {
-                tracing::warn!(event_id = %event.event_id, %reason, "reconciler: could not ask; asking again later");
-                let wait = self.config.backoff_after(event.deliveries);
-                self.reschedule(&event, EventState::Unknown, wait, &reason).await
-            }
-        };
-        log_failure(&event, settled);
+            _ => {}
+        }
+        self.settle(&event, outcome).await;
     }
 }

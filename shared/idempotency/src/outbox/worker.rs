@@ -4,11 +4,7 @@
 
 use platform::Timestamp;
 
-use super::{
-    Delivery, Destination, EventState, Outbox, OutboxEvent, WORKER, new_lease_token,
-    settle::{Outcome, log_failure},
-    store,
-};
+use super::{Delivery, Destination, EventState, Outbox, OutboxEvent, WORKER, new_lease_token, store};
 use crate::{
     audit::{self, AuditEvent, Record},
     execute::fail_point,
@@ -69,35 +65,10 @@ impl<D: Destination> Outbox<D> {
                 reason: format!("no answer within {:?}", self.config.delivery_timeout),
             });
         fail_point("outbox::after_delivery").await;
-        let settled = match delivery {
-            Delivery::Accepted { external_ref } => {
-                self.settle(
-                    &event,
-                    Outcome::Accepted {
-                        external_ref,
-                        reconciled: false,
-                    },
-                )
-                .await
-            }
-            Delivery::Refused { reason } => self.settle(&event, Outcome::Refused { reason }).await,
-            Delivery::AnswerLost { reason } => {
-                self.settle(
-                    &event,
-                    Outcome::Unknown {
-                        reason,
-                        reconciled: false,
-                    },
-                )
-                .await
-            }
-            Delivery::NotAccepted { reason } => {
-                tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,
-                    "not accepted; it is sent again later with the same key");
-                let wait = self.config.backoff_after(event.deliveries);
-                self.reschedule(&event, EventState::Pending, wait, &reason).await
-            }
-        };
-        log_failure(&event, settled);
+        if let Delivery::NotAccepted { reason } = &delivery {
+            tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,
+                "not accepted; it is sent again later with the same key");
+        }
+        self.settle(&event, delivery.into()).await;
     }
 }
