@@ -31,14 +31,14 @@ const VACUUM_INBOX_AFTER: u64 = 5_000;
 /// Two kinds of events, two kinds of durability:
 /// - a **transition** (claimed, completed, failed, approval_requested,
 ///   approved, rejected, expired, …) is recorded in the transaction that
-///   makes it — by [`record`], into `audit_inbox`; on SQLite, a claim that
+///   makes it — by [`record`](super::record), into `audit_inbox`; on SQLite, a claim that
 ///   finishes in its own transaction keeps its records in its operation row
-///   (see [`finished_claim`]) — so it is never lost, and never recorded for a
+///   (see [`finished_claim`](super::finished_claim)) — so it is never lost, and never recorded for a
 ///   change that rolled back;
 /// - an **observation** (an attempt answered from what is stored: replayed,
 ///   key_reused, in_progress) changes nothing, so it is queued in memory
 ///   ([`Journal::observe`]) and never makes a replay wait for a write. A crash
-///   loses at most the observations of the last round ([`CHAIN_EVERY`]).
+///   loses at most the observations of the last round (`CHAIN_EVERY`).
 ///
 /// A round takes the queued observations *first*, then reads what waits in
 /// the database: an observation saw a state that had committed before it, so
@@ -85,7 +85,7 @@ impl Journal {
         }
     }
 
-    /// A round every [`CHAIN_EVERY`], whatever arrives meanwhile: the
+    /// A round every `CHAIN_EVERY`, whatever arrives meanwhile: the
     /// fewer rounds, the less each event costs (one transaction and one
     /// commit a round). A reader of the journal (`GET /v1/audit`, the
     /// tests) runs a round first and so never waits for the next tick.

@@ -20,10 +20,10 @@ pub async fn record_state_change(
 
 /// Records the events of a transition inside the transaction that makes it
 /// (the claim, the completion, a decision), so they commit — or not — with
-/// what they record. They wait in `audit_inbox` until the [`Journal`]'s
+/// what they record. They wait in `audit_inbox` until the [`Journal`](super::Journal)'s
 /// chainer links them; no writer waits for another on the chain. (On SQLite a
 /// claim that finishes in its own transaction keeps its records in its
-/// operation row instead: see [`finished_claim`].)
+/// operation row instead: see [`finished_claim`](super::finished_claim).)
 pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
     if records.is_empty() {
         return Ok(());

@@ -17,10 +17,10 @@
 //! How events reach the chain without serialising every write on it: see
 //! [`Journal`] and docs/design.md §8.
 //!
-//! The module, file by file: [`chain`] (the entries and their hashes, no
-//! database), [`inbox`] (how a transition records its entries), [`chainer`]
-//! (the rounds that link them) with [`append`] and [`claims`], and [`query`]
-//! (reading it back).
+//! The module, file by file: `chain.rs` (the entries and their hashes, no
+//! database), `inbox.rs` (how a transition records its entries),
+//! `chainer.rs` (the rounds that link them) with `append.rs` and `claims.rs`,
+//! and `query.rs` (reading it back).
 
 mod append;
 mod chain;
