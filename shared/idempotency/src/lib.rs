@@ -50,7 +50,6 @@ pub mod reaper;
 pub mod replay_cache;
 pub mod routes;
 pub mod store;
-mod verdict;
 
 use std::time::Duration;
 

@@ -1,0 +1,115 @@
+//! Answers read from what is stored — replays and refusals — and how they are
+//! journaled and remembered (docs/contract.md §3, §8; docs/design.md §4).
+
+use axum::response::{IntoResponse, Response};
+use platform::{ApiError, Timestamp, telemetry};
+
+use super::{
+    Attempt,
+    responses::{key_reused, stored_response},
+};
+use crate::{
+    Idempotency, audit::AuditEvent, fingerprint::Fingerprint, key::IdempotencyKey, operation::OperationRecord,
+    replay_cache::CachedAnswer, store::Completion,
+};
+
+impl Idempotency {
+    /// The answer to a retry whose operation is in the replay cache.
+    pub(super) fn replay_cached(
+        &self,
+        attempt: &Attempt<'_>,
+        answer: &CachedAnswer,
+        fingerprint: &Fingerprint,
+    ) -> Response {
+        let (account_id, key) = (&attempt.principal.account_id, &attempt.headers.key);
+        self.attempts.count(account_id, key.as_str());
+        attempt.record_operation(&answer.operation_id, fingerprint);
+        let replayed = &answer.fingerprint == fingerprint;
+        let outcome = if replayed {
+            AuditEvent::Replayed
+        } else {
+            AuditEvent::KeyReused
+        };
+        self.observe(attempt, &answer.operation_id, fingerprint, Some(outcome));
+        if replayed {
+            telemetry::record_outcome("replayed");
+            stored_response(&answer.response, &answer.operation_id, true)
+        } else {
+            telemetry::record_outcome("key_reused");
+            key_reused(&answer.operation_id, answer.state)
+        }
+    }
+
+    /// The operation's stored answer, replayed (and journaled as `replayed`).
+    pub(super) fn replay_stored(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: &OperationRecord,
+        fingerprint: &Fingerprint,
+    ) -> Result<Response, ApiError> {
+        let stored = operation
+            .response
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
+        telemetry::record_outcome("replayed");
+        self.observe(
+            attempt,
+            &operation.operation_id,
+            fingerprint,
+            Some(AuditEvent::Replayed),
+        );
+        Ok(stored_response(stored, &operation.operation_id, true))
+    }
+
+    /// Journals an attempt answered from what is stored: `attempted`, then what it was told.
+    pub(super) fn observe(
+        &self,
+        attempt: &Attempt<'_>,
+        operation_id: &str,
+        fingerprint: &Fingerprint,
+        outcome: Option<AuditEvent>,
+    ) {
+        let now = Timestamp::now();
+        let attempted = attempt.audit(AuditEvent::Attempted, Some(operation_id), fingerprint, attempt.started);
+        let told = outcome.map(|event| attempt.audit(event, Some(operation_id), fingerprint, now));
+        self.journal.observe(std::iter::once(attempted).chain(told));
+    }
+
+    /// Keeps a finished answer for replays from memory. An operation still
+    /// in progress (its work in the outbox) is not kept: its state changes.
+    pub(super) fn remember(
+        &self,
+        account_id: &str,
+        key: &IdempotencyKey,
+        operation_id: &str,
+        fingerprint: &Fingerprint,
+        done: &Completion<'_>,
+    ) {
+        if !done.state.is_finished() {
+            return;
+        }
+        self.replay_cache.put(
+            account_id,
+            key.as_str(),
+            operation_id,
+            fingerprint,
+            done.state,
+            done.response,
+            done.now,
+        );
+    }
+
+    /// A server error before anything was claimed: the attempt is journaled
+    /// (nothing else happened), and the client may retry with the same key.
+    pub(super) fn server_error_unclaimed(
+        &self,
+        attempt: &Attempt<'_>,
+        fingerprint: &Fingerprint,
+        error: ApiError,
+    ) -> Response {
+        self.journal
+            .observe([attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started)]);
+        telemetry::record_outcome("server_error");
+        error.into_response()
+    }
+}

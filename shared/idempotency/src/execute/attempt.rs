@@ -1,0 +1,119 @@
+//! An attempt: one request that carries an idempotency key, and what it
+//! brings to the operation it names.
+
+use std::{
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use platform::{ApiError, Principal, Timestamp, telemetry};
+use serde::Serialize;
+
+use crate::{
+    approval::ApprovalSummary,
+    audit::{AuditEvent, Record},
+    fingerprint::Fingerprint,
+    key::IdempotencyHeaders,
+    operation::new_operation_id,
+    store::NewOperation,
+};
+
+/// One request that carries an idempotency key: who sent it, to which route,
+/// and whether the route's policy wants a human to approve it first.
+#[derive(Debug)]
+pub struct Attempt<'a> {
+    pub principal: &'a Principal,
+    pub headers: IdempotencyHeaders,
+    pub method: &'static str,
+    /// The route *template*, e.g. `/v1/tickets/{ticket_id}/comments`.
+    pub route: &'static str,
+    /// `Some`: the operation waits for an approver before it runs
+    /// (docs/contract.md §6).
+    pub approval: Option<ApprovalSummary>,
+    /// When this attempt arrived: the time of its `attempted` journal entry.
+    pub started: Timestamp,
+    /// The operation this request's log span names, once it is recorded.
+    logged_operation: Mutex<Option<String>>,
+}
+
+impl<'a> Attempt<'a> {
+    pub fn post(route: &'static str, principal: &'a Principal, headers: IdempotencyHeaders) -> Self {
+        Attempt {
+            principal,
+            headers,
+            method: "POST",
+            route,
+            approval: None,
+            started: Timestamp::now(),
+            logged_operation: Mutex::new(None),
+        }
+    }
+
+    /// What the route's policy decided for this command: `Some(summary)` when
+    /// a human must approve it, with what the human is to judge.
+    pub fn approval(mut self, policy: Option<ApprovalSummary>) -> Self {
+        self.approval = policy;
+        self
+    }
+
+    /// The fingerprint of `command` sent on this attempt. A command the
+    /// fingerprint cannot hold exactly is bad input, refused before any claim.
+    pub(super) fn fingerprint(&self, command: &impl Serialize) -> Result<Fingerprint, ApiError> {
+        Fingerprint::of(self.method, self.route, &self.principal.account_id, command)
+            .map_err(|inexact| ApiError::invalid_field(&inexact.field, inexact.to_string()))
+    }
+
+    /// Names the operation on the request's log span, once for each
+    /// operation the request finds: a duplicate that waits looks at the
+    /// operation again at every poll, and the text log format appends a field
+    /// each time it is recorded.
+    pub(super) fn record_operation(&self, operation_id: &str, fingerprint: &Fingerprint) {
+        let mut logged = self.logged_operation.lock().unwrap_or_else(PoisonError::into_inner);
+        if logged.as_deref() != Some(operation_id) {
+            telemetry::record_operation(operation_id, fingerprint.as_str());
+            *logged = Some(operation_id.to_owned());
+        }
+    }
+
+    /// A journal record of this attempt about `operation_id`.
+    pub(super) fn audit(
+        &self,
+        event: AuditEvent,
+        operation_id: Option<&str>,
+        fingerprint: &Fingerprint,
+        at: Timestamp,
+    ) -> Record {
+        Record {
+            account_id: self.principal.account_id.clone(),
+            principal_id: self.principal.principal_id.clone(),
+            operation_id: operation_id.map(str::to_owned),
+            idempotency_key: Some(self.headers.key.as_str().to_owned()),
+            fingerprint: Some(fingerprint.as_str().to_owned()),
+            route: Some(self.route.to_owned()),
+            event,
+            external_ref: None,
+            at,
+            change: None,
+        }
+    }
+
+    pub(super) fn new_operation<'b>(&'b self, fingerprint: &'b Fingerprint, lease: Duration) -> NewOperation<'b> {
+        let now = Timestamp::now();
+        NewOperation {
+            account_id: &self.principal.account_id,
+            key: &self.headers.key,
+            operation_id: new_operation_id(),
+            principal_id: &self.principal.principal_id,
+            method: self.method,
+            route: self.route,
+            fingerprint,
+            lease_token: new_lease_token(),
+            locked_until: now.plus(lease),
+            now,
+        }
+    }
+}
+
+pub(super) fn new_lease_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}

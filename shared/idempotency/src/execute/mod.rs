@@ -1,0 +1,217 @@
+//! Running one attempt of an operation: claim, or replay, or refuse — and when
+//! this attempt owns the operation, run its effect and record how it ended
+//! (docs/contract.md §3, §5; docs/design.md §2, §3).
+//!
+//! # How one attempt goes
+//!
+//! 1. **parse** — the route's handler has validated the command; the key and
+//!    `Prefer: wait` come in the attempt's headers (`attempt.rs`).
+//! 2. **fingerprint** — the attempt hashes the command (docs/contract.md §2);
+//!    a command the fingerprint cannot hold exactly is a 400 that claims nothing.
+//! 3. **replay cache** — a retry of an answer this process remembers is
+//!    answered from memory, with no query (docs/design.md §4; `answers.rs`).
+//! 4. **claim**, in one of two modes (docs/design.md §2, §3):
+//!    - in the effect's transaction (`in_transaction.rs`): the effect runs
+//!      first and the claim is inserted with its answer;
+//!    - under a lease (`leased.rs`): the claim commits on its own, then the
+//!      route's call-out, if it has one, and the effect run under the lease.
+//!
+//!    An attempt that finds its key taken (`taken.rs`) asks the pure verdict
+//!    (`verdict.rs`) what to do and carries it out: replay, 409, 422, wait —
+//!    or run the operation itself, when its holder's lease ran out or a human
+//!    approved it. A route that wants a human claims the key as
+//!    `awaiting_approval` instead (`approvals.rs`; docs/contract.md §6).
+//! 5. **effect** — the route's closure, in the transaction it is given; what
+//!    it answers is an [`Effect`] (`effect.rs`).
+//! 6. **conclude** — the effect's result becomes the operation's completion,
+//!    a stored final failure, or, after a server error, a key given back
+//!    (in each mode's file).
+//!
+//! The answers themselves, byte for byte and with the operation's headers,
+//! are built in `responses.rs`.
+
+use axum::response::{IntoResponse, Response};
+use platform::{ApiError, Tx};
+use serde::Serialize;
+
+use crate::{ClaimMode, Idempotency, operation::new_operation_id};
+
+use responses::stored_response_without_operation;
+
+pub const OPERATION_ID: &str = "operation-id";
+
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// A route's effect, as one that is given what its call-out said: nothing.
+/// A closure written in place rather than returned by a function, so that
+/// its future keeps a type the compiler can see is `Send`.
+macro_rules! without_call_out {
+    ($effect:expr) => {
+        async move |tx: &mut Tx, operation_id: &str, (): ()| ($effect)(tx, operation_id).await
+    };
+}
+
+mod answers;
+mod approvals;
+mod attempt;
+mod effect;
+mod in_transaction;
+mod leased;
+mod responses;
+mod taken;
+mod verdict;
+
+pub use attempt::Attempt;
+pub use effect::Effect;
+pub(crate) use responses::problem_response;
+pub use responses::stored_response;
+
+impl Idempotency {
+    /// Runs one attempt of an operation. `command` is the validated command
+    /// (what the fingerprint hashes); `effect` does the business writes in the
+    /// transaction it is given and says what to answer. It is also given the
+    /// operation's id (`op_…`), for business rows that name the operation that
+    /// made them and for keys derived from it. The operation's
+    /// completion commits in that same transaction, so either both the
+    /// effect and the stored answer exist, or neither.
+    ///
+    /// An `Err` from `effect` that is a final business failure (a 4xx) rolls
+    /// the effect back and is stored and replayed like any answer; a server
+    /// error (5xx) rolls back and frees the key.
+    ///
+    /// The effect may be started more than once (a losing duplicate's run is
+    /// rolled back), but only one run ever commits. It is `Clone` (closures
+    /// that borrow their inputs are) so that an attempt that finds a dead
+    /// holder's lease can run it again.
+    ///
+    /// Every attempt is journaled: the transitions it makes in the
+    /// transaction that makes them, what it merely observed in memory (see
+    /// [`audit::Journal`]).
+    pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
+    where
+        C: Serialize,
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+    {
+        if !self.config.enabled {
+            return self.run_unguarded(effect).await;
+        }
+        let account_id = attempt.principal.account_id.as_str();
+        let fingerprint = match attempt.fingerprint(command) {
+            Ok(fingerprint) => fingerprint,
+            Err(refused) => return refused.into_response(),
+        };
+        if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
+            return self.replay_cached(&attempt, &answer, &fingerprint);
+        }
+        if let Some(summary) = &attempt.approval {
+            return self.request_approval(&attempt, &fingerprint, summary, effect).await;
+        }
+        if self.config.claim == ClaimMode::InTransaction {
+            return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
+        }
+        self.execute_leased(&attempt, &fingerprint, nothing_to_call, without_call_out!(effect))
+            .await
+    }
+
+    /// [`Self::execute`] for an operation that must ask another system before
+    /// it can record its effect (a cancel at a deployment controller, whose
+    /// answer says whether the deployment is cancelled). `call_out` runs once
+    /// the claim has committed, under the operation's lease and outside any
+    /// transaction; `effect` then records what it said, and the operation's
+    /// completion, in one transaction.
+    ///
+    /// The claim is always [`ClaimMode::Leased`] here, whatever the service's
+    /// setting: claiming in the effect's transaction would call out before the
+    /// claim is decided, or with a write transaction open. A duplicate meanwhile
+    /// gets `request_in_progress` (or waits, with `Prefer: wait`); a replay, a
+    /// 409 or a 422 never calls out. `call_out` runs again when a crashed
+    /// holder's lease is taken over, so it must be safe to repeat (a cancel is).
+    /// Such a route takes no approval: an approval is re-checked in the
+    /// effect's transaction, which would come after the call.
+    pub async fn execute_calling_out<C, T, W, F>(
+        &self,
+        attempt: Attempt<'_>,
+        command: &C,
+        call_out: W,
+        effect: F,
+    ) -> Response
+    where
+        C: Serialize,
+        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
+    {
+        debug_assert!(attempt.approval.is_none(), "a route that calls out takes no approval");
+        if !self.config.enabled {
+            let operation_id = new_operation_id();
+            return match call_out(&operation_id).await {
+                Ok(said) => self.run_unguarded(async |tx, id| effect(tx, id, said).await).await,
+                Err(error) => error.into_response(),
+            };
+        }
+        let account_id = attempt.principal.account_id.as_str();
+        let fingerprint = match attempt.fingerprint(command) {
+            Ok(fingerprint) => fingerprint,
+            Err(refused) => return refused.into_response(),
+        };
+        if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
+            return self.replay_cached(&attempt, &answer, &fingerprint);
+        }
+        self.execute_leased(&attempt, &fingerprint, call_out, effect).await
+    }
+
+    /// The measurement baseline (`enabled: false`): the effect in its
+    /// transaction, and nothing else of this module.
+    async fn run_unguarded<F>(&self, effect: F) -> Response
+    where
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError>,
+    {
+        let mut tx = match self.db.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        // no operation is stored: the effect gets an id that names none
+        match effect(&mut tx, &new_operation_id()).await {
+            Ok(done) if done.outbox.is_some() => {
+                let _ = tx.rollback().await;
+                ApiError::internal("work for the outbox needs the idempotency layer")
+                    .with_detail("this route hands work to an outbox, which needs its operation; it cannot run with RETRYSAFE_IDEMPOTENCY=off")
+                    .into_response()
+            }
+            Ok(done) => match tx.commit().await {
+                Ok(()) => stored_response_without_operation(&done.response),
+                Err(e) => ApiError::from(e).into_response(),
+            },
+            Err(error) => {
+                let _ = tx.rollback().await;
+                error.into_response()
+            }
+        }
+    }
+}
+
+/// The call-out of an operation whose effect is all in its database: none.
+async fn nothing_to_call(_operation_id: &str) -> Result<(), ApiError> {
+    Ok(())
+}
+
+/// A place where a test can stop the process dead (docs/contract.md §5's
+/// crash): with the `failpoints` feature and `FAILPOINTS=<name>=return`, the
+/// request stops here and holds what it has until the process is killed.
+pub(crate) async fn fail_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    {
+        // fail points are read from `FAILPOINTS` once per process, wherever it started
+        static FROM_ENV: std::sync::Once = std::sync::Once::new();
+        FROM_ENV.call_once(|| std::mem::forget(fail::FailScenario::setup()));
+    }
+    #[cfg(feature = "failpoints")]
+    if fail::eval(name, |_| ()).is_some() {
+        tracing::warn!(
+            fail_point = name,
+            "fail point reached: holding here until the process is killed"
+        );
+        std::future::pending::<()>().await;
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}

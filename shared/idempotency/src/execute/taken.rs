@@ -1,0 +1,247 @@
+//! An attempt that finds its key taken: it reads the operation, asks the pure
+//! [`verdict`](super::verdict) what to do, and carries it out — replay, 409,
+//! 422, wait, or run the operation itself (docs/contract.md §3, §5, §6).
+
+use std::time::{Duration, Instant};
+
+use axum::{
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use platform::{ApiError, Timestamp, Tx, telemetry};
+
+use super::{
+    Attempt, Effect,
+    attempt::new_lease_token,
+    responses::{in_progress, key_reused, with_operation_headers},
+    verdict::{Asking, Stored, Verdict, verdict},
+};
+use crate::{
+    Idempotency, approval,
+    audit::{self, AuditEvent},
+    fingerprint::Fingerprint,
+    key::IdempotencyKey,
+    operation::{OperationRecord, OperationState},
+    store,
+};
+
+/// How often a duplicate that was asked to wait (`Prefer: wait`) looks again.
+pub(super) const WAIT_POLL: Duration = Duration::from_millis(25);
+
+/// Where an attempt stands after looking at an existing operation.
+pub(super) enum Decision {
+    /// Answer the client with this; nothing runs.
+    Answer(Response),
+    /// This attempt holds the operation now (its claim, a dead holder's
+    /// lease, or an approved operation) and runs it.
+    Run(Box<OperationRecord>),
+    /// The operation disappeared under us (reaped, or freed): claim again.
+    Vanished,
+}
+
+impl Idempotency {
+    /// The answer for an attempt that found its key taken: whatever the
+    /// operation stored, 409 while it runs — or, when its holder died and the
+    /// lease ran out (or a human approved it), this attempt runs the effect.
+    pub(super) async fn answer_taken_key<T, W, F>(
+        &self,
+        attempt: &Attempt<'_>,
+        fingerprint: &Fingerprint,
+        call_out: W,
+        effect: F,
+    ) -> Response
+    where
+        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
+    {
+        let account_id = &attempt.principal.account_id;
+        let decided = match self.find_and_count(account_id, &attempt.headers.key).await {
+            Ok(Some(existing)) => self.decide(attempt, existing, fingerprint, true).await,
+            Ok(None) => Ok(Decision::Vanished),
+            Err(e) => Err(e.into()),
+        };
+        match decided {
+            Ok(Decision::Answer(response)) => response,
+            Ok(Decision::Run(operation)) => self.run(attempt, *operation, call_out, effect).await,
+            // freed by a failed first attempt, or reaped: nothing holds the key now
+            Ok(Decision::Vanished) => self.server_error_unclaimed(
+                attempt,
+                fingerprint,
+                ApiError::internal("the operation holding the key vanished").with_detail(
+                    "the operation holding this key was freed while this attempt waited; retry with the same key",
+                ),
+            ),
+            Err(error) => self.server_error_unclaimed(attempt, fingerprint, error),
+        }
+    }
+
+    /// Reads the operation a key names, counting this request as an attempt at it.
+    pub(super) async fn find_and_count(
+        &self,
+        account_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<Option<OperationRecord>, sqlx::Error> {
+        let found = store::find_by_key(&self.db, account_id, key.as_str()).await?;
+        if found.is_some() {
+            self.attempts.count(account_id, key.as_str());
+        }
+        Ok(found)
+    }
+
+    /// The answer for an attempt whose key already names an operation.
+    /// `may_take_over`: whether this attempt can still run the operation if
+    /// it finds a lease that ran out or an approval given (it cannot once its
+    /// effect was spent).
+    ///
+    /// `Prefer: wait=N` bounds the answer to N seconds: an attempt that has
+    /// begun to wait never runs the operation itself, whose run could outlast
+    /// the wait. A lease that runs out (or an approval given) while it waits
+    /// is left to the next attempt, which finds it so on arrival and runs the
+    /// operation as a first attempt does; the waiter answers the replay if
+    /// the holder finishes in time, else 409 `request_in_progress`.
+    pub(super) async fn decide(
+        &self,
+        attempt: &Attempt<'_>,
+        mut operation: OperationRecord,
+        fingerprint: &Fingerprint,
+        may_take_over: bool,
+    ) -> Result<Decision, ApiError> {
+        let deadline = attempt.headers.wait.map(|w| Instant::now() + w);
+        let by = attempt.principal.principal_id.as_str();
+        let mut waited = false;
+        loop {
+            attempt.record_operation(&operation.operation_id, fingerprint);
+            let approval = match (&operation.state, &operation.approval_id) {
+                (OperationState::AwaitingApproval, Some(id)) => {
+                    let found = approval::find(&self.db, &operation.account_id, id).await?;
+                    Some(found.ok_or_else(|| ApiError::internal("an operation awaiting approval has no approval"))?)
+                }
+                (OperationState::AwaitingApproval, None) => {
+                    return Err(ApiError::internal("an operation awaiting approval has no approval"));
+                }
+                _ => None,
+            };
+            let now = Timestamp::now();
+            let stored = Stored {
+                fingerprint: &operation.fingerprint,
+                state: operation.state,
+                locked_until: operation.locked_until,
+                answered: operation.response.is_some(),
+                approval: approval.as_ref().map(|a| a.state(now)),
+            };
+            let asking = Asking {
+                fingerprint,
+                now,
+                may_run: may_take_over && !waited,
+                may_wait: deadline.is_some_and(|d| Instant::now() < d),
+            };
+            match verdict(&stored, &asking) {
+                Verdict::KeyReused => {
+                    telemetry::record_outcome("key_reused");
+                    self.observe(
+                        attempt,
+                        &operation.operation_id,
+                        fingerprint,
+                        Some(AuditEvent::KeyReused),
+                    );
+                    return Ok(Decision::Answer(key_reused(&operation.operation_id, operation.state)));
+                }
+                Verdict::Replay => {
+                    let response = self.replay_stored(attempt, &operation, fingerprint)?;
+                    // only a finished answer is kept in memory: the others still change
+                    if let Some(stored) = operation.response.as_ref().filter(|_| operation.state.is_finished()) {
+                        self.replay_cache.put(
+                            &operation.account_id,
+                            operation.key.as_str(),
+                            &operation.operation_id,
+                            fingerprint,
+                            operation.state,
+                            stored,
+                            operation.updated_at,
+                        );
+                    }
+                    return Ok(Decision::Answer(response));
+                }
+                Verdict::InProgress => {
+                    telemetry::record_outcome("in_progress");
+                    self.observe(
+                        attempt,
+                        &operation.operation_id,
+                        fingerprint,
+                        Some(AuditEvent::InProgress),
+                    );
+                    return Ok(Decision::Answer(in_progress(&operation)));
+                }
+                Verdict::Wait => {
+                    if let Some(deadline) = deadline {
+                        tokio::time::sleep(WAIT_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+                    }
+                    waited = true;
+                }
+                Verdict::TakeOver => {
+                    let locked_until = now.plus(self.config.lease);
+                    let mut tx = self.db.begin().await?;
+                    if let Some(taken) =
+                        store::take_over(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
+                    {
+                        let journaled = [
+                            taken.audit(AuditEvent::Attempted, by, attempt.started),
+                            taken.audit(AuditEvent::Claimed, by, now),
+                        ];
+                        audit::record(&mut tx, &journaled).await?;
+                        tx.commit().await?;
+                        tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
+                        return Ok(Decision::Run(Box::new(taken)));
+                    }
+                    // another attempt took it first
+                    tx.rollback().await?;
+                }
+                Verdict::StartApproved => {
+                    let locked_until = now.plus(self.config.lease);
+                    let mut tx = self.db.begin().await?;
+                    if let Some(started) =
+                        store::start_approved(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
+                    {
+                        let journaled = [
+                            started.audit(AuditEvent::Attempted, by, attempt.started),
+                            started.audit(AuditEvent::Claimed, by, now),
+                        ];
+                        audit::record(&mut tx, &journaled).await?;
+                        tx.commit().await?;
+                        return Ok(Decision::Run(Box::new(started)));
+                    }
+                    // another retry started it first
+                    tx.rollback().await?;
+                }
+                Verdict::Expire => {
+                    if let Some(approval) = &approval {
+                        self.expire(approval).await?;
+                    }
+                }
+                Verdict::OutcomeUnknown => {
+                    telemetry::record_outcome("outcome_unknown");
+                    self.observe(attempt, &operation.operation_id, fingerprint, None);
+                    let error = ApiError::new(
+                        StatusCode::CONFLICT,
+                        "operation_outcome_unknown",
+                        "Outcome unknown",
+                        "an external effect of this operation may or may not have happened; it is not executed again. Poll `status_url`",
+                    )
+                    .with("operation_id", &operation.operation_id)
+                    .with("state", OperationState::Unknown)
+                    .with("status_url", operation.status_url());
+                    return Ok(Decision::Answer(with_operation_headers(
+                        error.into_response(),
+                        &operation.operation_id,
+                        false,
+                    )));
+                }
+            }
+            // lost a race, waited a little, or settled an expired approval: look again
+            match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await? {
+                Some(fresh) => operation = fresh,
+                None => return Ok(Decision::Vanished),
+            }
+        }
+    }
+}
