@@ -1,5 +1,7 @@
-//! Answers read from what is stored — replays and refusals — and how they are
-//! journaled and remembered (docs/contract.md §3, §8; docs/design.md §4).
+//! Answers an attempt gives without running anything — a replay, a reused
+//! key, a server error before any claim — journaled as observations, and the
+//! finished answers remembered for the next replay (docs/contract.md §3, §8;
+//! docs/design.md §4).
 
 use axum::response::{IntoResponse, Response};
 use platform::{ApiError, Timestamp, telemetry};

@@ -19,7 +19,7 @@ impl Idempotency {
     /// A route whose policy wants a human: the attempt claims the key as
     /// `awaiting_approval`, with the approval record and its 202 answer, in
     /// one transaction. A retry finds the operation and is answered by
-    /// [`Self::decide`]: the same 202 while it waits, the run once approved.
+    /// [`Self::resolve`]: the same 202 while it waits, the run once approved.
     pub(super) async fn request_approval<F>(
         &self,
         attempt: &Attempt<'_>,

@@ -23,12 +23,15 @@
 //!    `awaiting_approval` instead (`approvals.rs`; docs/contract.md §6).
 //! 5. **effect** — the route's closure, in the transaction it is given; what
 //!    it answers is an [`Effect`] (`effect.rs`).
-//! 6. **conclude** — the effect's result becomes the operation's completion,
-//!    a stored final failure, or, after a server error, a key given back
-//!    (in each mode's file).
+//! 6. **conclude** (`conclude.rs`) — one exit for both modes: the effect's
+//!    answer commits with the operation's completion, a final business
+//!    failure (or a refused approval) is stored to be replayed, and a server
+//!    error gives the key back. When another attempt turns out to hold the key,
+//!    the mode answers as a duplicate would (`taken.rs`).
 //!
 //! The answers themselves, byte for byte and with the operation's headers,
-//! are built in `responses.rs`.
+//! are built in `responses.rs`; those read from what is stored are journaled
+//! and remembered in `answers.rs`.
 
 use axum::response::{IntoResponse, Response};
 use platform::{ApiError, Tx};
@@ -38,8 +41,9 @@ use crate::{ClaimMode, Idempotency, operation::new_operation_id};
 
 use responses::stored_response_without_operation;
 
+/// The header naming the operation an answer belongs to.
 pub const OPERATION_ID: &str = "operation-id";
-
+/// The header telling a replayed answer (`true`) from a first one (`false`).
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// A route's effect, as one that is given what its call-out said: nothing.
@@ -54,6 +58,7 @@ macro_rules! without_call_out {
 mod answers;
 mod approvals;
 mod attempt;
+mod conclude;
 mod effect;
 mod in_transaction;
 mod leased;
@@ -86,7 +91,7 @@ impl Idempotency {
     ///
     /// Every attempt is journaled: the transitions it makes in the
     /// transaction that makes them, what it merely observed in memory (see
-    /// [`audit::Journal`]).
+    /// [`crate::audit::Journal`]).
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,

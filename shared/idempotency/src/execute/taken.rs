@@ -26,10 +26,10 @@ use crate::{
 };
 
 /// How often a duplicate that was asked to wait (`Prefer: wait`) looks again.
-pub(super) const WAIT_POLL: Duration = Duration::from_millis(25);
+const WAIT_POLL: Duration = Duration::from_millis(25);
 
 /// Where an attempt stands after looking at an existing operation.
-pub(super) enum Decision {
+pub(super) enum Resolution {
     /// Answer the client with this; nothing runs.
     Answer(Response),
     /// This attempt holds the operation now (its claim, a dead holder's
@@ -55,16 +55,16 @@ impl Idempotency {
         F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
     {
         let account_id = &attempt.principal.account_id;
-        let decided = match self.find_and_count(account_id, &attempt.headers.key).await {
-            Ok(Some(existing)) => self.decide(attempt, existing, fingerprint, true).await,
-            Ok(None) => Ok(Decision::Vanished),
+        let resolved = match self.find_and_count(account_id, &attempt.headers.key).await {
+            Ok(Some(existing)) => self.resolve(attempt, existing, fingerprint, true).await,
+            Ok(None) => Ok(Resolution::Vanished),
             Err(e) => Err(e.into()),
         };
-        match decided {
-            Ok(Decision::Answer(response)) => response,
-            Ok(Decision::Run(operation)) => self.run(attempt, *operation, call_out, effect).await,
+        match resolved {
+            Ok(Resolution::Answer(response)) => response,
+            Ok(Resolution::Run(operation)) => self.run(attempt, *operation, call_out, effect).await,
             // freed by a failed first attempt, or reaped: nothing holds the key now
-            Ok(Decision::Vanished) => self.server_error_unclaimed(
+            Ok(Resolution::Vanished) => self.server_error_unclaimed(
                 attempt,
                 fingerprint,
                 ApiError::internal("the operation holding the key vanished").with_detail(
@@ -99,13 +99,13 @@ impl Idempotency {
     /// is left to the next attempt, which finds it so on arrival and runs the
     /// operation as a first attempt does; the waiter answers the replay if
     /// the holder finishes in time, else 409 `request_in_progress`.
-    pub(super) async fn decide(
+    pub(super) async fn resolve(
         &self,
         attempt: &Attempt<'_>,
         mut operation: OperationRecord,
         fingerprint: &Fingerprint,
         may_take_over: bool,
-    ) -> Result<Decision, ApiError> {
+    ) -> Result<Resolution, ApiError> {
         let deadline = attempt.headers.wait.map(|w| Instant::now() + w);
         let by = attempt.principal.principal_id.as_str();
         let mut waited = false;
@@ -144,7 +144,7 @@ impl Idempotency {
                         fingerprint,
                         Some(AuditEvent::KeyReused),
                     );
-                    return Ok(Decision::Answer(key_reused(&operation.operation_id, operation.state)));
+                    return Ok(Resolution::Answer(key_reused(&operation.operation_id, operation.state)));
                 }
                 Verdict::Replay => {
                     let response = self.replay_stored(attempt, &operation, fingerprint)?;
@@ -160,7 +160,7 @@ impl Idempotency {
                             operation.updated_at,
                         );
                     }
-                    return Ok(Decision::Answer(response));
+                    return Ok(Resolution::Answer(response));
                 }
                 Verdict::InProgress => {
                     telemetry::record_outcome("in_progress");
@@ -170,7 +170,7 @@ impl Idempotency {
                         fingerprint,
                         Some(AuditEvent::InProgress),
                     );
-                    return Ok(Decision::Answer(in_progress(&operation)));
+                    return Ok(Resolution::Answer(in_progress(&operation)));
                 }
                 Verdict::Wait => {
                     if let Some(deadline) = deadline {
@@ -191,7 +191,7 @@ impl Idempotency {
                         audit::record(&mut tx, &journaled).await?;
                         tx.commit().await?;
                         tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
-                        return Ok(Decision::Run(Box::new(taken)));
+                        return Ok(Resolution::Run(Box::new(taken)));
                     }
                     // another attempt took it first
                     tx.rollback().await?;
@@ -208,7 +208,7 @@ impl Idempotency {
                         ];
                         audit::record(&mut tx, &journaled).await?;
                         tx.commit().await?;
-                        return Ok(Decision::Run(Box::new(started)));
+                        return Ok(Resolution::Run(Box::new(started)));
                     }
                     // another retry started it first
                     tx.rollback().await?;
@@ -230,7 +230,7 @@ impl Idempotency {
                     .with("operation_id", &operation.operation_id)
                     .with("state", OperationState::Unknown)
                     .with("status_url", operation.status_url());
-                    return Ok(Decision::Answer(with_operation_headers(
+                    return Ok(Resolution::Answer(with_operation_headers(
                         error.into_response(),
                         &operation.operation_id,
                         false,
@@ -240,8 +240,35 @@ impl Idempotency {
             // lost a race, waited a little, or settled an expired approval: look again
             match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await? {
                 Some(fresh) => operation = fresh,
-                None => return Ok(Decision::Vanished),
+                None => return Ok(Resolution::Vanished),
             }
         }
+    }
+
+    /// After losing the lease: answer as a duplicate would.
+    pub(super) async fn answer_current(&self, attempt: &Attempt<'_>, operation: &OperationRecord) -> Response {
+        match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await {
+            Ok(Some(current)) => match self.resolve(attempt, current, &operation.fingerprint, false).await {
+                Ok(Resolution::Answer(response)) => response,
+                Ok(_) => in_progress(operation),
+                Err(error) => error.into_response(),
+            },
+            Ok(None) => in_progress(operation),
+            Err(e) => ApiError::from(e).into_response(),
+        }
+    }
+
+    /// A duplicate's effect may fail because the first attempt's committed
+    /// effect is in its way: if the key is taken, the answer a duplicate gets.
+    /// `None`: nothing holds the key, and a retry starts afresh.
+    pub(super) async fn answer_if_taken(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Option<Response> {
+        if let Ok(Some(existing)) = self
+            .find_and_count(&attempt.principal.account_id, &attempt.headers.key)
+            .await
+            && let Ok(Resolution::Answer(response)) = self.resolve(attempt, existing, fingerprint, false).await
+        {
+            return Some(response);
+        }
+        None
     }
 }

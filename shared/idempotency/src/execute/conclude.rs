@@ -1,0 +1,284 @@
+//! How a run ends, recorded once at its exit and the same way in both claim
+//! modes: the effect's answer commits with the operation's completion; a final
+//! business failure (or a refused approval) is stored to be replayed; a server
+//! error gives the key back, so the next attempt runs afresh
+//! (docs/contract.md §3, §5; docs/design.md §2, §3).
+
+use axum::response::{IntoResponse, Response};
+use platform::{ApiError, Timestamp, Tx, telemetry};
+
+use super::{
+    Attempt, Effect, fail_point,
+    responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},
+};
+use crate::{
+    Idempotency, audit,
+    audit::AuditEvent,
+    fingerprint::Fingerprint,
+    key::IdempotencyKey,
+    operation::{OperationRecord, OperationState},
+    outbox::EventOf,
+    store::{self, Completion, NewOperation},
+};
+
+/// How the attempt running the effect holds its operation: what its ending is
+/// written to.
+pub(super) enum Claim<'a> {
+    /// [`ClaimMode::InTransaction`](crate::ClaimMode::InTransaction): nothing is claimed yet.
+    /// The claim is inserted with the answer, and journals itself with it.
+    InTransaction(&'a NewOperation<'a>),
+    /// [`ClaimMode::Leased`](crate::ClaimMode::Leased): the claim has committed. Its
+    /// ending is a compare-and-set on the lease token, journaled beside it.
+    Leased {
+        operation: &'a OperationRecord,
+        token: &'a str,
+    },
+}
+
+/// Where a run ended.
+pub(super) enum Concluded {
+    /// Recorded, or given back: answer this.
+    Answer(Response),
+    /// Another attempt holds the key — its claim committed first, or it took
+    /// over our lease — and nothing of this run was written: answer as a
+    /// duplicate would.
+    Lost,
+}
+
+impl Claim<'_> {
+    fn account_id(&self) -> &str {
+        match self {
+            Claim::InTransaction(new) => new.account_id,
+            Claim::Leased { operation, .. } => &operation.account_id,
+        }
+    }
+
+    fn key(&self) -> &IdempotencyKey {
+        match self {
+            Claim::InTransaction(new) => new.key,
+            Claim::Leased { operation, .. } => &operation.key,
+        }
+    }
+
+    pub(super) fn operation_id(&self) -> &str {
+        match self {
+            Claim::InTransaction(new) => &new.operation_id,
+            Claim::Leased { operation, .. } => &operation.operation_id,
+        }
+    }
+
+    pub(super) fn fingerprint(&self) -> &Fingerprint {
+        match self {
+            Claim::InTransaction(new) => new.fingerprint,
+            Claim::Leased { operation, .. } => &operation.fingerprint,
+        }
+    }
+
+    fn event_of(&self) -> EventOf<'_> {
+        match self {
+            Claim::InTransaction(new) => new.event_of(),
+            Claim::Leased { operation, .. } => operation.event_of(),
+        }
+    }
+
+    /// Writes the operation's ending in `tx`: the claim with its answer, or
+    /// the completion of the leased claim. `false`: another attempt holds the
+    /// key, nothing was written, and `tx` must be rolled back.
+    async fn end(&self, tx: &mut Tx, completion: &Completion<'_>, attempt: &Attempt<'_>) -> Result<bool, sqlx::Error> {
+        match self {
+            Claim::InTransaction(new) => store::claim_finished(tx, new, completion, attempt.started).await,
+            Claim::Leased { operation, token } => {
+                store::complete(tx, &operation.account_id, &operation.key, token, completion).await
+            }
+        }
+    }
+
+    /// Journals `event` in `tx`, beside the ending. An in-transaction claim
+    /// has nothing to add: its insert carried its journal records.
+    async fn journal(
+        &self,
+        tx: &mut Tx,
+        event: AuditEvent,
+        attempt: &Attempt<'_>,
+        at: Timestamp,
+    ) -> Result<(), sqlx::Error> {
+        match self {
+            Claim::InTransaction(_) => Ok(()),
+            Claim::Leased { operation, .. } => {
+                audit::record(tx, &[operation.audit(event, &attempt.principal.principal_id, at)]).await
+            }
+        }
+    }
+}
+
+impl Idempotency {
+    /// Ends a run whose effect ran in `tx` and returned `ran`.
+    pub(super) async fn conclude(
+        &self,
+        attempt: &Attempt<'_>,
+        claim: &Claim<'_>,
+        tx: Tx,
+        ran: Result<Effect, ApiError>,
+    ) -> Concluded {
+        match ran {
+            Ok(done) => self.commit_effect(attempt, claim, tx, done).await,
+            Err(error) => {
+                let _ = tx.rollback().await;
+                self.conclude_failed(attempt, claim, error).await
+            }
+        }
+    }
+
+    /// Commits the effect with the operation's ending and its outbox event,
+    /// then answers the effect's answer.
+    async fn commit_effect(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, mut tx: Tx, done: Effect) -> Concluded {
+        let operation_id = claim.operation_id();
+        let completion = done.completion();
+        let recorded = async {
+            if !claim.end(&mut tx, &completion, attempt).await? {
+                return Ok(false);
+            }
+            self.hand_to_outbox(&mut tx, claim.event_of(), &done, completion.now)
+                .await?;
+            if completion.state == OperationState::Completed {
+                claim
+                    .journal(&mut tx, AuditEvent::Completed, attempt, completion.now)
+                    .await?;
+            }
+            Ok::<_, sqlx::Error>(true)
+        };
+        match recorded.await {
+            Ok(true) => {}
+            Ok(false) => {
+                // In the transaction: the key was taken (PostgreSQL waited for its
+                // holder to commit). Leased: our lease ran out and another attempt
+                // took over. Either way ours is undone.
+                let _ = tx.rollback().await;
+                return Concluded::Lost;
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Concluded::Answer(self.give_back(attempt, claim, e.into()).await);
+            }
+        }
+        if let Claim::InTransaction(_) = claim {
+            // in this mode the claim takes hold only at the commit: that is where both points are
+            fail_point("idempotency::after_claim").await;
+        }
+        fail_point("idempotency::before_commit").await;
+        if let Err(e) = tx.commit().await {
+            return Concluded::Answer(match claim {
+                // the claim went with the commit: a retry finds out whether it happened
+                Claim::InTransaction(_) => commit_failed(e),
+                // the claim stays ours until given back; that frees nothing if the completion committed
+                Claim::Leased { .. } => self.give_back(attempt, claim, e.into()).await,
+            });
+        }
+        self.wake_outbox(&done);
+        attempt.record_operation(operation_id, claim.fingerprint());
+        telemetry::record_outcome("created");
+        self.remember(
+            claim.account_id(),
+            claim.key(),
+            operation_id,
+            claim.fingerprint(),
+            &completion,
+        );
+        Concluded::Answer(stored_response(&done.response, operation_id, false))
+    }
+
+    /// Ends a run whose effect (or call-out) failed, with nothing open: a
+    /// final business failure is stored and replayed; a server error frees
+    /// the key.
+    pub(super) async fn conclude_failed(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Concluded {
+        if error.is_final() {
+            return self
+                .store_final(
+                    attempt,
+                    claim,
+                    &error,
+                    OperationState::Failed,
+                    AuditEvent::Failed,
+                    "failed",
+                )
+                .await;
+        }
+        if let Claim::InTransaction(_) = claim
+            && let Some(response) = self.answer_if_taken(attempt, claim.fingerprint()).await
+        {
+            return Concluded::Answer(response);
+        }
+        Concluded::Answer(self.give_back(attempt, claim, error).await)
+    }
+
+    /// Stores `error` as the operation's final answer, with no effect beside
+    /// it, in a transaction of its own (a final business failure, a refused
+    /// approval), to be replayed like any answer.
+    pub(super) async fn store_final(
+        &self,
+        attempt: &Attempt<'_>,
+        claim: &Claim<'_>,
+        error: &ApiError,
+        state: OperationState,
+        event: AuditEvent,
+        outcome: &'static str,
+    ) -> Concluded {
+        let operation_id = claim.operation_id();
+        let response = problem_response(error);
+        let completion = Completion {
+            state,
+            ..Completion::failed(&response)
+        };
+        let stored = async {
+            let mut tx = self.db.begin().await?;
+            if !claim.end(&mut tx, &completion, attempt).await? {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            claim.journal(&mut tx, event, attempt, completion.now).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(true)
+        };
+        match stored.await {
+            Ok(true) => {
+                attempt.record_operation(operation_id, claim.fingerprint());
+                telemetry::record_outcome(outcome);
+                self.remember(
+                    claim.account_id(),
+                    claim.key(),
+                    operation_id,
+                    claim.fingerprint(),
+                    &completion,
+                );
+                Concluded::Answer(with_retry_after(stored_response(&response, operation_id, false), error))
+            }
+            Ok(false) => Concluded::Lost,
+            Err(e) => Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
+        }
+    }
+
+    /// After a server error, nothing of the run is kept and the key is free
+    /// again for the next attempt. In the transaction nothing was claimed;
+    /// a leased claim is given back (`store::release`) and journaled as
+    /// `released`.
+    pub(super) async fn give_back(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Response {
+        let Claim::Leased { operation, token } = claim else {
+            return self.server_error_unclaimed(attempt, claim.fingerprint(), error);
+        };
+        let operation_id = &operation.operation_id;
+        let freed = async {
+            let mut tx = self.db.begin().await?;
+            if store::release(&mut tx, operation, token).await? {
+                let journaled =
+                    [operation.audit(AuditEvent::Released, &attempt.principal.principal_id, Timestamp::now())];
+                audit::record(&mut tx, &journaled).await?;
+            }
+            tx.commit().await
+        };
+        if let Err(e) = freed.await {
+            tracing::error!(%operation_id, error = %e, "could not free the key after a server error; it frees when the lease ends");
+        }
+        telemetry::record_outcome("server_error");
+        with_operation_headers(error.into_response(), operation_id, false)
+    }
+}
