@@ -37,6 +37,21 @@
 //!         async |tx, _| store::create_ticket(tx, &principal, &command).await.map(Ticket::into_effect)).await
 //! }
 //! ```
+//!
+//! # Where each part is
+//!
+//! - [`execute`]: one attempt, from its key to its answer: the two claim
+//!   modes, what a taken key means (`execute/verdict.rs`, a pure function),
+//!   and how a run ends (`execute/conclude.rs`);
+//! - [`store`]: the operations table's statements — claim, complete, read, reap;
+//! - [`approval`]: approvals bound to the exact fingerprint;
+//! - [`outbox`]: work that leaves the process — the worker, the reconciler,
+//!   and the settlement plan both follow (`outbox/plan.rs`);
+//! - [`audit`]: the hash-chained journal — its entries, how transitions reach
+//!   it, the chainer, and the reading of it;
+//! - [`routes`]: the operation status, approvals and audit routes every
+//!   service mounts; [`reaper`], [`replay_cache`] and [`attempts`] help from
+//!   the side.
 
 pub mod approval;
 pub mod attempts;
