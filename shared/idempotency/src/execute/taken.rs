@@ -111,7 +111,10 @@ impl Idempotency {
         let mut waited = false;
         loop {
             attempt.record_operation(&operation.operation_id, fingerprint);
+            // the approval matters only to the request it was asked for: a changed one is refused without it
+            let same_request = &operation.fingerprint == fingerprint;
             let approval = match (&operation.state, &operation.approval_id) {
+                _ if !same_request => None,
                 (OperationState::AwaitingApproval, Some(id)) => {
                     let found = approval::find(&self.db, &operation.account_id, id).await?;
                     Some(found.ok_or_else(|| ApiError::internal("an operation awaiting approval has no approval"))?)
