@@ -118,10 +118,12 @@ CREATE INDEX idempotency_outbox_due ON idempotency_outbox (next_attempt_at)
 
 -- The audit journal: append-only and hash-chained. Each entry's hash covers
 -- the previous entry's hash and every field of its own, so an edited, removed
--- or inserted entry breaks the chain from there on. `resource_type`,
+-- or inserted entry breaks the chain from there on. `attempt` numbers the
+-- attempt an entry stands for too (an attempt that claimed, ran and finished
+-- in one transaction journals only its outcome); `resource_type`,
 -- `resource_id` and `state` name a business resource's change of state with
--- no operation behind it (`state_changed`); NULL otherwise, and then left out
--- of the hash.
+-- no operation behind it (`state_changed`). Each is NULL otherwise, and then
+-- left out of the hash.
 CREATE TABLE audit_journal (
     seq             BIGINT      PRIMARY KEY,
     account_id      TEXT        NOT NULL,
@@ -133,6 +135,7 @@ CREATE TABLE audit_journal (
     event           TEXT        NOT NULL,
     external_ref    TEXT,
     at              TIMESTAMPTZ NOT NULL,
+    attempt         BIGINT      CHECK (attempt >= 1),
     prev_hash       TEXT        NOT NULL CHECK (length(prev_hash) = 64),
     hash            TEXT        NOT NULL CHECK (length(hash) = 64),
     resource_type   TEXT,
@@ -184,9 +187,11 @@ CREATE TRIGGER audit_journal_entries_link_onto_the_entry_before AFTER INSERT ON 
 
 -- The journal's inbox: a transition writes its entries here, in its own
 -- transaction, so they commit (or not) with it; the chainer moves them into
--- the chain in batches (see idempotency::audit). A vacuum leaves the table
--- its size: giving the empty tail back takes a lock every claim would wait
--- for, and inserts reuse the space.
+-- the chain in batches, in id order (see idempotency::audit). It is a queue:
+-- every record is deleted soon after it is inserted, so autovacuum clears it
+-- every thousand dead rows rather than at a fraction of its size, and leaves
+-- it its size (giving the empty tail back takes a lock every claim would
+-- wait for; inserts reuse the space).
 CREATE TABLE audit_inbox (
     id              BIGSERIAL   PRIMARY KEY,
     account_id      TEXT        NOT NULL,
@@ -198,7 +203,9 @@ CREATE TABLE audit_inbox (
     event           TEXT        NOT NULL,
     external_ref    TEXT,
     at              TIMESTAMPTZ NOT NULL,
+    attempt         BIGINT      CHECK (attempt >= 1),
     resource_type   TEXT,
     resource_id     TEXT,
     state           TEXT
-) WITH (vacuum_truncate = false);
+) WITH (autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_scale_factor = 0,
+        autovacuum_vacuum_insert_threshold = 1000, vacuum_truncate = false);

@@ -4,17 +4,13 @@
 -- order is time order. Every table is scoped by account_id.
 
 -- One row per operation: an account's idempotency key, claimed before any
--- effect. The unique (account_id, idempotency_key) makes the claim atomic: a
--- second INSERT of the key conflicts instead of making a second operation.
+-- effect. The primary key makes the claim atomic: a second INSERT of the same
+-- (account_id, idempotency_key) conflicts instead of making a second operation.
 -- No index serves the retention reaper: operation ids are UUIDv7 and sort by
 -- creation time, so the reaper walks the operation_id index up to its cutoff.
 -- A rowid table: a row carries a stored answer of hundreds of bytes, and
 -- SQLite advises WITHOUT ROWID only for small rows.
 CREATE TABLE idempotency_operations (
-    -- claim order: AUTOINCREMENT never hands a number out twice, and SQLite
-    -- has one writer, so a claim that commits has a higher seq than every
-    -- claim committed before it (the chain round relies on it, below)
-    seq                   INTEGER PRIMARY KEY AUTOINCREMENT,
     account_id            TEXT    NOT NULL,
     idempotency_key       TEXT    NOT NULL CHECK (length(idempotency_key) BETWEEN 1 AND 255),
     operation_id          TEXT    NOT NULL UNIQUE,
@@ -41,19 +37,14 @@ CREATE TABLE idempotency_operations (
     updated_at            TEXT    NOT NULL,
     -- the approval an attempt re-checks in the effect's transaction before it runs the operation
     approval_id           TEXT,
-    -- A claim that finishes in its own transaction writes no journal entries:
-    -- the chain round makes them from these (NULL for a claim journaled
-    -- otherwise: a lease, an approval). attempted_at: when its attempt
-    -- started; claimed_state: the state it stored (completed, failed, or
-    -- in_progress while the outbox works).
-    attempted_at          TEXT,
-    claimed_state         TEXT    CHECK (claimed_state IN ('in_progress', 'completed', 'failed')),
-    UNIQUE (account_id, idempotency_key),
-    CHECK ((attempted_at IS NULL) = (claimed_state IS NULL)),
-    CHECK ((lease_token IS NULL) = (locked_until IS NULL)),
-    CHECK (lease_token IS NULL OR state = 'in_progress'),
+    PRIMARY KEY (account_id, idempotency_key),
+    CONSTRAINT idempotency_operations_lease_whole
+        CHECK ((lease_token IS NULL) = (locked_until IS NULL)),
+    CONSTRAINT idempotency_operations_lease_only_in_progress
+        CHECK (lease_token IS NULL OR state = 'in_progress'),
     -- in progress: an attempt holds it, or it has answered (202) and the outbox works on
-    CHECK (state <> 'in_progress' OR lease_token IS NOT NULL OR response_status IS NOT NULL),
+    CONSTRAINT idempotency_operations_in_progress_held_or_answered
+        CHECK (state <> 'in_progress' OR lease_token IS NOT NULL OR response_status IS NOT NULL),
     CHECK (state NOT IN ('completed', 'failed', 'rejected') OR (response_status IS NOT NULL AND response_body IS NOT NULL))
 ) STRICT;
 
@@ -130,10 +121,12 @@ CREATE INDEX idempotency_outbox_due ON idempotency_outbox (next_attempt_at)
 
 -- The audit journal: append-only and hash-chained. Each entry's hash covers
 -- the previous entry's hash and every field of its own, so an edited, removed
--- or inserted entry breaks the chain from there on. `resource_type`,
+-- or inserted entry breaks the chain from there on. `attempt` numbers the
+-- attempt an entry stands for too (an attempt that claimed, ran and finished
+-- in one transaction journals only its outcome); `resource_type`,
 -- `resource_id` and `state` name a business resource's change of state with
--- no operation behind it (`state_changed`); NULL otherwise, and then left out
--- of the hash.
+-- no operation behind it (`state_changed`). Each is NULL otherwise, and then
+-- left out of the hash.
 CREATE TABLE audit_journal (
     seq             INTEGER PRIMARY KEY,
     account_id      TEXT    NOT NULL,
@@ -145,6 +138,7 @@ CREATE TABLE audit_journal (
     event           TEXT    NOT NULL,
     external_ref    TEXT,
     at              TEXT    NOT NULL,
+    attempt         INTEGER CHECK (attempt >= 1),
     prev_hash       TEXT    NOT NULL CHECK (length(prev_hash) = 64),
     hash            TEXT    NOT NULL CHECK (length(hash) = 64),
     resource_type   TEXT,
@@ -185,8 +179,8 @@ BEGIN
 END;
 
 -- The journal's inbox: a transition writes its entries here, in its own
--- transaction, so they commit (or not) with it; the chainer moves them into
--- the chain in batches (see idempotency::audit).
+-- transaction, so they commit (or not) with it, and the chainer moves them
+-- into the chain in batches, in id order (see idempotency::audit).
 CREATE TABLE audit_inbox (
     id              INTEGER PRIMARY KEY,
     account_id      TEXT    NOT NULL,
@@ -198,15 +192,8 @@ CREATE TABLE audit_inbox (
     event           TEXT    NOT NULL,
     external_ref    TEXT,
     at              TEXT    NOT NULL,
+    attempt         INTEGER CHECK (attempt >= 1),
     resource_type   TEXT,
     resource_id     TEXT,
     state           TEXT
 ) STRICT;
-
--- How far the chain round has linked the claims journaled from their rows:
--- every claim with a seq up to operations_seq is in the journal. One row.
-CREATE TABLE audit_progress (
-    id             INTEGER PRIMARY KEY CHECK (id = 1),
-    operations_seq INTEGER NOT NULL
-) STRICT;
-INSERT INTO audit_progress (id, operations_seq) VALUES (1, 0);

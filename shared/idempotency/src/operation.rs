@@ -114,6 +114,7 @@ impl OperationRecord {
             event,
             external_ref: self.external_ref.clone(),
             at,
+            attempt: None,
             change: None,
         }
     }

@@ -21,6 +21,7 @@ async fn the_audit_tool_exports_verifies_pins_and_names_the_first_broken_entry(b
         .migrate(&[&platform::MIGRATIONS, &idempotency::MIGRATIONS])
         .await
         .unwrap();
+    let mut tx = db.db.begin().await.unwrap();
     for n in 0..5 {
         let record = Record {
             account_id: "acme".into(),
@@ -32,10 +33,13 @@ async fn the_audit_tool_exports_verifies_pins_and_names_the_first_broken_entry(b
             event: AuditEvent::Completed,
             external_ref: None,
             at: Timestamp::now(),
+            attempt: None,
             change: None,
         };
-        audit::append_now(&db.db, &[record]).await.unwrap();
+        audit::record(&mut tx, &[record]).await.unwrap();
     }
+    tx.commit().await.unwrap();
+    audit::Journal::default().chain_pending(&db.db).await.unwrap();
     let dir = std::env::temp_dir().join(format!("audit-tool-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
 

@@ -485,33 +485,22 @@ async fn the_reaper_removes_finished_operations_past_retention_and_never_running
     }
 }
 
-/// Retention never costs the journal a claim: an operation past retention
-/// whose claim has not been linked into the chain yet still gets its entries
-/// (on SQLite the row is what they are made from, so the reaper waits for the
-/// round), and goes once they are in.
-async fn the_reaper_never_takes_a_claims_journal_entries_with_it(backend: Backend) {
+/// Retention never costs the journal an operation: one reaped before a
+/// round linked its entry still has it linked (it waits in the inbox, not in
+/// the operation's row).
+async fn the_reaper_never_takes_an_operations_journal_entries_with_it(backend: Backend) {
     let f = fixture(backend).await;
     let runs = AtomicUsize::new(0);
     f.run("finished-old", json!({"n": 1}), &runs).await;
     made_at(&f.db.db, Timestamp::now().minus(Duration::from_secs(48 * 3600)), "").await;
 
-    f.idempotency.reap_once().await.unwrap();
+    assert_eq!(f.idempotency.reap_once().await.unwrap(), 1);
     f.idempotency.flush_journal().await;
-    f.idempotency.reap_once().await.unwrap();
 
     let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
-    let events: Vec<AuditEvent> = entries.iter().map(|e| e.event).collect();
-    assert_eq!(
-        events,
-        [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed]
-    );
-    assert!(
-        store::find_by_key(&f.db.db, "acme", "finished-old")
-            .await
-            .unwrap()
-            .is_none(),
-        "reaped once its entries are in the chain"
-    );
+    let events: Vec<(Option<&str>, AuditEvent)> =
+        entries.iter().map(|e| (e.idempotency_key.as_deref(), e.event)).collect();
+    assert_eq!(events, [(Some("finished-old"), AuditEvent::Completed)]);
 }
 
 async fn many_concurrent_attempts_with_one_key_commit_the_effect_once(backend: Backend) {
@@ -547,13 +536,11 @@ async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
     }
 }
 
-/// Two processes on one database, each creating, replaying the other's
-/// creates and running chain rounds while the other writes: each prepares its
-/// rounds from a head (and on SQLite a claims' mark) the other keeps moving,
-/// and one's rounds link inbox records while the other's claims wait in their
-/// rows (on SQLite) or the inbox. Every entry must still land, once, in one
-/// chain that verifies, and each operation's entries in the order they
-/// happened.
+/// Two processes on one database, one claiming in the effect's transaction
+/// and one under leases, each creating, replaying the other's creates and
+/// running chain rounds while the other writes. Every entry must still land,
+/// once, in one chain that verifies, and each operation's entries in the
+/// order they happened.
 async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain(backend: Backend) {
     let f = Arc::new(fixture(backend).await);
     // the other process claims with a lease: its transitions wait in the
@@ -594,8 +581,9 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
     let verified = idempotency::audit::verify(&entries, None).expect("one chain that verifies");
     assert_eq!(
         verified.entries,
-        40 * (3 + 2),
-        "attempted, claimed and completed for each create; attempted and replayed for each replay"
+        20 * 1 + 20 * 3 + 40 * 2,
+        "completed for a create in one transaction; attempted, claimed and completed for a leased one; \
+         attempted and replayed for each replay"
     );
     for n in 0..40 {
         let key = format!("k-{n}");
@@ -604,19 +592,19 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
             .filter(|e| e.idempotency_key.as_deref() == Some(key.as_str()))
             .map(|e| e.event)
             .collect();
-        assert_eq!(
-            events[..3],
-            [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed],
-            "{key}: the create's entries first, in order"
-        );
-        assert_eq!(events.last(), Some(&AuditEvent::Replayed), "{key}");
+        let created: &[AuditEvent] = if n % 2 == 0 {
+            &[AuditEvent::Completed]
+        } else {
+            &[AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed]
+        };
+        let replayed = [AuditEvent::Attempted, AuditEvent::Replayed];
+        assert_eq!(events, [created, &replayed].concat(), "{key}: the create's entries first, in order");
     }
 }
 
-/// A claim's journal entries commit with it: a claim whose transaction rolled
-/// back leaves none (and on SQLite, where a round makes them from the
-/// operation row, no row to make them from), and the next claim's entries
-/// link onto the chain as it is.
+/// A claim's journal entry commits with it: a claim whose transaction rolled
+/// back leaves none, and the next claim's entry, carrying its attempt
+/// number, links onto the chain as it is.
 async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain(backend: Backend) {
     let f = fixture(backend).await;
     let answer = idempotency::StoredResponse {
@@ -650,64 +638,24 @@ async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto
     f.idempotency.flush_journal().await;
 
     let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
-    assert_eq!(idempotency::audit::verify(&entries, None).map(|v| v.entries), Ok(6));
-    let claim: Vec<(Option<&str>, AuditEvent)> = entries[3..]
+    assert_eq!(idempotency::audit::verify(&entries, None).map(|v| v.entries), Ok(2));
+    let claims: Vec<(Option<&str>, AuditEvent, Option<i64>)> = entries
         .iter()
-        .map(|e| (e.idempotency_key.as_deref(), e.event))
+        .map(|e| (e.idempotency_key.as_deref(), e.event, e.attempt))
         .collect();
     assert_eq!(
-        claim,
+        claims,
         [
-            (Some("committed"), AuditEvent::Attempted),
-            (Some("committed"), AuditEvent::Claimed),
-            (Some("committed"), AuditEvent::Failed)
+            (Some("before"), AuditEvent::Completed, Some(1)),
+            (Some("committed"), AuditEvent::Failed, Some(1))
         ],
-        "after the first create's entries, the committed claim's; none of the rolled-back one's"
+        "after the first create's entry, the committed claim's; none of the rolled-back one's"
     );
     assert!(
         store::find_by_key(&f.db.db, "acme", "rolled-back")
             .await
             .unwrap()
             .is_none()
-    );
-}
-
-/// On SQLite a round finds the claims it has not linked by their number,
-/// above a mark. Deleting the newest operation (a leased claim released after
-/// a server error) must never let the next claim take a number under the
-/// mark, where no round would look.
-async fn a_claim_made_after_the_newest_operation_was_released_is_still_journaled(backend: Backend) {
-    let f = fixture(backend).await;
-    let held = f
-        .claim(
-            "released",
-            &json!({"n": 1}),
-            Timestamp::now().plus(Duration::from_secs(30)),
-        )
-        .await
-        .unwrap();
-    f.idempotency.flush_journal().await;
-    let mut tx = f.db.db.begin().await.unwrap();
-    assert!(
-        store::release(&mut tx, &held, held.lease_token.as_deref().unwrap())
-            .await
-            .unwrap()
-    );
-    tx.commit().await.unwrap();
-
-    let runs = AtomicUsize::new(0);
-    f.run("after", json!({"n": 2}), &runs).await;
-    f.idempotency.flush_journal().await;
-
-    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
-    let after: Vec<AuditEvent> = entries
-        .iter()
-        .filter(|e| e.idempotency_key.as_deref() == Some("after"))
-        .map(|e| e.event)
-        .collect();
-    assert_eq!(
-        after,
-        [AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed]
     );
 }
 
@@ -733,13 +681,7 @@ async fn a_journal_round_whose_caller_went_away_still_links_what_it_took(backend
     let events: Vec<AuditEvent> = entries.iter().map(|e| e.event).collect();
     assert_eq!(
         events,
-        [
-            AuditEvent::Attempted,
-            AuditEvent::Claimed,
-            AuditEvent::Completed,
-            AuditEvent::Attempted,
-            AuditEvent::Replayed
-        ]
+        [AuditEvent::Completed, AuditEvent::Attempted, AuditEvent::Replayed]
     );
 }
 
@@ -923,11 +865,10 @@ platform::both_backends!(
     a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key,
     a_business_failure_rolls_its_writes_back_and_is_replayed,
     the_reaper_removes_finished_operations_past_retention_and_never_running_or_unknown_ones,
-    the_reaper_never_takes_a_claims_journal_entries_with_it,
+    the_reaper_never_takes_an_operations_journal_entries_with_it,
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
     two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
     a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain,
-    a_claim_made_after_the_newest_operation_was_released_is_still_journaled,
     a_journal_round_whose_caller_went_away_still_links_what_it_took,
 );
 

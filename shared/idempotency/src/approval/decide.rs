@@ -195,6 +195,7 @@ impl ApprovalRecord {
             event,
             external_ref: None,
             at,
+            attempt: None,
             change: None,
         }
     }

@@ -80,6 +80,10 @@ pub struct Record {
     pub event: AuditEvent,
     pub external_ref: Option<String>,
     pub at: Timestamp,
+    /// Which attempt on the operation made the entry, where the entry stands
+    /// for the attempt too: a claim that ran and finished in one transaction
+    /// journals only its outcome, and that entry carries the attempt's number.
+    pub attempt: Option<i64>,
     /// The resource a `state_changed` entry is about, and its new state.
     pub change: Option<StateChange>,
 }
@@ -106,7 +110,18 @@ impl Record {
             event: AuditEvent::StateChanged,
             external_ref: None,
             at: Timestamp::now(),
+            attempt: None,
             change: Some(change),
+        }
+    }
+}
+
+impl Record {
+    /// The record, standing for attempt `n` on its operation too.
+    pub fn by_attempt(self, n: i64) -> Record {
+        Record {
+            attempt: Some(n),
+            ..self
         }
     }
 }
@@ -134,8 +149,10 @@ pub struct AuditEntry {
     pub event: AuditEvent,
     pub external_ref: Option<String>,
     pub at: Timestamp,
-    /// `state_changed`: the resource and its new state (absent from exports
-    /// made before entries had them).
+    /// See [`Record::attempt`].
+    #[serde(default)]
+    pub attempt: Option<i64>,
+    /// `state_changed`: the resource and its new state.
     #[serde(default)]
     pub resource_type: Option<String>,
     #[serde(default)]
@@ -146,8 +163,9 @@ pub struct AuditEntry {
     pub hash: String,
 }
 
-/// Everything but `hash`: what the hash covers. The resource fields are left
-/// out when empty, so every entry made before they existed hashes as it did.
+/// Everything but `hash`: what the hash covers. The fields most entries do
+/// not have (the attempt, the resource) are left out when empty, so an entry
+/// hashes the same whichever of them it lacks.
 #[derive(Serialize)]
 struct Hashed<'a> {
     seq: i64,
@@ -160,6 +178,8 @@ struct Hashed<'a> {
     event: AuditEvent,
     external_ref: Option<&'a str>,
     at: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     resource_type: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -187,6 +207,7 @@ impl AuditEntry {
             event: record.event,
             external_ref: record.external_ref,
             at: record.at,
+            attempt: record.attempt,
             resource_type,
             resource_id,
             state,
@@ -208,6 +229,7 @@ impl AuditEntry {
             event: self.event,
             external_ref: self.external_ref.as_deref(),
             at: self.at,
+            attempt: self.attempt,
             resource_type: self.resource_type.as_deref(),
             resource_id: self.resource_id.as_deref(),
             state: self.state.as_deref(),

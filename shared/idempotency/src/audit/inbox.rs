@@ -21,24 +21,25 @@ pub async fn record_state_change(
 /// Records the events of a transition inside the transaction that makes it
 /// (the claim, the completion, a decision), so they commit — or not — with
 /// what they record. They wait in `audit_inbox` until the [`Journal`](super::Journal)'s
-/// chainer links them; no writer waits for another on the chain. (On SQLite a
-/// claim that finishes in its own transaction keeps its records in its
-/// operation row instead: see [`finished_claim`](super::finished_claim).)
+/// chainer links them; no writer waits for another on the chain.
 pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
-    if records.is_empty() {
-        return Ok(());
+    // a round's observations can be thousands: a statement binds a bounded number
+    for chunk in records.chunks(RECORDS_PER_STATEMENT) {
+        let sql = format!(
+            "{INBOX_INSERT} VALUES {}",
+            placeholders(1, chunk.len(), INBOX_COLUMNS)
+        );
+        on_tx!(tx, |conn| {
+            bind_records!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), chunk)
+                .execute(conn)
+                .await?;
+        });
     }
-    let sql = format!(
-        "{INBOX_INSERT} VALUES {}",
-        placeholders(1, records.len(), INBOX_COLUMNS)
-    );
-    on_tx!(tx, |conn| {
-        bind_records!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), records)
-            .execute(conn)
-            .await?;
-    });
     Ok(())
 }
+
+/// Records per INSERT: SQLite binds at most 32,766 parameters a statement.
+const RECORDS_PER_STATEMENT: usize = 1_000;
 
 /// Journals that `by` (a worker) moved the resource that an operation made
 /// or acted on to `state`, in `tx`, the transaction that moves it. The entry
@@ -76,10 +77,10 @@ pub async fn record_resource_change(
 
 pub(crate) const INBOX_INSERT: &str = "INSERT INTO audit_inbox \
      (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
-      resource_type, resource_id, state)";
+      attempt, resource_type, resource_id, state)";
 
 /// Parameters per inbox row.
-pub(crate) const INBOX_COLUMNS: usize = 12;
+pub(crate) const INBOX_COLUMNS: usize = 13;
 
 /// Binds each record's inbox columns, in [`INBOX_INSERT`]'s order.
 macro_rules! bind_records {
@@ -96,6 +97,7 @@ macro_rules! bind_records {
                 .bind(r.event.as_str())
                 .bind(r.external_ref.as_deref())
                 .bind(r.at)
+                .bind(r.attempt)
                 .bind(r.change.as_ref().map(|c| c.resource_type.as_str()))
                 .bind(r.change.as_ref().map(|c| c.resource_id.as_str()))
                 .bind(r.change.as_ref().map(|c| c.state.as_str()));

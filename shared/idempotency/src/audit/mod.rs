@@ -8,8 +8,8 @@
 //! upsert), and an entry whose `prev_hash` is not the hash of the entry
 //! before it (`seq` is the primary key): no writer can fork the chain or
 //! leave a gap in it.
-//! Appends are serialised (PostgreSQL: an advisory lock held to the end of
-//! the transaction; SQLite: its one writer).
+//! Rounds of appends are serialised (PostgreSQL: an advisory lock held to
+//! the end of the round's transaction; SQLite: its one writer).
 //! [`verify`] checks a chain offline and names the first broken entry; a
 //! [`Head`] pinned earlier (`GET /v1/audit/head`, the service's log) lets it
 //! catch a cut tail too.
@@ -18,21 +18,17 @@
 //! [`Journal`] and docs/design.md §8.
 //!
 //! The module, file by file: `chain.rs` (the entries and their hashes, no
-//! database), `inbox.rs` (how a transition records its entries),
-//! `chainer.rs` (the rounds that link them) with `append.rs` and `claims.rs`,
-//! and `query.rs` (reading it back).
+//! database: what the `audit` command verifies with), `inbox.rs` (how a
+//! transition records its entries), `chainer.rs` (the rounds that link
+//! them), and `query.rs` (reading it back).
 
-mod append;
 mod chain;
 mod chainer;
-mod claims;
 mod inbox;
 mod query;
 
-pub use append::*;
 pub use chain::*;
 pub use chainer::*;
-pub use claims::*;
 pub(crate) use inbox::bind_records;
 pub use inbox::*;
 pub use query::*;

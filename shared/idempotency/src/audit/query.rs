@@ -5,7 +5,7 @@ use platform::{Db, Timestamp, on_pool};
 use sqlx::Row;
 
 use super::{
-    append::{HEAD, head_or_genesis},
+    chainer::{HEAD, head_or_genesis},
     chain::{AuditEntry, AuditEvent, Head, Record, StateChange},
 };
 
@@ -25,7 +25,7 @@ pub struct AuditFilter {
 }
 
 const ENTRY_COLUMNS: &str = "seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
-     external_ref, at, resource_type, resource_id, state, prev_hash, hash";
+     external_ref, at, attempt, resource_type, resource_id, state, prev_hash, hash";
 
 /// Every entry after `after_seq`, in chain order, at most `limit`: the whole
 /// journal, every account, for export and verification.
@@ -80,6 +80,7 @@ where
     for<'c> &'c str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     let event: String = row.try_get("event")?;
@@ -105,6 +106,7 @@ where
         event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
         external_ref: row.try_get("external_ref")?,
         at: row.try_get("at")?,
+        attempt: row.try_get("attempt")?,
         change,
     })
 }
@@ -115,6 +117,7 @@ where
     for<'c> &'c str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {

@@ -93,6 +93,7 @@ impl<'a> Attempt<'a> {
             event,
             external_ref: None,
             at,
+            attempt: None,
             change: None,
         }
     }

@@ -104,6 +104,7 @@ impl Ended<'_> {
             event,
             external_ref: self.external_ref,
             at: now,
+            attempt: None,
             change: None,
         };
         audit::record(tx, &[ended]).await

@@ -189,6 +189,7 @@ impl OutboxEvent {
             event,
             external_ref: external_ref.map(str::to_owned),
             at,
+            attempt: None,
             change: None,
         }
     }

@@ -8,7 +8,7 @@ use crate::{
     audit::{self, AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
-    operation::{OperationRecord, StoredResponse},
+    operation::{OperationRecord, OperationState, StoredResponse},
 };
 
 use super::{Completion, read::decode};
@@ -60,23 +60,12 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
     Ok(row)
 }
 
-/// PostgreSQL's claim of [`claim_finished`], binding $1–$17 as [`bind_claim_finished!`]
-/// does (its journal records follow, in the inbox).
+/// The claim of [`claim_finished`], binding $1–$17 as [`bind_claim_finished!`] does.
 const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
      (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
       response_status, response_content_type, response_location, response_body, \
       resource_type, resource_id, resource_url, external_ref, created_at, updated_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17) \
-     ON CONFLICT (account_id, idempotency_key) DO NOTHING";
-
-/// SQLite's claim of [`claim_finished`]: the same, and what its journal
-/// entries say that the row does not ($18: when the attempt started; the
-/// state it was claimed in, $8, which stays while `state` moves on).
-const CLAIM_FINISHED_SQLITE: &str = "INSERT INTO idempotency_operations \
-     (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
-      response_status, response_content_type, response_location, response_body, \
-      resource_type, resource_id, resource_url, external_ref, created_at, updated_at, attempted_at, claimed_state) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17, $18, $8) \
      ON CONFLICT (account_id, idempotency_key) DO NOTHING";
 
 macro_rules! bind_claim_finished {
@@ -104,56 +93,54 @@ macro_rules! bind_claim_finished {
 
 /// Claims the key with the operation already finished, inside the
 /// transaction of its effect ([`ClaimMode::InTransaction`](crate::ClaimMode)),
-/// and journals the claim ([`audit::finished_claim`]: the attempt that
-/// started at `attempted_at`, the claim, its outcome) with it: one insert
-/// under the primary key carries the claim and the answer. `false`: another
-/// attempt holds the key (PostgreSQL waited for it to commit), nothing was
-/// written, and the caller must roll its effect back. The lease fields of
-/// `new` are not used: a claim that finishes in its own transaction is never
-/// seen running.
+/// and journals it in the same transaction: one insert under the primary key
+/// carries the claim and the answer. `false`: another attempt holds the key
+/// (PostgreSQL waited for it to commit), nothing was written, and the caller
+/// must roll its effect back. The lease fields of `new` are not used: a
+/// claim that finishes in its own transaction is never seen running.
 ///
-/// The claim and its journal records travel in *one* round trip, because
-/// every round trip inside a write transaction is time the transaction holds
-/// its locks (on SQLite, the one writer):
-/// - PostgreSQL: a writable CTE puts the records in the inbox (see
-///   [`audit::record`]) if the claim inserted its row;
-/// - SQLite: the row itself keeps what they say, and the chain round makes
-///   them from it (see [`audit::finished_claim`] for why).
+/// The attempt, its claim and its outcome commit together, so they are one
+/// journal entry, `completed` or `failed`, carrying the attempt's number
+/// (docs/contract.md §8). An operation whose work went to the outbox is
+/// claimed, not finished: its `attempted` and `claimed` stand alone.
 pub async fn claim_finished(
     tx: &mut Tx,
     new: &NewOperation<'_>,
     completion: &Completion<'_>,
     attempted_at: Timestamp,
 ) -> Result<bool, sqlx::Error> {
-    let written = match tx {
-        Tx::Postgres(pg) => {
-            let journaled = audit::finished_claim(
-                |event, at| new.audit(event, at),
-                attempted_at,
-                completion.now,
-                completion.state,
-            );
-            let (inbox, values) = (
-                audit::INBOX_INSERT,
-                audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS),
-            );
-            let sql = format!(
-                "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) \
-                 {inbox} SELECT * FROM (VALUES {values}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)"
-            );
-            let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
-            audit::bind_records!(query, &journaled)
-                .execute(&mut **pg)
-                .await?
-                .rows_affected()
-        }
-        Tx::Sqlite(lite) => bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQLITE), new, completion)
-            .bind(attempted_at)
-            .execute(&mut **lite)
-            .await?
-            .rows_affected(),
+    let journaled = match completion.state {
+        OperationState::Completed => vec![new.audit(AuditEvent::Completed, completion.now).by_attempt(1)],
+        OperationState::Failed => vec![new.audit(AuditEvent::Failed, completion.now).by_attempt(1)],
+        _ => vec![
+            new.audit(AuditEvent::Attempted, attempted_at),
+            new.audit(AuditEvent::Claimed, completion.now),
+        ],
     };
-    Ok(written > 0)
+    if let Tx::Postgres(pg) = tx {
+        // one round trip, since every round trip in a write transaction is
+        // time it holds its locks: the entries go in only if the claim did
+        let sql = format!(
+            "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {} \
+             SELECT * FROM (VALUES {}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)",
+            audit::INBOX_INSERT,
+            audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS)
+        );
+        let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
+        let written = audit::bind_records!(query, &journaled).execute(&mut **pg).await?;
+        return Ok(written.rows_affected() > 0);
+    }
+    // SQLite has no writable CTE; its statements run in the process, so two cost no round trip
+    let claimed = on_tx!(tx, |conn| {
+        bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQL), new, completion)
+            .execute(conn)
+            .await?
+            .rows_affected()
+    }) == 1;
+    if claimed {
+        audit::record(tx, &journaled).await?;
+    }
+    Ok(claimed)
 }
 
 /// Claims the key for an operation that waits for a human: stored as
@@ -218,6 +205,7 @@ impl NewOperation<'_> {
             event,
             external_ref: None,
             at,
+            attempt: None,
             change: None,
         }
     }

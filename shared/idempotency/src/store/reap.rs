@@ -11,23 +11,10 @@ pub async fn reap(db: &Db, cutoff: Timestamp) -> Result<u64, sqlx::Error> {
     // has an id below the first id of `cutoff`'s millisecond. So the reaper
     // walks the operation_id index up to there, and no index of its own costs
     // every write an entry.
-    //
-    // On SQLite an operation whose claim the journal has not linked yet (above
-    // the chain round's mark) keeps its row: the row is what its entries are
-    // made from (see `audit::finished_claim`).
-    let sql = match db.backend() {
-        platform::Backend::Postgres => {
-            "DELETE FROM idempotency_operations \
-             WHERE operation_id < $1 AND state IN ('completed', 'failed', 'rejected') AND updated_at < $2"
-        }
-        platform::Backend::Sqlite => {
-            "DELETE FROM idempotency_operations \
-             WHERE operation_id < $1 AND state IN ('completed', 'failed', 'rejected') AND updated_at < $2 \
-               AND seq <= (SELECT operations_seq FROM audit_progress)"
-        }
-    };
+    const REAP: &str = "DELETE FROM idempotency_operations \
+         WHERE operation_id < $1 AND state IN ('completed', 'failed', 'rejected') AND updated_at < $2";
     Ok(on_pool!(db.write(), |pool| {
-        sqlx::query(sql)
+        sqlx::query(REAP)
             .bind(crate::operation::first_operation_id_at(cutoff))
             .bind(cutoff)
             .execute(pool)
