@@ -93,8 +93,6 @@ async fn a_replay_is_journaled_as_replayed_and_a_changed_body_as_key_reused(back
     assert_eq!(
         events(&journal),
         [
-            "attempted",
-            "claimed",
             "completed",
             "attempted",
             "replayed",
@@ -134,6 +132,7 @@ async fn the_journal_is_read_by_approvers_and_admins_of_its_own_account_only(bac
 
 async fn the_journal_filters_by_time_range_and_pages_in_chain_order(backend: Backend) {
     let app = TestApp::spawn(backend).await;
+    app.create_ticket("key-1", ROTATE_CERT).await;
     app.create_ticket("key-1", ROTATE_CERT).await;
     let all = app.get("/v1/audit", ACME_APPROVER).await.json();
     let middle = all["data"][1]["at"].as_str().unwrap().to_owned();
@@ -207,21 +206,14 @@ async fn the_chain_verifies_after_a_thousand_mixed_concurrent_operations(backend
 
     app.app.idempotency.flush_journal().await;
     let entries = audit::all_entries(&app.db.db).await.unwrap();
-    let verified = audit::verify(&entries, None).expect("one unbroken chain");
+    audit::verify(&entries, None).expect("one unbroken chain");
 
-    assert!(
-        verified.entries >= 2000,
-        "every one of the 1,000 attempts left entries: {}",
-        verified.entries
-    );
-    assert_eq!(
-        entries
-            .iter()
-            .filter(|e| e.event == audit::AuditEvent::Attempted)
-            .count(),
-        1000,
-        "one `attempted` per request"
-    );
+    use audit::AuditEvent::*;
+    let outcomes = entries
+        .iter()
+        .filter(|e| matches!(e.event, Completed | Replayed | KeyReused | ApprovalRequested))
+        .count();
+    assert_eq!(outcomes, 1000, "one entry naming its outcome per request");
 }
 
 /// The state changes a caller can make with no key are journaled too:

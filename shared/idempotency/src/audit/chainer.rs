@@ -43,13 +43,13 @@ const CHAIN_LOCK: i64 = 0x0a0d_1700_c4a1;
 /// A round, in one transaction under the chain's lock: the observations go
 /// into the inbox; the chain's head is read; a batch is taken out of the
 /// inbox in inbox order (one `DELETE … RETURNING`, so what is linked is
-/// exactly what was removed); it is hashed onto the head and inserted; then
-/// the round commits. A round that dies anywhere before its commit leaves the
-/// inbox and the chain as they were. Inbox order is commit order for the
-/// records of one operation (each of its transitions commits after the one
-/// before), and an observation saw a state that had committed before it;
-/// across operations the chain's order is the order of linking, and `at`
-/// says when each event happened.
+/// exactly what was removed) and put in the order its events happened; it is
+/// hashed onto the head and inserted; then the round commits. A round that
+/// dies anywhere before its commit leaves the inbox and the chain as they
+/// were. An observation saw a state that had committed before it, so its
+/// cause is in the same round or an earlier one: each operation's entries
+/// are in the order they happened. Across operations the chain's order is
+/// the order of linking, and `at` says when each event happened.
 #[derive(Debug, Default)]
 pub struct Journal {
     observed: Mutex<Vec<Record>>,
@@ -163,8 +163,12 @@ async fn take_batch(tx: &mut Tx) -> Result<Vec<Record>, sqlx::Error> {
             .map(taken_record)
             .collect::<Result<Vec<_>, _>>()?
     });
-    // RETURNING promises no order
+    // RETURNING promises no order. Inbox order, then the order things
+    // happened: the round's observations went in last, but an attempt that
+    // was replayed before an approval was decided is journaled before it.
+    // Stable, so records that share a time keep their inbox order.
     taken.sort_unstable_by_key(|(id, _)| *id);
+    taken.sort_by_key(|(_, record)| record.at);
     Ok(taken.into_iter().map(|(_, record)| record).collect())
 }
 
