@@ -226,7 +226,7 @@ async fn after_a_crash_in_the_middle_of_a_chain_round_the_journal_verifies_and_h
     doomed.0.wait_for("fail point reached").await;
     doomed.kill().await;
 
-    let mut restarted = Service::start(&db.url, "transaction", None).await;
+    let restarted = Service::start(&db.url, "transaction", None).await;
     // the agent retries every key it got no answer for, and one it did
     for key in &keys {
         assert_eq!(restarted.create(key).await.status, StatusCode::CREATED, "{key}");

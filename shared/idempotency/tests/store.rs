@@ -498,8 +498,10 @@ async fn the_reaper_never_takes_an_operations_journal_entries_with_it(backend: B
     f.idempotency.flush_journal().await;
 
     let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
-    let events: Vec<(Option<&str>, AuditEvent)> =
-        entries.iter().map(|e| (e.idempotency_key.as_deref(), e.event)).collect();
+    let events: Vec<(Option<&str>, AuditEvent)> = entries
+        .iter()
+        .map(|e| (e.idempotency_key.as_deref(), e.event))
+        .collect();
     assert_eq!(events, [(Some("finished-old"), AuditEvent::Completed)]);
 }
 
@@ -598,7 +600,11 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
             &[AuditEvent::Attempted, AuditEvent::Claimed, AuditEvent::Completed]
         };
         let replayed = [AuditEvent::Attempted, AuditEvent::Replayed];
-        assert_eq!(events, [created, &replayed].concat(), "{key}: the create's entries first, in order");
+        assert_eq!(
+            events,
+            [created, &replayed].concat(),
+            "{key}: the create's entries first, in order"
+        );
     }
 }
 

@@ -92,13 +92,7 @@ async fn a_replay_is_journaled_as_replayed_and_a_changed_body_as_key_reused(back
 
     assert_eq!(
         events(&journal),
-        [
-            "completed",
-            "attempted",
-            "replayed",
-            "attempted",
-            "key_reused"
-        ]
+        ["completed", "attempted", "replayed", "attempted", "key_reused"]
     );
     let entries = app.get("/v1/audit?event=replayed", ACME_APPROVER).await.json();
     let entry = &entries["data"][0];

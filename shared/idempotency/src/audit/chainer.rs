@@ -126,7 +126,10 @@ async fn round(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
 async fn inbox_has_records(db: &Db) -> Result<bool, sqlx::Error> {
     const FIRST: &str = "SELECT id FROM audit_inbox ORDER BY id LIMIT 1";
     Ok(on_pool!(db.read(), |pool| {
-        sqlx::query_scalar::<_, i64>(FIRST).fetch_optional(pool).await?.is_some()
+        sqlx::query_scalar::<_, i64>(FIRST)
+            .fetch_optional(pool)
+            .await?
+            .is_some()
     }))
 }
 

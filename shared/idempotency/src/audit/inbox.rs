@@ -25,10 +25,7 @@ pub async fn record_state_change(
 pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
     // a round's observations can be thousands: a statement binds a bounded number
     for chunk in records.chunks(RECORDS_PER_STATEMENT) {
-        let sql = format!(
-            "{INBOX_INSERT} VALUES {}",
-            placeholders(1, chunk.len(), INBOX_COLUMNS)
-        );
+        let sql = format!("{INBOX_INSERT} VALUES {}", placeholders(1, chunk.len(), INBOX_COLUMNS));
         on_tx!(tx, |conn| {
             bind_records!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), chunk)
                 .execute(conn)

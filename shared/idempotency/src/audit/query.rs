@@ -5,8 +5,8 @@ use platform::{Db, Timestamp, on_pool};
 use sqlx::Row;
 
 use super::{
-    chainer::{HEAD, head_or_genesis},
     chain::{AuditEntry, AuditEvent, Head, Record, StateChange},
+    chainer::{HEAD, head_or_genesis},
 };
 
 fn unknown_event(event: &str) -> sqlx::Error {

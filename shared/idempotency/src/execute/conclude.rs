@@ -259,7 +259,7 @@ impl Idempotency {
 
     /// After a server error, nothing of the run is kept and the key is free
     /// again for the next attempt. In the transaction nothing was claimed;
-    /// a leased claim is given back (`store::release`) and journaled as
+    /// a leased claim is given back (`store::give_back`) and journaled as
     /// `released`.
     pub(super) async fn give_back(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Response {
         let Claim::Leased { operation, token } = claim else {
@@ -268,7 +268,7 @@ impl Idempotency {
         let operation_id = &operation.operation_id;
         let freed = async {
             let mut tx = self.db.begin().await?;
-            if store::release(&mut tx, operation, token).await? {
+            if store::give_back(&mut tx, operation, token).await? {
                 let journaled =
                     [operation.audit(AuditEvent::Released, &attempt.principal.principal_id, Timestamp::now())];
                 audit::record(&mut tx, &journaled).await?;

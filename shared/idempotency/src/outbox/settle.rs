@@ -43,7 +43,7 @@ impl<D: Destination> Outbox<D> {
         };
         let now = Timestamp::now();
         let mut tx = self.idempotency.db.begin().await?;
-        if !store::release(
+        if !store::let_go(
             &mut tx,
             event,
             plan.event,

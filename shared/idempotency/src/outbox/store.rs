@@ -109,7 +109,7 @@ pub(super) async fn take_due(
 /// Lets go of an event this holder took, in its new state: compare-and-set on
 /// the lease token. `false`: the lease ran out and another holder has it.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn release(
+pub(super) async fn let_go(
     tx: &mut Tx,
     event: &OutboxEvent,
     state: EventState,

@@ -1,7 +1,7 @@
 //! The writes on a claimed operation, each a compare-and-set on its lease or
 //! its state so that of two racing attempts exactly one wins: take over a
 //! lapsed lease, start an approved operation, complete it with its answer,
-//! settle one that waited (an outbox delivery, an approval), release it.
+//! settle one that waited (an outbox delivery, an approval), give it back.
 
 use platform::{Timestamp, Tx, on_tx};
 
@@ -202,7 +202,7 @@ pub async fn settle_awaiting(
 /// operation is forgotten, so the next attempt claims afresh; one bound to an
 /// approval goes back to `awaiting_approval`, keeping its approval for the
 /// next retry. `false`: the lease was lost.
-pub async fn release(tx: &mut Tx, operation: &OperationRecord, lease_token: &str) -> Result<bool, sqlx::Error> {
+pub async fn give_back(tx: &mut Tx, operation: &OperationRecord, lease_token: &str) -> Result<bool, sqlx::Error> {
     let sql = if operation.approval_id.is_some() {
         "UPDATE idempotency_operations SET state = 'awaiting_approval', lease_token = NULL, locked_until = NULL \
          WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'"

@@ -5,7 +5,7 @@
 //! Grouped by what the statements do: `claim`, the inserts that take a key
 //! (leased, finished in the effect's transaction, or awaiting approval);
 //! `complete`, the compare-and-set writes on a claimed operation (take over,
-//! start an approved one, complete, settle, release); `read`, the lookups by
+//! start an approved one, complete, settle, give back); `read`, the lookups by
 //! key or id and the attempt count they show; `reap`, retention.
 
 /// Every column, in the order `decode` reads them by name.
@@ -23,6 +23,6 @@ mod read;
 mod reap;
 
 pub use claim::{NewOperation, claim, claim_awaiting_approval, claim_finished};
-pub use complete::{Completion, complete, release, settle_awaiting, settle_external, start_approved, take_over};
+pub use complete::{Completion, complete, give_back, settle_awaiting, settle_external, start_approved, take_over};
 pub use read::{add_attempts, find_by_id, find_by_key};
 pub use reap::reap;
