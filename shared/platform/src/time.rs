@@ -13,7 +13,7 @@ use sqlx::{
     Decode, Encode, Postgres, Sqlite, Type,
     encode::IsNull,
     error::BoxDynError,
-    postgres::{PgArgumentBuffer, PgHasArrayType, PgTypeInfo, PgValueRef},
+    postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef},
     sqlite::{SqliteArgumentsBuffer, SqliteTypeInfo, SqliteValueRef},
 };
 
@@ -94,14 +94,6 @@ impl utoipa::ToSchema for Timestamp {}
 impl Type<Postgres> for Timestamp {
     fn type_info() -> PgTypeInfo {
         <DateTime<Utc> as Type<Postgres>>::type_info()
-    }
-}
-
-/// Arrays of timestamps, for statements that take a column of many rows as
-/// one parameter (`unnest($1::timestamptz[], …)`).
-impl PgHasArrayType for Timestamp {
-    fn array_type_info() -> PgTypeInfo {
-        <DateTime<Utc> as PgHasArrayType>::array_type_info()
     }
 }
 
