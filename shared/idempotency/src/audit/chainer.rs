@@ -9,7 +9,6 @@ use sqlx::Row;
 
 use super::{
     chain::{AuditEntry, GENESIS, Record, chained},
-    inbox::record,
     query::decode_record,
 };
 use crate::execute::fail_point;
@@ -17,9 +16,10 @@ use crate::execute::fail_point;
 /// How often the chainer links what is waiting, at the latest.
 const CHAIN_EVERY: Duration = Duration::from_millis(100);
 
-/// Inbox records one round links at most: it bounds the round's transaction,
-/// and on SQLite the time it holds the one writer that every create waits for.
-const ROUND_SIZE: i64 = 5_000;
+/// Inbox records, and observations, one round links at most: it bounds the
+/// round's transaction, and on SQLite the time it holds the one writer that
+/// every create waits for.
+const ROUND_SIZE: usize = 5_000;
 
 /// Serialises rounds on PostgreSQL, across processes (`pg_advisory_xact_lock`);
 /// any constant that no other part of the database uses. SQLite's rounds are
@@ -29,27 +29,28 @@ const CHAIN_LOCK: i64 = 0x0a0d_1700_c4a1;
 /// The journal of one service database: what reaches the chain, and the
 /// rounds that link it.
 ///
-/// Everything reaches the chain through `audit_inbox`:
+/// Two kinds of events, two kinds of durability:
 /// - a **transition** (claimed, completed, failed, approval_requested,
-///   approved, …) is recorded there by [`record`](super::record) in the
-///   transaction that makes it, so it is never lost, and never recorded for
-///   a change that rolled back;
+///   approved, …) is recorded in `audit_inbox` by [`record`](super::record)
+///   in the transaction that makes it, so it is never lost, and never
+///   recorded for a change that rolled back;
 /// - an **observation** (an attempt answered from what is stored: replayed,
 ///   key_reused, in_progress) changes nothing, so it waits in memory
-///   ([`Journal::observe`]) and a replay never waits for a write; the next
-///   round puts it in the inbox first. A crash loses at most the
-///   observations of the last round.
+///   ([`Journal::observe`]) and a replay never waits for a write. A crash
+///   loses at most the observations of the last round. Written to the inbox
+///   and read back, each would cost the round twice as much, and replays come
+///   many times faster than creates.
 ///
-/// A round, in one transaction under the chain's lock: the observations go
-/// into the inbox; the chain's head is read; a batch is taken out of the
-/// inbox in inbox order (one `DELETE … RETURNING`, so what is linked is
-/// exactly what was removed) and put in the order its events happened; it is
-/// hashed onto the head and inserted; then the round commits. A round that
-/// dies anywhere before its commit leaves the inbox and the chain as they
-/// were. An observation saw a state that had committed before it, so its
-/// cause is in the same round or an earlier one: each operation's entries
-/// are in the order they happened. Across operations the chain's order is
-/// the order of linking, and `at` says when each event happened.
+/// A round, in one transaction under the chain's lock: read the head; take a
+/// batch out of the inbox in inbox order (one `DELETE … RETURNING`, so what
+/// is linked is exactly what was removed) and add the waiting observations;
+/// put the batch in the order its events happened, hash it onto the head,
+/// insert it, commit. A round that dies anywhere before its commit leaves
+/// the inbox and the chain as they were. An observation saw a state that had
+/// committed before it, so its cause is in the same round or an earlier one:
+/// each operation's entries are in the order they happened. Across
+/// operations the chain's order is the order of linking, and `at` says when
+/// each event happened.
 #[derive(Debug, Default)]
 pub struct Journal {
     observed: Mutex<Vec<Record>>,
@@ -60,30 +61,41 @@ pub struct Journal {
 impl Journal {
     /// Queues observations; never waits.
     pub fn observe(&self, records: impl IntoIterator<Item = Record>) {
-        self.observed.lock().unwrap_or_else(|p| p.into_inner()).extend(records);
+        self.queue().extend(records);
     }
 
-    /// Links everything waiting into the chain, a round at a time until the
-    /// inbox is empty. Returns how many entries it appended. On failure the
-    /// observations are queued again.
+    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<Record>> {
+        self.observed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Links everything waiting into the chain, a round at a time until a
+    /// round finds less than it can take. Returns how many entries it
+    /// appended. On failure the round's observations are queued again.
     pub async fn chain_pending(&self, db: &Db) -> Result<usize, sqlx::Error> {
         let _one_round_at_a_time = self.round.lock().await;
-        let observed = std::mem::take(&mut *self.observed.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut linked = match round(db, &observed).await {
-            Ok(linked) => linked,
-            Err(e) => {
-                let mut queue = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-                let newer = std::mem::replace(&mut *queue, observed);
-                queue.extend(newer);
-                return Err(e);
+        let mut appended = 0;
+        loop {
+            let observed = {
+                let mut queue = self.queue();
+                let at_most = queue.len().min(ROUND_SIZE);
+                let rest = queue.split_off(at_most);
+                std::mem::replace(&mut *queue, rest)
+            };
+            match round(db, &observed).await {
+                Ok(linked) => {
+                    appended += linked.entries;
+                    if !linked.full && observed.len() < ROUND_SIZE {
+                        return Ok(appended);
+                    }
+                }
+                Err(e) => {
+                    let mut queue = self.queue();
+                    let newer = std::mem::replace(&mut *queue, observed);
+                    queue.extend(newer);
+                    return Err(e);
+                }
             }
-        };
-        let mut appended = linked;
-        while linked as i64 == ROUND_SIZE {
-            linked = round(db, &[]).await?;
-            appended += linked;
         }
-        Ok(appended)
     }
 
     /// A round every `CHAIN_EVERY`, whatever arrives meanwhile: the fewer
@@ -102,23 +114,40 @@ impl Journal {
     }
 }
 
-/// One round (see [`Journal`]). Returns how many inbox records it linked.
-async fn round(db: &Db, observed: &[Record]) -> Result<usize, sqlx::Error> {
+/// What a round linked: how many entries, and whether it took as many inbox
+/// records as a round can (more may wait).
+struct Linked {
+    entries: usize,
+    full: bool,
+}
+
+/// One round (see [`Journal`]).
+async fn round(db: &Db, observed: &[Record]) -> Result<Linked, sqlx::Error> {
     if observed.is_empty() && !inbox_has_records(db).await? {
-        return Ok(0); // an idle service takes no lock
+        // an idle service takes no lock
+        return Ok(Linked {
+            entries: 0,
+            full: false,
+        });
     }
     let mut tx = db.begin().await?;
     lock_chain(&mut tx).await?;
-    record(&mut tx, observed).await?;
     let head = head_or_genesis(on_tx!(&mut tx, |conn| sqlx::query_as(HEAD)
         .fetch_optional(conn)
         .await?));
-    let taken = take_batch(&mut tx).await?;
-    let entries = chained(head, taken);
+    let mut batch = take_batch(&mut tx).await?;
+    let full = batch.len() == ROUND_SIZE;
+    batch.extend_from_slice(observed);
+    // stable: records that share a time keep their order
+    batch.sort_by_key(|record| record.at);
+    let entries = chained(head, batch);
     insert_entries(&mut tx, &entries).await?;
     fail_point("audit::chain_round").await;
     tx.commit().await?;
-    Ok(entries.len())
+    Ok(Linked {
+        entries: entries.len(),
+        full,
+    })
 }
 
 /// By the primary key's index, like the round's own read: the inbox is a
@@ -159,19 +188,15 @@ async fn take_batch(tx: &mut Tx) -> Result<Vec<Record>, sqlx::Error> {
                    event, external_ref, at, attempt, resource_type, resource_id, state";
     let mut taken = on_tx!(tx, |conn| {
         sqlx::query(TAKE)
-            .bind(ROUND_SIZE)
+            .bind(ROUND_SIZE as i64)
             .fetch_all(conn)
             .await?
             .iter()
             .map(taken_record)
             .collect::<Result<Vec<_>, _>>()?
     });
-    // RETURNING promises no order. Inbox order, then the order things
-    // happened: the round's observations went in last, but an attempt that
-    // was replayed before an approval was decided is journaled before it.
-    // Stable, so records that share a time keep their inbox order.
+    // RETURNING promises no order
     taken.sort_unstable_by_key(|(id, _)| *id);
-    taken.sort_by_key(|(_, record)| record.at);
     Ok(taken.into_iter().map(|(_, record)| record).collect())
 }
 

@@ -23,7 +23,7 @@ pub async fn record_state_change(
 /// what they record. They wait in `audit_inbox` until the [`Journal`](super::Journal)'s
 /// chainer links them; no writer waits for another on the chain.
 pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
-    // a round's observations can be thousands: a statement binds a bounded number
+    // a statement binds a bounded number of parameters
     for chunk in records.chunks(RECORDS_PER_STATEMENT) {
         let sql = format!("{INBOX_INSERT} VALUES {}", placeholders(1, chunk.len(), INBOX_COLUMNS));
         on_tx!(tx, |conn| {
