@@ -583,7 +583,7 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
     let verified = idempotency::audit::verify(&entries, None).expect("one chain that verifies");
     assert_eq!(
         verified.entries,
-        20 * 1 + 20 * 3 + 40 * 2,
+        20 + 20 * 3 + 40 * 2,
         "completed for a create in one transaction; attempted, claimed and completed for a leased one; \
          attempted and replayed for each replay"
     );
