@@ -105,6 +105,31 @@ async fn a_changed_or_missing_entry_is_named_by_verification(backend: Backend) {
     assert_eq!(holds(&missing).unwrap_err().seq, 3, "the entry after the gap is named");
 }
 
+/// An observation never goes into the chain before the transition it saw,
+/// even when more transitions wait than one round takes.
+async fn an_observation_is_never_linked_before_the_transition_it_saw(backend: Backend) {
+    let db = journal(backend).await;
+    let waiting: Vec<Record> = (0..5_001)
+        .flat_map(|n| record(AuditEvent::Completed, &format!("op_{n}")))
+        .collect();
+    let mut tx = db.db.begin().await.unwrap();
+    audit::record(&mut tx, &waiting).await.unwrap();
+    tx.commit().await.unwrap();
+    let journal = audit::Journal::default();
+    journal.observe(record(AuditEvent::Replayed, "op_5000"));
+
+    assert_eq!(journal.chain_pending(&db.db).await.unwrap(), 5_002);
+
+    let entries = audit::all_entries(&db.db).await.unwrap();
+    let last: Vec<AuditEvent> = entries
+        .iter()
+        .filter(|e| e.operation_id.as_deref() == Some("op_5000"))
+        .map(|e| e.event)
+        .collect();
+    assert_eq!(last, [AuditEvent::Completed, AuditEvent::Replayed]);
+    assert_eq!(holds(&entries), Ok(5_002));
+}
+
 /// The attempt number an entry carries is covered by its hash.
 async fn an_entrys_attempt_number_is_covered_by_its_hash(backend: Backend) {
     let db = journal(backend).await;
@@ -303,6 +328,7 @@ platform::both_backends!(
     a_changed_or_missing_entry_is_named_by_verification,
     concurrent_writers_and_rounds_never_fork_the_chain,
     an_entrys_attempt_number_is_covered_by_its_hash,
+    an_observation_is_never_linked_before_the_transition_it_saw,
     the_database_refuses_to_update_delete_or_truncate_the_journal,
     an_entry_that_does_not_link_onto_the_entry_before_it_is_refused_by_the_database,
     the_database_refuses_an_insert_that_would_replace_an_entry,

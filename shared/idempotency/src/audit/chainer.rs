@@ -43,7 +43,8 @@ const CHAIN_LOCK: i64 = 0x0a0d_1700_c4a1;
 ///
 /// A round, in one transaction under the chain's lock: read the head; take a
 /// batch out of the inbox in inbox order (one `DELETE … RETURNING`, so what
-/// is linked is exactly what was removed) and add the waiting observations;
+/// is linked is exactly what was removed) and, unless that left more
+/// waiting, add the waiting observations;
 /// put the batch in the order its events happened, hash it onto the head,
 /// insert it, commit. A round that dies anywhere before its commit leaves
 /// the inbox and the chain as they were. An observation saw a state that had
@@ -68,6 +69,13 @@ impl Journal {
         self.observed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Puts observations a round did not link back at the head of the queue.
+    fn queue_again(&self, observed: Vec<Record>) {
+        let mut queue = self.queue();
+        let newer = std::mem::replace(&mut *queue, observed);
+        queue.extend(newer);
+    }
+
     /// Links everything waiting into the chain, a round at a time until a
     /// round finds less than it can take. Returns how many entries it
     /// appended. On failure the round's observations are queued again.
@@ -82,16 +90,19 @@ impl Journal {
                 std::mem::replace(&mut *queue, rest)
             };
             match round(db, &observed).await {
+                Ok(linked) if linked.full => {
+                    // the observations waited: what they saw may be among what the inbox still holds
+                    appended += linked.entries;
+                    self.queue_again(observed);
+                }
                 Ok(linked) => {
                     appended += linked.entries;
-                    if !linked.full && observed.len() < ROUND_SIZE {
+                    if observed.len() < ROUND_SIZE {
                         return Ok(appended);
                     }
                 }
                 Err(e) => {
-                    let mut queue = self.queue();
-                    let newer = std::mem::replace(&mut *queue, observed);
-                    queue.extend(newer);
+                    self.queue_again(observed);
                     return Err(e);
                 }
             }
@@ -115,7 +126,9 @@ impl Journal {
 }
 
 /// What a round linked: how many entries, and whether it took as many inbox
-/// records as a round can (more may wait).
+/// records as a round can. A full round may leave behind the transition an
+/// observation saw, so it links no observations: they wait for a round that
+/// empties the inbox.
 struct Linked {
     entries: usize,
     full: bool,
@@ -137,7 +150,9 @@ async fn round(db: &Db, observed: &[Record]) -> Result<Linked, sqlx::Error> {
         .await?));
     let mut batch = take_batch(&mut tx).await?;
     let full = batch.len() == ROUND_SIZE;
-    batch.extend_from_slice(observed);
+    if !full {
+        batch.extend_from_slice(observed);
+    }
     // stable: records that share a time keep their order
     batch.sort_by_key(|record| record.at);
     let entries = chained(head, batch);
