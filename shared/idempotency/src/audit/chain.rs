@@ -114,9 +114,7 @@ impl Record {
             change: Some(change),
         }
     }
-}
 
-impl Record {
     /// The record, standing for attempt `n` on its operation too.
     pub fn by_attempt(self, n: i64) -> Record {
         Record {

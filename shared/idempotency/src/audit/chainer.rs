@@ -44,9 +44,8 @@ const CHAIN_LOCK: i64 = 0x0a0d_1700_c4a1;
 /// A round, in one transaction under the chain's lock: read the head; take a
 /// batch out of the inbox in inbox order (one `DELETE … RETURNING`, so what
 /// is linked is exactly what was removed) and, unless that left more
-/// waiting, add the waiting observations;
-/// put the batch in the order its events happened, hash it onto the head,
-/// insert it, commit. A round that dies anywhere before its commit leaves
+/// waiting, add the waiting observations; put the batch in the order its
+/// events happened, hash it onto the head, insert it, commit. A round that dies anywhere before its commit leaves
 /// the inbox and the chain as they were. An observation saw a state that had
 /// committed before it, so its cause is in the same round or an earlier one:
 /// each operation's entries are in the order they happened. Across
@@ -228,14 +227,11 @@ where
     Ok((row.try_get("id")?, decode_record(row)?))
 }
 
-/// Entries per INSERT: a round after an outage may link thousands.
-const ENTRIES_PER_STATEMENT: usize = 1_000;
-
-/// Appends `entries`, in order, a chunk a statement; the database checks
-/// each entry's link as it goes in. A chunk travels as one parameter, the
-/// entries as a JSON array, in a statement whose text never changes: bound
-/// one parameter a field, a round's entries cost more to bind and to parse
-/// than to write, and under SQLite's one writer every create waits for them.
+/// Appends `entries`, in order, in one statement; the database checks each
+/// entry's link as it goes in. The entries travel as one JSON array, in a
+/// statement whose text never changes: bound one parameter a field, a
+/// round's entries cost more to bind and to parse than to write, and under
+/// SQLite's one writer every create waits for them.
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
     const POSTGRES: &str = "INSERT INTO audit_journal \
          (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, \
@@ -253,20 +249,22 @@ async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx:
                 value->>'external_ref', value->>'at', value->>'attempt', value->>'resource_type', \
                 value->>'resource_id', value->>'state', value->>'prev_hash', value->>'hash' \
          FROM jsonb_each($1) ORDER BY key";
-    for chunk in entries.chunks(ENTRIES_PER_STATEMENT) {
-        let json = serde_json::to_string(chunk).map_err(|e| sqlx::Error::Encode(e.into()))?;
-        match &mut *tx {
-            Tx::Postgres(pg) => sqlx::query(POSTGRES)
-                .bind(json)
-                .execute(&mut **pg)
-                .await?
-                .rows_affected(),
-            Tx::Sqlite(lite) => sqlx::query(SQLITE)
-                .bind(json)
-                .execute(&mut **lite)
-                .await?
-                .rows_affected(),
-        };
+    let json = serde_json::to_string(entries).map_err(|e| sqlx::Error::Encode(e.into()))?;
+    let inserted = match &mut *tx {
+        Tx::Postgres(pg) => sqlx::query(POSTGRES)
+            .bind(json)
+            .execute(&mut **pg)
+            .await?
+            .rows_affected(),
+        Tx::Sqlite(lite) => sqlx::query(SQLITE)
+            .bind(json)
+            .execute(&mut **lite)
+            .await?
+            .rows_affected(),
+    };
+    if inserted != entries.len() as u64 {
+        // cannot happen: the database refuses the whole statement, or takes every entry
+        return Err(sqlx::Error::Protocol("the audit entries did not all go in".into()));
     }
     Ok(())
 }
