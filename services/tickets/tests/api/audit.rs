@@ -63,17 +63,15 @@ async fn the_journal_records_every_step_of_an_approved_operation_in_order(backen
             "attempted",
             "claimed",
             "approval_requested",
-            "attempted",
             "replayed",
             "approved",
             "attempted",
             "claimed",
             "completed",
-            "attempted",
             "replayed",
         ]
     );
-    assert_eq!(journal[5].1, "acme-approver", "the decision is the approver's");
+    assert_eq!(journal[4].1, "acme-approver", "the decision is the approver's");
     assert!(
         journal
             .iter()
@@ -90,10 +88,7 @@ async fn a_replay_is_journaled_as_replayed_and_a_changed_body_as_key_reused(back
 
     let journal = app.journal_of(first.operation_id()).await;
 
-    assert_eq!(
-        events(&journal),
-        ["completed", "attempted", "replayed", "attempted", "key_reused"]
-    );
+    assert_eq!(events(&journal), ["completed", "replayed", "key_reused"]);
     let entries = app.get("/v1/audit?event=replayed", ACME_APPROVER).await.json();
     let entry = &entries["data"][0];
     assert_eq!(entry["operation_id"], first.operation_id());
@@ -126,8 +121,9 @@ async fn the_journal_is_read_by_approvers_and_admins_of_its_own_account_only(bac
 
 async fn the_journal_filters_by_time_range_and_pages_in_chain_order(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    app.create_ticket("key-1", ROTATE_CERT).await;
-    app.create_ticket("key-1", ROTATE_CERT).await;
+    for _ in 0..3 {
+        app.create_ticket("key-1", ROTATE_CERT).await; // a create, then two replays
+    }
     let all = app.get("/v1/audit", ACME_APPROVER).await.json();
     let middle = all["data"][1]["at"].as_str().unwrap().to_owned();
     app.create_ticket("key-2", ROTATE_CERT).await;

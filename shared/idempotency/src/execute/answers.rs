@@ -63,7 +63,10 @@ impl Idempotency {
         Ok(stored_response(stored, &operation.operation_id, true))
     }
 
-    /// Journals an attempt answered from what is stored: `attempted`, then what it was told.
+    /// Journals an attempt answered from what is stored, as one entry: what
+    /// it was told (`replayed`, `key_reused`, `in_progress`), which stands
+    /// for the attempt too (docs/contract.md §8), or `attempted` when what it
+    /// was told has no event of its own.
     pub(super) fn observe(
         &self,
         attempt: &Attempt<'_>,
@@ -71,10 +74,11 @@ impl Idempotency {
         fingerprint: &Fingerprint,
         outcome: Option<AuditEvent>,
     ) {
-        let now = Timestamp::now();
-        let attempted = attempt.audit(AuditEvent::Attempted, Some(operation_id), fingerprint, attempt.started);
-        let told = outcome.map(|event| attempt.audit(event, Some(operation_id), fingerprint, now));
-        self.journal.observe(std::iter::once(attempted).chain(told));
+        let observed = match outcome {
+            Some(told) => attempt.audit(told, Some(operation_id), fingerprint, Timestamp::now()),
+            None => attempt.audit(AuditEvent::Attempted, Some(operation_id), fingerprint, attempt.started),
+        };
+        self.journal.observe([observed]);
     }
 
     /// Keeps a finished answer for replays from memory. An operation still
