@@ -15,7 +15,8 @@ use tokio::{net::TcpListener, sync::watch};
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The Retrysafe sandbox: tickets (:7001), payments (:7002), deployments
-/// (:7003), the approval console (:7000), the simulated payment provider
+/// (:7003), the approval console (:7000), the MCP server (:7004, /mcp), the
+/// simulated payment provider
 /// (:7101) and deployment controller (:7102), in one process, with the demo
 /// keys. Data lives under RETRYSAFE_DATA_DIR (./.sandbox): a SQLite file per
 /// service, and the simulators' state files. DATABASE_URL=postgres://… puts
@@ -71,12 +72,24 @@ async fn main() -> Result<(), Error> {
     let provider_addr = platform::config::listen_addr("payment_provider", payment_provider::DEFAULT_PORT)?;
     let controller_addr = platform::config::listen_addr("deploy_controller", deploy_controller::DEFAULT_PORT)?;
     let console_addr = platform::config::listen_addr("console", console::DEFAULT_PORT)?;
+    let mcp_addr = platform::config::listen_addr("mcp", mcp::DEFAULT_PORT)?;
+    let mut mcp_config = mcp::McpConfig::from_env(None)?;
     // the services call the sandbox's simulators wherever they listen, unless told otherwise
     if std::env::var_os("PAYMENTS_PROVIDER_URL").is_none() {
         payments_settings.provider.url = format!("http://{provider_addr}");
     }
     if std::env::var_os("DEPLOYMENTS_CONTROLLER_URL").is_none() {
         deployments_settings.controller.url = format!("http://{controller_addr}");
+    }
+    // the MCP server calls the sandbox's services wherever they listen, unless told otherwise
+    for (variable, service, target) in [
+        ("MCP_TICKETS_URL", &tickets, &mut mcp_config.tickets),
+        ("MCP_PAYMENTS_URL", &payments, &mut mcp_config.payments),
+        ("MCP_DEPLOYMENTS_URL", &deployments, &mut mcp_config.deployments),
+    ] {
+        if std::env::var_os(variable).is_none() {
+            target.url = format!("http://{}", service.listen);
+        }
     }
     std::fs::create_dir_all(platform::config::data_dir())?;
     // the provider's charges outlive the sandbox, as a real provider's would
@@ -106,11 +119,13 @@ async fn main() -> Result<(), Error> {
     let provider_listener = TcpListener::bind(provider_addr).await?;
     let controller_listener = TcpListener::bind(controller_addr).await?;
     let console_listener = TcpListener::bind(console_addr).await?;
+    let mcp_listener = TcpListener::bind(mcp_addr).await?;
     print_banner(
         &tickets,
         &payments,
         &deployments,
         console_addr,
+        mcp_addr,
         provider_addr,
         controller_addr,
     );
@@ -131,6 +146,7 @@ async fn main() -> Result<(), Error> {
         until_stopped(),
     ));
     services.spawn(console::serve(console_listener, console_config, until_stopped()));
+    services.spawn(mcp::serve_http(mcp_config, mcp_listener, until_stopped()));
     services.spawn(tickets::serve(
         tickets,
         idempotency.clone(),
@@ -207,6 +223,7 @@ fn print_banner(
     payments: &ServiceConfig,
     deployments: &ServiceConfig,
     console: SocketAddr,
+    mcp: SocketAddr,
     provider: SocketAddr,
     controller: SocketAddr,
 ) {
@@ -224,6 +241,7 @@ fn print_banner(
         );
     }
     println!("  approvals   http://{console}   (the approval console)");
+    println!("  mcp         http://{mcp}/mcp   (the services as MCP tools, streamable HTTP)");
     println!("  provider    http://{provider}   (the simulated payment provider; faults: PUT /admin/faults)");
     println!("  controller  http://{controller}   (the simulated deployment controller; faults: PUT /admin/faults)");
     println!();

@@ -58,7 +58,7 @@ fn now() -> String {
 /// body: member order and white space do not change it.
 pub fn payload_digest(request: &Request) -> String {
     let intended = serde_json::json!({
-        "method": "POST",
+        "method": request.method.as_str(),
         "target": request.target(),
         "body": request.body,
     });
@@ -95,12 +95,13 @@ impl Journal {
         let at = now();
         sqlx::query(
             "INSERT INTO agent_operations (name, idempotency_key, payload_digest, method, target, state, \
-             created_at, updated_at) VALUES ($1, $2, $3, 'POST', $4, 'pending', $5, $5) \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6) \
              ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
         .bind(uuid::Uuid::new_v4().to_string())
         .bind(&digest)
+        .bind(request.method.as_str())
         .bind(request.target())
         .bind(&at)
         .execute(&self.pool)
@@ -122,12 +123,13 @@ impl Journal {
         let at = now();
         sqlx::query(
             "INSERT INTO agent_operations (name, idempotency_key, payload_digest, method, target, state, \
-             created_at, updated_at) VALUES ($1, $2, $3, 'POST', $4, 'pending', $5, $5) \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6) \
              ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
         .bind(key)
         .bind(payload_digest(request))
+        .bind(request.method.as_str())
         .bind(request.target())
         .bind(&at)
         .execute(&self.pool)
@@ -217,6 +219,12 @@ impl Journal {
                 note,
             })
             .collect())
+    }
+
+    /// The journal's database, for a front end that keeps tables of its own
+    /// beside the agent's (under its own migration ledger).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     pub async fn close(&self) {

@@ -81,9 +81,29 @@ impl Outcome {
     }
 }
 
-/// One intended POST: to which service, which path, with what body.
+/// How an intended request is sent: a POST with its key, or a PUT that
+/// declares an end state (idempotent by its nature; the key still names it
+/// in the journal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Method {
+    Post,
+    Put,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Post => "POST",
+            Method::Put => "PUT",
+        }
+    }
+}
+
+/// One intended request: to which service, which path, with what body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Request {
+    pub method: Method,
     /// `http://127.0.0.1:7001`
     pub base_url: String,
     /// `/v1/tickets`
@@ -93,7 +113,16 @@ pub struct Request {
 
 impl Request {
     pub fn post(base_url: impl Into<String>, path: impl Into<String>, body: Value) -> Request {
+        Request::new(Method::Post, base_url, path, body)
+    }
+
+    pub fn put(base_url: impl Into<String>, path: impl Into<String>, body: Value) -> Request {
+        Request::new(Method::Put, base_url, path, body)
+    }
+
+    pub fn new(method: Method, base_url: impl Into<String>, path: impl Into<String>, body: Value) -> Request {
         Request {
+            method,
             base_url: base_url.into().trim_end_matches('/').to_owned(),
             path: path.into(),
             body,
@@ -118,6 +147,10 @@ pub struct Report {
     pub body: Option<Value>,
     /// Requests this run sent (the operation's own, not status questions).
     pub sends: u32,
+    /// Whether the service answered anything this run (a send or a status
+    /// question), or the journal knew the outcome: `false` means nothing is
+    /// known of the operation beyond its key.
+    pub answered: bool,
     /// In words, for a person.
     pub note: String,
 }
@@ -211,12 +244,18 @@ impl Agent {
     /// An agent with its journal at `journal` (made the first time), calling
     /// services with `token` as its bearer key.
     pub async fn open(journal: &Path, token: impl Into<String>, config: AgentConfig) -> Result<Agent, AgentError> {
+        Agent::new(Journal::open(journal).await?, token, config)
+    }
+
+    /// An agent on a journal already open: agents that call services with
+    /// different keys share one journal, so one name is one key for them all.
+    pub fn new(journal: Journal, token: impl Into<String>, config: AgentConfig) -> Result<Agent, AgentError> {
         let http = reqwest::Client::builder()
             .timeout(config.request_timeout)
             .build()
             .map_err(|e| AgentError::Journal(e.to_string()))?;
         Ok(Agent {
-            journal: Journal::open(journal).await?,
+            journal,
             http,
             token: token.into(),
             config,
@@ -240,6 +279,7 @@ impl Agent {
                 status: entry.result_status,
                 body: entry.result_body.as_deref().and_then(|b| serde_json::from_str(b).ok()),
                 sends: 0,
+                answered: true,
                 note: "known from the journal: not sent again".into(),
             });
         }
@@ -249,6 +289,7 @@ impl Agent {
             key: &key,
             request,
             sends: 0,
+            answered: false,
             pause: self.config.backoff,
             last: None,
         };
@@ -292,6 +333,8 @@ struct Run<'a> {
     key: &'a str,
     request: &'a Request,
     sends: u32,
+    /// Whether the service answered anything: a send or a status question.
+    answered: bool,
     pause: Duration,
     /// The last answer: status, body, operation id.
     last: Option<(u16, Value, Option<String>)>,
@@ -310,6 +353,7 @@ impl Run<'_> {
             self.sends += 1;
             let next = match self.send().await {
                 Ok((status, replayed, retry_after, body, operation_id)) => {
+                    self.answered = true;
                     journal
                         .record_attempt(self.name, "send", Some(status), &describe(status, replayed, &body))
                         .await?;
@@ -342,10 +386,14 @@ impl Run<'_> {
 
     /// One send of the operation's request, with its key.
     async fn send(&self) -> Result<(u16, bool, Option<u64>, Value, Option<String>), String> {
+        let method = match self.request.method {
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+        };
         let mut request = self
             .agent
             .http
-            .post(self.request.target())
+            .request(method, self.request.target())
             .bearer_auth(&self.agent.token)
             .header("idempotency-key", self.key)
             .json(&self.request.body);
@@ -374,6 +422,7 @@ impl Run<'_> {
     /// anything else.
     async fn after_a_lost_answer(&mut self, lost: &str) -> Result<Next, AgentError> {
         let status = self.agent.status_by_key(&self.request.base_url, self.key).await;
+        self.answered |= status.is_ok();
         let (note, next) = match status {
             Err(e) => (
                 format!("could not ask: {e}"),
@@ -416,6 +465,7 @@ impl Run<'_> {
             let Ok(Some(operation)) = self.agent.status_by_key(&self.request.base_url, self.key).await else {
                 continue;
             };
+            self.answered = true;
             self.agent
                 .journal
                 .record_attempt(
@@ -451,8 +501,10 @@ impl Run<'_> {
     }
 
     /// Where the operation stands when the agent stops sending.
-    async fn where_it_stands(&self) -> Outcome {
-        match self.agent.status_by_key(&self.request.base_url, self.key).await {
+    async fn where_it_stands(&mut self) -> Outcome {
+        let status = self.agent.status_by_key(&self.request.base_url, self.key).await;
+        self.answered |= status.is_ok();
+        match status {
             Ok(Some(operation)) if operation.state == "unknown" => Outcome::Unknown,
             Ok(Some(operation)) if operation.state == "awaiting_approval" => Outcome::AwaitingApproval,
             _ => Outcome::InProgress,
@@ -493,6 +545,7 @@ impl Run<'_> {
             status,
             body,
             sends: self.sends,
+            answered: self.answered,
             note: note.to_owned(),
         })
     }
@@ -518,6 +571,8 @@ fn read_answer(status: u16, replayed: bool, retry_after: Option<u64>, body: &Val
             Next::Done(Outcome::MatchedExisting, "the service found it done already".into())
         }
         200..=299 if replayed => Next::Done(Outcome::Replayed, "the first answer, replayed".into()),
+        // a PUT that declared the state it was already in
+        200..=299 if body["changed"] == false => Next::Done(Outcome::MatchedExisting, "it was so already".into()),
         200..=299 => Next::Done(Outcome::Created, "done".into()),
         409 if code == "request_in_progress" => Next::SendAgain(
             Duration::from_secs(retry_after.unwrap_or(1)),

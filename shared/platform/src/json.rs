@@ -49,10 +49,17 @@ where
                 ApiError::invalid_request("the body could not be read", vec![])
             }
         })?;
-        let value = parse_json::<T>(&bytes)?;
-        value.validate().map_err(validation_problem)?;
-        Ok(ApiJson(value))
+        parse_body(&bytes).map(ApiJson)
     }
+}
+
+/// A body as a service reads it once it holds the bytes: parsed with unknown
+/// fields refused, then validated. Whoever checks input before sending it
+/// (the MCP server) refuses exactly what the service would.
+pub fn parse_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value = parse_json::<T>(bytes)?;
+    value.validate().map_err(validation_problem)?;
+    Ok(value)
 }
 
 /// Whether the body failed to read because it missed the server's deadline

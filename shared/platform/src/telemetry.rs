@@ -16,9 +16,25 @@ use crate::{auth::Principal, error::InternalCause};
 /// Installs the global subscriber. `LOG_FORMAT=json` selects JSON lines;
 /// `RUST_LOG` filters (default `info`). Safe to call more than once.
 pub fn init() {
+    install(std::io::stdout);
+}
+
+/// [`init`], writing to stderr: for a process whose stdout is a protocol's
+/// (the MCP server over stdio).
+pub fn init_to_stderr() {
+    install(std::io::stderr);
+}
+
+fn install<W>(writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(writer);
     let _ = if json {
         builder.json().flatten_event(true).try_init()
     } else {

@@ -1,0 +1,506 @@
+//! The calls themselves: a tool's arguments in, the service asked, an
+//! [`Answer`] out — and every call journaled.
+//!
+//! A write goes through the agent client (docs/contract.md §9): the intent's
+//! key is made once and stored before the first send, a lost answer is asked
+//! about by key before anything is sent again, and the run finishes even if
+//! the MCP client cancels the call or goes away, so the next call with the
+//! same intent finds its answer rather than a half-done request.
+
+use std::collections::HashMap;
+
+use agent::{Agent, AgentError, Report};
+use rmcp::model::JsonObject;
+use serde_json::{Map, Value};
+use tokio_util::task::TaskTracker;
+
+use crate::{
+    answer::{Answer, ApprovalWait, NextStep, Outcome, ToolError},
+    calls::{Calls, ToolCall},
+    config::McpConfig,
+    endpoints::{self, Read, Service, Write, argument_for, path_parameters},
+};
+
+/// How a write names its operation: an intent the server keeps a key for,
+/// or a key the agent keeps itself.
+#[derive(Debug, Clone)]
+enum Identity {
+    Intent(String),
+    Key(String),
+}
+
+impl Identity {
+    /// The operation's name in the agent journal: intents and keys apart.
+    fn journal_name(&self) -> String {
+        match self {
+            Identity::Intent(intent) => format!("intent:{intent}"),
+            Identity::Key(key) => format!("key:{key}"),
+        }
+    }
+}
+
+/// The calls of one MCP server, whatever transport they come by.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    agents: HashMap<&'static str, Agent>,
+    config: McpConfig,
+    calls: Calls,
+    http: reqwest::Client,
+    /// Runs that outlive the call that started them.
+    runs: TaskTracker,
+}
+
+/// Who made a call: `stdio <id>` for a process's one session, `http <id>`
+/// for streamable HTTP.
+pub type Session = String;
+
+impl Gateway {
+    pub async fn open(config: McpConfig) -> Result<Gateway, AgentError> {
+        let journal = agent::Journal::open(&config.journal).await?;
+        let calls = Calls::open(journal.pool().clone())
+            .await
+            .map_err(|e| AgentError::Journal(e.to_string()))?;
+        let mut agents = HashMap::new();
+        for service in Service::ALL {
+            let agent = Agent::new(journal.clone(), &config.target(service).api_key, config.agent.clone())?;
+            agents.insert(service.as_str(), agent);
+        }
+        let http = reqwest::Client::builder()
+            .timeout(config.agent.request_timeout)
+            .build()
+            .map_err(|e| AgentError::Journal(e.to_string()))?;
+        Ok(Gateway {
+            agents,
+            config,
+            calls,
+            http,
+            runs: TaskTracker::new(),
+        })
+    }
+
+    pub fn calls(&self) -> &Calls {
+        &self.calls
+    }
+
+    fn agent(&self, service: Service) -> &Agent {
+        &self.agents[service.as_str()]
+    }
+
+    /// Waits for the runs under way (a stopping server lets them finish).
+    pub async fn finish_runs(&self) {
+        self.runs.close();
+        self.runs.wait().await;
+    }
+
+    /// A write tool: its arguments checked as the service would, the
+    /// intent's key found or made, the request run by the retry rule.
+    pub async fn write(
+        &self,
+        session: &Session,
+        tool: &'static str,
+        endpoint: &Write,
+        args: JsonObject,
+    ) -> Result<Answer, ToolError> {
+        let mut call = ToolCall::new(session, tool);
+        let result = self.run_write(&mut call, endpoint, args).await;
+        self.record(call, &result).await;
+        result
+    }
+
+    async fn run_write(
+        &self,
+        call: &mut ToolCall,
+        endpoint: &Write,
+        mut args: JsonObject,
+    ) -> Result<Answer, ToolError> {
+        let identity = take_identity(&mut args)?;
+        match &identity {
+            Identity::Intent(intent) => call.intent = Some(intent.clone()),
+            Identity::Key(key) => call.idempotency_key = Some(key.clone()),
+        }
+        let path = fill_route(endpoint.route, &mut args)?;
+        // what remains is the body
+        let body = Value::Object(args);
+        match endpoint.check {
+            Some(check) => {
+                let bytes = serde_json::to_vec(&body).map_err(|e| ToolError::invalid_input(e.to_string()))?;
+                check(&bytes).map_err(|problem| {
+                    ToolError::from_problem(&serde_json::from_slice(&problem.to_problem_json()).unwrap_or_default())
+                })?;
+            }
+            None if body.as_object().is_some_and(|b| !b.is_empty()) => {
+                return Err(ToolError::invalid_input(format!("{} takes no body", endpoint.route)));
+            }
+            None => {}
+        }
+        let target = self.config.target(endpoint.service);
+        let request = agent::Request::new(endpoint.method, &target.url, path, body);
+        let agent = self.agent(endpoint.service).clone();
+        let name = identity.journal_name();
+        // the key, made once and stored before anything is sent
+        let entry = match &identity {
+            Identity::Intent(_) => agent.journal().begin(&name, &request).await,
+            Identity::Key(key) => agent.journal().adopt(&name, key, &request).await,
+        }
+        .map_err(|e| match (e, &identity) {
+            (AgentError::ChangedPayload { .. }, Identity::Intent(intent)) => ToolError::new(
+                "intent_reused_with_changed_payload",
+                format!("the intent `{intent}` was used for another request before; nothing was sent. A new action needs a new intent"),
+            ),
+            (AgentError::ChangedPayload { .. }, Identity::Key(_)) => ToolError::new(
+                "idempotency_key_reused",
+                "this idempotency key was used for another request before; nothing was sent",
+            ),
+            (other, _) => ToolError::new("journal_unavailable", other.to_string()),
+        })?;
+        call.idempotency_key = Some(entry.idempotency_key);
+        call.payload_digest = Some(entry.payload_digest);
+        // the run is not the call's: a cancelled call or a client that went
+        // away never aborts a request the service may already have committed
+        let run = self.runs.spawn(async move { agent.execute(&name, &request).await });
+        let report = run
+            .await
+            .map_err(|e| ToolError::new("internal", e.to_string()))?
+            .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+        answer_of(&report)
+    }
+
+    /// A read tool: a GET of the endpoint with the arguments as its path and query.
+    pub async fn read(
+        &self,
+        session: &Session,
+        tool: &'static str,
+        endpoint: &Read,
+        mut args: JsonObject,
+    ) -> Result<Answer, ToolError> {
+        let call = ToolCall::new(session, tool);
+        let result = async {
+            let path = fill_route(endpoint.route, &mut args)?;
+            let query = query_of(args)?;
+            self.get(endpoint.service, &path, &query).await
+        }
+        .await;
+        self.record(call, &result).await;
+        result
+    }
+
+    /// `get_operation`: by `operation_id`, `idempotency_key` or `intent`, at
+    /// the service that knows it.
+    pub async fn get_operation(&self, session: &Session, mut args: JsonObject) -> Result<Answer, ToolError> {
+        let call = ToolCall::new(session, "get_operation");
+        let result = async {
+            let operation_id = take_string(&mut args, "operation_id")?;
+            let key = take_string(&mut args, "idempotency_key")?;
+            let intent = take_string(&mut args, "intent")?;
+            no_more(&args)?;
+            let (path, query, known) = match (operation_id, key, intent) {
+                (Some(id), None, None) => (endpoints::OPERATION_BY_ID.replace("{operation_id}", &id), vec![], None),
+                (None, Some(key), None) => {
+                    let known = self.service_of(&Identity::Key(key.clone())).await;
+                    (
+                        "/v1/operations".to_owned(),
+                        vec![("idempotency_key".to_owned(), key)],
+                        known,
+                    )
+                }
+                (None, None, Some(intent)) => {
+                    let entry = self.entry(&Identity::Intent(intent.clone())).await.ok_or_else(|| {
+                        ToolError::invalid_input(format!("no call was ever made with the intent `{intent}`"))
+                    })?;
+                    let known = self.service_of_target(&entry.target);
+                    (
+                        "/v1/operations".to_owned(),
+                        vec![("idempotency_key".to_owned(), entry.idempotency_key)],
+                        known,
+                    )
+                }
+                _ => {
+                    return Err(ToolError::invalid_input(
+                        "give exactly one of operation_id, idempotency_key, intent",
+                    ));
+                }
+            };
+            let mut answer = self.find(known, &path, &query).await?;
+            // a lookup by key answers a list: the operation is its one item
+            if let Some(first) = answer
+                .resource
+                .as_ref()
+                .and_then(|r| r["data"].as_array())
+                .map(|d| d.first().cloned())
+            {
+                answer.resource = first;
+                if answer.resource.is_none() {
+                    answer.outcome = Outcome::NotFound;
+                }
+            }
+            if let Some(operation) = &answer.resource {
+                answer.operation_id = operation["operation_id"].as_str().map(str::to_owned);
+                answer.idempotency_key = operation["idempotency_key"].as_str().map(str::to_owned);
+                answer.next_step = next_step_of_operation(operation["state"].as_str().unwrap_or(""));
+            }
+            Ok(answer)
+        }
+        .await;
+        self.record(call, &result).await;
+        result
+    }
+
+    /// `get_approval`: at the service that has it.
+    pub async fn get_approval(&self, session: &Session, mut args: JsonObject) -> Result<Answer, ToolError> {
+        let call = ToolCall::new(session, "get_approval");
+        let result = async {
+            let path = fill_route(endpoints::APPROVAL_BY_ID, &mut args)?;
+            no_more(&args)?;
+            self.find(None, &path, &[]).await
+        }
+        .await;
+        self.record(call, &result).await;
+        result
+    }
+
+    /// Asks `known` (or each service in turn) until one has it.
+    async fn find(&self, known: Option<Service>, path: &str, query: &[(String, String)]) -> Result<Answer, ToolError> {
+        let services = match known {
+            Some(service) => vec![service],
+            None => Service::ALL.to_vec(),
+        };
+        let mut last = None;
+        for service in services {
+            let answer = self.get(service, path, query).await?;
+            let empty_list = answer
+                .resource
+                .as_ref()
+                .and_then(|r| r["data"].as_array())
+                .is_some_and(Vec::is_empty);
+            if answer.outcome == Outcome::Found && !empty_list {
+                return Ok(answer);
+            }
+            last = Some(answer);
+        }
+        Ok(last.expect("at least one service is asked"))
+    }
+
+    async fn get(&self, service: Service, path: &str, query: &[(String, String)]) -> Result<Answer, ToolError> {
+        let target = self.config.target(service);
+        let response = self
+            .http
+            .get(format!("{}{path}", target.url))
+            .bearer_auth(&target.api_key)
+            .query(query)
+            .send()
+            .await
+            .map_err(|e| unreachable_service(service, &e))?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let outcome = match status {
+            200..=299 => Outcome::Found,
+            404 => Outcome::NotFound,
+            400..=499 => Outcome::Refused,
+            _ => {
+                return Err(ToolError::new(
+                    "service_unavailable",
+                    format!("{} answered {status}: try again later", service.as_str()),
+                ));
+            }
+        };
+        Ok(Answer {
+            outcome,
+            operation_id: None,
+            idempotency_key: None,
+            http_status: Some(status),
+            resource: Some(body),
+            next_step: if outcome == Outcome::Refused {
+                NextStep::Stop
+            } else {
+                NextStep::Done
+            },
+            approval: None,
+        })
+    }
+
+    async fn entry(&self, identity: &Identity) -> Option<agent::Entry> {
+        let journal = self.agent(Service::Tickets).journal();
+        journal.entry(&identity.journal_name()).await.ok().flatten()
+    }
+
+    async fn service_of(&self, identity: &Identity) -> Option<Service> {
+        let entry = self.entry(identity).await?;
+        self.service_of_target(&entry.target)
+    }
+
+    /// The service whose base URL `target` starts with.
+    fn service_of_target(&self, target: &str) -> Option<Service> {
+        Service::ALL
+            .into_iter()
+            .find(|s| target.starts_with(&format!("{}/", self.config.target(*s).url)))
+    }
+
+    /// Journals a call with what it was answered.
+    async fn record(&self, mut call: ToolCall, result: &Result<Answer, ToolError>) {
+        match result {
+            Ok(answer) => {
+                call.idempotency_key = call.idempotency_key.or_else(|| answer.idempotency_key.clone());
+                call.outcome = serde_json::to_value(answer.outcome)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                call.operation_id = answer.operation_id.clone();
+                call.http_status = answer.http_status.map(i64::from);
+            }
+            Err(error) => call.outcome = error.code.to_owned(),
+        }
+        if let Err(e) = self.calls.record(&call).await {
+            tracing::error!(error = %e, tool = call.tool, "a tool call could not be journaled");
+        }
+    }
+}
+
+/// What an agent run came to, as §13 words it.
+fn answer_of(report: &Report) -> Result<Answer, ToolError> {
+    use agent::Outcome as Run;
+    let goes_on = report.status == Some(202);
+    // the journal knew it: what the call gets is the first answer again
+    let known = report.sends == 0;
+    let (outcome, next_step) = match report.outcome {
+        Run::Created | Run::Replayed if goes_on => (replayed_if(known, report.outcome), NextStep::PollOperation),
+        Run::Created | Run::Replayed => (replayed_if(known, report.outcome), NextStep::Done),
+        Run::MatchedExisting => (Outcome::MatchedExisting, NextStep::Done),
+        Run::InProgress if !report.answered => {
+            return Err(ToolError::new(
+                "service_unreachable",
+                "the service could not be reached and nothing is known of the request: call again with the same intent later",
+            ));
+        }
+        Run::InProgress => (Outcome::InProgress, NextStep::CallAgain),
+        Run::AwaitingApproval => (Outcome::AwaitingApproval, NextStep::WaitForApproval),
+        Run::Conflict => (Outcome::KeyReused, NextStep::Stop),
+        Run::Unknown => (Outcome::OutcomeUnknown, NextStep::PollOperation),
+        // an answer that belongs to no operation claimed nothing (docs/contract.md §3)
+        Run::Failed if report.operation_id.is_none() => (Outcome::Refused, NextStep::Stop),
+        Run::Failed => (Outcome::BusinessFailure, NextStep::Stop),
+    };
+    let approval = match outcome {
+        Outcome::AwaitingApproval => report.body.as_ref().and_then(ApprovalWait::from_body),
+        _ => None,
+    };
+    Ok(Answer {
+        outcome,
+        operation_id: report.operation_id.clone(),
+        idempotency_key: Some(report.idempotency_key.clone()),
+        http_status: report.status,
+        resource: report.body.clone(),
+        next_step,
+        approval,
+    })
+}
+
+fn replayed_if(known: bool, outcome: agent::Outcome) -> Outcome {
+    match outcome {
+        agent::Outcome::Created if !known => Outcome::Created,
+        _ => Outcome::Replayed,
+    }
+}
+
+/// What an operation's state lets the agent do (docs/contract.md §4).
+fn next_step_of_operation(state: &str) -> NextStep {
+    match state {
+        "in_progress" | "unknown" => NextStep::PollOperation,
+        "awaiting_approval" => NextStep::WaitForApproval,
+        _ => NextStep::Done,
+    }
+}
+
+fn unreachable_service(service: Service, error: &reqwest::Error) -> ToolError {
+    let why = if error.is_timeout() {
+        "did not answer in time"
+    } else {
+        "could not be reached"
+    };
+    ToolError::new(
+        "service_unreachable",
+        format!("{} {why}: try again later", service.as_str()),
+    )
+}
+
+/// `intent` or `idempotency_key`: exactly one.
+fn take_identity(args: &mut JsonObject) -> Result<Identity, ToolError> {
+    let intent = take_string(args, "intent")?;
+    let key = take_string(args, "idempotency_key")?;
+    match (intent, key) {
+        (Some(intent), None) => {
+            let length = intent.chars().count();
+            if !(1..=200).contains(&length) {
+                return Err(ToolError::invalid_input("`intent` must be 1 to 200 characters"));
+            }
+            Ok(Identity::Intent(intent))
+        }
+        (None, Some(key)) => {
+            let visible = !key.is_empty() && key.len() <= 255 && key.bytes().all(|b| (0x21..=0x7e).contains(&b));
+            if !visible {
+                return Err(ToolError::invalid_input(
+                    "`idempotency_key` must be 1 to 255 visible ASCII characters",
+                ));
+            }
+            Ok(Identity::Key(key))
+        }
+        (Some(_), Some(_)) => Err(ToolError::invalid_input("give `intent` or `idempotency_key`, not both")),
+        (None, None) => Err(ToolError::invalid_input(
+            "give `intent`: a stable name for this action, the same on every retry of it",
+        )),
+    }
+}
+
+fn take_string(args: &mut JsonObject, name: &str) -> Result<Option<String>, ToolError> {
+    match args.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(ToolError::invalid_input(format!("`{name}` must be a string"))),
+    }
+}
+
+/// The route with its `{…}` filled from the arguments (taken out of them).
+fn fill_route(route: &str, args: &mut JsonObject) -> Result<String, ToolError> {
+    let mut path = route.to_owned();
+    for parameter in path_parameters(route) {
+        let name = argument_for(parameter);
+        let value = take_string(args, name)?
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| ToolError::invalid_input(format!("`{name}` is required")))?;
+        let encoded: String = form_urlencoded_segment(&value);
+        path = path.replace(&format!("{{{parameter}}}"), &encoded);
+    }
+    Ok(path)
+}
+
+/// A path segment, percent-encoded: an id can never change the route.
+fn form_urlencoded_segment(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The remaining arguments as a query string's pairs (scalars only).
+fn query_of(args: Map<String, Value>) -> Result<Vec<(String, String)>, ToolError> {
+    args.into_iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(name, value)| match value {
+            Value::String(s) => Ok((name, s)),
+            Value::Number(n) => Ok((name, n.to_string())),
+            Value::Bool(b) => Ok((name, b.to_string())),
+            _ => Err(ToolError::invalid_input(format!(
+                "`{name}` must be a string or a number"
+            ))),
+        })
+        .collect()
+}
+
+fn no_more(args: &JsonObject) -> Result<(), ToolError> {
+    match args.keys().next() {
+        Some(extra) => Err(ToolError::invalid_input(format!("unknown argument `{extra}`"))),
+        None => Ok(()),
+    }
+}
