@@ -16,5 +16,9 @@ CREATE TABLE mcp_tool_calls (
     -- an Answer's outcome, or a tool error's code
     outcome        TEXT    NOT NULL,
     operation_id   TEXT,
-    http_status    INTEGER
+    http_status    INTEGER,
+    -- the approval a call was told to wait for: `get_approval` finds its
+    -- operation by it (an agent's key reads approvals only through them)
+    approval_id    TEXT
 ) STRICT;
+CREATE INDEX mcp_tool_calls_by_approval ON mcp_tool_calls (approval_id) WHERE approval_id IS NOT NULL;

@@ -18,6 +18,7 @@ pub struct ToolCall {
     pub outcome: String,
     pub operation_id: Option<String>,
     pub http_status: Option<i64>,
+    pub approval_id: Option<String>,
 }
 
 impl ToolCall {
@@ -33,6 +34,7 @@ impl ToolCall {
             outcome: String::new(),
             operation_id: None,
             http_status: None,
+            approval_id: None,
         }
     }
 }
@@ -55,7 +57,7 @@ impl Calls {
     pub async fn record(&self, call: &ToolCall) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO mcp_tool_calls (at, session, tool, intent, idempotency_key, payload_digest, outcome, \
-             operation_id, http_status) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+             operation_id, http_status, approval_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(&call.at)
         .bind(&call.session)
@@ -66,16 +68,28 @@ impl Calls {
         .bind(&call.outcome)
         .bind(&call.operation_id)
         .bind(call.http_status)
+        .bind(&call.approval_id)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
+    /// The tool and operation of the call that was told to wait for `approval_id`.
+    pub async fn waiting_for(&self, approval_id: &str) -> Result<Option<(String, String)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT tool, operation_id FROM mcp_tool_calls WHERE approval_id = $1 AND operation_id IS NOT NULL \
+             ORDER BY seq LIMIT 1",
+        )
+        .bind(approval_id)
+        .fetch_optional(&self.pool)
+        .await
+    }
+
     /// Every call, in the order they were answered.
     pub async fn all(&self) -> Result<Vec<ToolCall>, sqlx::Error> {
         sqlx::query_as(
-            "SELECT at, session, tool, intent, idempotency_key, payload_digest, outcome, operation_id, http_status \
-             FROM mcp_tool_calls ORDER BY seq",
+            "SELECT at, session, tool, intent, idempotency_key, payload_digest, outcome, operation_id, http_status, \
+             approval_id FROM mcp_tool_calls ORDER BY seq",
         )
         .fetch_all(&self.pool)
         .await

@@ -137,8 +137,9 @@ impl Gateway {
         let request = agent::Request::new(endpoint.method, &target.url, path, body);
         let agent = self.agent(endpoint.service).clone();
         let name = identity.journal_name();
+        call.payload_digest = Some(agent::journal::payload_digest(&request));
         // the key, made once and stored before anything is sent
-        let entry = match &identity {
+        let bound = match &identity {
             Identity::Intent(_) => agent.journal().begin(&name, &request).await,
             Identity::Key(key) => agent.journal().adopt(&name, key, &request).await,
         }
@@ -152,9 +153,16 @@ impl Gateway {
                 "this idempotency key was used for another request before; nothing was sent",
             ),
             (other, _) => ToolError::new("journal_unavailable", other.to_string()),
-        })?;
+        });
+        let entry = match bound {
+            Ok(entry) => entry,
+            Err(refused) => {
+                // the journal names the key the intent holds
+                call.idempotency_key = self.entry(&identity).await.map(|e| e.idempotency_key);
+                return Err(refused);
+            }
+        };
         call.idempotency_key = Some(entry.idempotency_key);
-        call.payload_digest = Some(entry.payload_digest);
         // the run is not the call's: a cancelled call or a client that went
         // away never aborts a request the service may already have committed
         let run = self.runs.spawn(async move { agent.execute(&name, &request).await });
@@ -194,7 +202,11 @@ impl Gateway {
             let intent = take_string(&mut args, "intent")?;
             no_more(&args)?;
             let (path, query, known) = match (operation_id, key, intent) {
-                (Some(id), None, None) => (endpoints::OPERATION_BY_ID.replace("{operation_id}", &id), vec![], None),
+                (Some(id), None, None) => (
+                    endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&id)),
+                    vec![],
+                    None,
+                ),
                 (None, Some(key), None) => {
                     let known = self.service_of(&Identity::Key(key.clone())).await;
                     (
@@ -245,13 +257,44 @@ impl Gateway {
         result
     }
 
-    /// `get_approval`: at the service that has it.
+    /// `get_approval`: an approval a call was told to wait for, as its
+    /// operation shows it (an agent's key reads approvals only there);
+    /// another, at the service that has it, if the server's key may read it.
     pub async fn get_approval(&self, session: &Session, mut args: JsonObject) -> Result<Answer, ToolError> {
         let call = ToolCall::new(session, "get_approval");
         let result = async {
-            let path = fill_route(endpoints::APPROVAL_BY_ID, &mut args)?;
+            let approval_id = take_string(&mut args, "approval_id")?
+                .ok_or_else(|| ToolError::invalid_input("`approval_id` is required"))?;
             no_more(&args)?;
-            self.find(None, &path, &[]).await
+            let waited_for = self
+                .calls
+                .waiting_for(&approval_id)
+                .await
+                .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+            let Some((tool, operation_id)) = waited_for else {
+                let path = endpoints::APPROVAL_BY_ID.replace("{approval_id}", &path_segment(&approval_id));
+                return self.find(None, &path, &[]).await;
+            };
+            let service = endpoints::WRITES
+                .iter()
+                .find(|(name, _)| *name == tool)
+                .map(|(_, endpoint)| endpoint.service);
+            let path = endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&operation_id));
+            let mut answer = self.find(service, &path, &[]).await?;
+            if let Some(operation) = answer.resource.take() {
+                let mut approval = operation["approval"].clone();
+                approval["operation_id"] = operation["operation_id"].clone();
+                answer.next_step = match approval["state"].as_str() {
+                    Some("pending") => NextStep::WaitForApproval,
+                    // approved: the same call with the same intent runs it now
+                    Some("approved") => NextStep::CallAgain,
+                    _ => NextStep::Stop,
+                };
+                answer.operation_id = Some(operation_id);
+                answer.idempotency_key = operation["idempotency_key"].as_str().map(str::to_owned);
+                answer.resource = Some(approval);
+            }
+            Ok(answer)
         }
         .await;
         self.record(call, &result).await;
@@ -346,6 +389,7 @@ impl Gateway {
                     .unwrap_or_default();
                 call.operation_id = answer.operation_id.clone();
                 call.http_status = answer.http_status.map(i64::from);
+                call.approval_id = answer.approval.as_ref().map(|a| a.approval_id.clone());
             }
             Err(error) => call.outcome = error.code.to_owned(),
         }
@@ -466,18 +510,19 @@ fn fill_route(route: &str, args: &mut JsonObject) -> Result<String, ToolError> {
         let value = take_string(args, name)?
             .filter(|v| !v.is_empty())
             .ok_or_else(|| ToolError::invalid_input(format!("`{name}` is required")))?;
-        let encoded: String = form_urlencoded_segment(&value);
+        let encoded = path_segment(&value);
         path = path.replace(&format!("{{{parameter}}}"), &encoded);
     }
     Ok(path)
 }
 
-/// A path segment, percent-encoded: an id can never change the route.
-fn form_urlencoded_segment(value: &str) -> String {
+/// A path segment, percent-encoded (dots too: `..` is a segment of its
+/// own): an id can never change the route.
+fn path_segment(value: &str) -> String {
     value
         .bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -502,5 +547,130 @@ fn no_more(args: &JsonObject) -> Result<(), ToolError> {
     match args.keys().next() {
         Some(extra) => Err(ToolError::invalid_input(format!("unknown argument `{extra}`"))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent::Outcome as Run;
+    use serde_json::json;
+
+    use super::*;
+
+    fn report(outcome: Run, status: Option<u16>, operation_id: Option<&str>, sends: u32, body: Value) -> Report {
+        Report {
+            name: "intent:x".into(),
+            outcome,
+            idempotency_key: "k".into(),
+            operation_id: operation_id.map(str::to_owned),
+            status,
+            body: Some(body),
+            sends,
+            answered: status.is_some() || operation_id.is_some(),
+            note: String::new(),
+        }
+    }
+
+    fn outcome_and_step(report: &Report) -> (Outcome, NextStep) {
+        let answer = answer_of(report).unwrap();
+        (answer.outcome, answer.next_step)
+    }
+
+    #[test]
+    fn every_run_outcome_maps_onto_the_contracts_outcome_and_next_step() {
+        let op = Some("op_1");
+        let cases = [
+            (
+                report(Run::Created, Some(201), op, 1, json!({})),
+                (Outcome::Created, NextStep::Done),
+            ),
+            (
+                report(Run::Created, Some(202), op, 1, json!({})),
+                (Outcome::Created, NextStep::PollOperation),
+            ),
+            (
+                report(Run::Replayed, Some(201), op, 2, json!({})),
+                (Outcome::Replayed, NextStep::Done),
+            ),
+            // known from the journal: the first answer again
+            (
+                report(Run::Created, Some(201), op, 0, json!({})),
+                (Outcome::Replayed, NextStep::Done),
+            ),
+            (
+                report(Run::Replayed, Some(202), op, 0, json!({})),
+                (Outcome::Replayed, NextStep::PollOperation),
+            ),
+            (
+                report(Run::MatchedExisting, Some(200), op, 1, json!({})),
+                (Outcome::MatchedExisting, NextStep::Done),
+            ),
+            (
+                report(Run::InProgress, Some(409), op, 6, json!({})),
+                (Outcome::InProgress, NextStep::CallAgain),
+            ),
+            (
+                report(Run::InProgress, None, op, 6, Value::Null),
+                (Outcome::InProgress, NextStep::CallAgain),
+            ),
+            (
+                report(Run::AwaitingApproval, Some(202), op, 1, json!({})),
+                (Outcome::AwaitingApproval, NextStep::WaitForApproval),
+            ),
+            (
+                report(Run::Conflict, Some(422), op, 1, json!({})),
+                (Outcome::KeyReused, NextStep::Stop),
+            ),
+            (
+                report(Run::Unknown, None, op, 1, Value::Null),
+                (Outcome::OutcomeUnknown, NextStep::PollOperation),
+            ),
+            (
+                report(Run::Failed, Some(409), op, 1, json!({})),
+                (Outcome::BusinessFailure, NextStep::Stop),
+            ),
+            (
+                report(Run::Failed, Some(400), None, 1, json!({})),
+                (Outcome::Refused, NextStep::Stop),
+            ),
+        ];
+        for (report, expected) in cases {
+            assert_eq!(
+                outcome_and_step(&report),
+                expected,
+                "{:?} {:?}",
+                report.outcome,
+                report.status
+            );
+        }
+    }
+
+    #[test]
+    fn a_run_that_never_reached_the_service_is_a_tool_error() {
+        let lost = report(Run::InProgress, None, None, 6, Value::Null);
+        assert_eq!(answer_of(&lost).unwrap_err().code, "service_unreachable");
+    }
+
+    #[test]
+    fn an_approval_wait_carries_the_approval_request() {
+        let body = json!({"approval_id": "apr_1", "summary": {"action": "deploy"}, "status_url": "/v1/operations/op_1",
+                          "fingerprint": "f", "approval_url": "/v1/approvals/apr_1"});
+        let answer = answer_of(&report(Run::AwaitingApproval, Some(202), Some("op_1"), 1, body)).unwrap();
+        let approval = answer.approval.unwrap();
+        assert_eq!(approval.approval_id, "apr_1");
+        assert_eq!(approval.summary, json!({"action": "deploy"}));
+        assert_eq!(approval.status_url, "/v1/operations/op_1");
+    }
+
+    #[test]
+    fn a_path_parameter_is_one_segment_whatever_it_holds() {
+        let mut args = JsonObject::new();
+        args.insert("ticket_id".into(), json!("../operations?x=1"));
+        let path = fill_route("/v1/tickets/{ticket_id}/comments", &mut args).unwrap();
+        assert_eq!(path, "/v1/tickets/%2E%2E%2Foperations%3Fx%3D1/comments");
+        assert!(args.is_empty(), "the parameter is taken out of the body");
+        args.insert("ticket_id".into(), json!(".."));
+        let path = fill_route("/v1/tickets/{ticket_id}/comments", &mut args).unwrap();
+        assert_eq!(path, "/v1/tickets/%2E%2E/comments");
     }
 }

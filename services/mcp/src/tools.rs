@@ -306,6 +306,10 @@ impl McpServer {
     /// retry rule in every write's description.
     pub(crate) fn tools(documents: &Documents) -> ToolRouter<McpServer> {
         let mut router = McpServer::tool_router();
+        // every tool answers an Answer (the alias hides it from the macro)
+        for route in router.map.values_mut() {
+            route.attr.output_schema = Some(rmcp::handler::server::tool::schema_for_output::<Answer>());
+        }
         for (name, endpoint) in endpoints::WRITES {
             let tool = &mut router.map.get_mut(name).expect("every write is a tool").attr;
             tool.input_schema = documents.write_input(&endpoint).into();

@@ -54,12 +54,13 @@ fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
-/// sha256 of the canonical JSON (RFC 8785) of the method, the target and the
-/// body: member order and white space do not change it.
+/// sha256 of the canonical JSON (RFC 8785) of the method, the path and the
+/// body: member order and white space do not change it, and neither does
+/// where the service is reached (a proxy, a moved port).
 pub fn payload_digest(request: &Request) -> String {
     let intended = serde_json::json!({
         "method": request.method.as_str(),
-        "target": request.target(),
+        "path": request.path,
         "body": request.body,
     });
     let canonical = serde_json_canonicalizer::to_vec(&intended).unwrap_or_default();
