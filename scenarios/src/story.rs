@@ -59,6 +59,10 @@ pub struct Step {
     pub restart: Option<Restart>,
     pub poll: Option<Poll>,
     pub held: Option<Held>,
+    pub mcp: Option<McpCall>,
+    /// The MCP server is killed (SIGKILL) if it runs, and started again on
+    /// the same journal.
+    pub restart_mcp: Option<bool>,
     /// Nothing happens for this many milliseconds (the network catches up).
     pub pause_ms: Option<u64>,
     pub expect: Option<StepExpect>,
@@ -135,6 +139,22 @@ pub struct AgentProcess {
     pub timeout_ms: Option<u64>,
 }
 
+/// An MCP client (rmcp's, over streamable HTTP) calls one tool of the MCP
+/// server, a process of its own that reaches the services through the
+/// network proxies. The call's `intent` names it for later steps and checks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpCall {
+    pub tool: String,
+    pub arguments: Value,
+    /// The MCP server is killed (SIGKILL) this long after the call starts,
+    /// while the call waits: the client never gets an answer.
+    pub kill_server_after_ms: Option<u64>,
+    /// The client ends its session this long after the call starts: it
+    /// drops the call and its connection.
+    pub end_session_after_ms: Option<u64>,
+}
+
 /// Many copies of one request with one key, all at once, not through the agent.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -202,9 +222,9 @@ pub struct Restart {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepExpect {
-    /// The agent's outcome: one of these.
+    /// The agent's outcome (an MCP call's `outcome`): one of these.
     pub outcome: Option<Vec<String>>,
-    /// The problem `code` of the last answer.
+    /// The problem `code` of the last answer (an MCP tool error's `code`).
     pub code: Option<String>,
     /// The agent used the same key as this earlier operation.
     pub same_key_as: Option<String>,
@@ -290,6 +310,8 @@ impl Step {
             self.restart.is_some(),
             self.poll.is_some(),
             self.held.is_some(),
+            self.mcp.is_some(),
+            self.restart_mcp.is_some(),
             self.pause_ms.is_some(),
         ]
         .into_iter()

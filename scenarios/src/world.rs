@@ -2,8 +2,10 @@
 //! service) on fresh databases and free ports, the simulated payment provider
 //! and deployment controller as processes of their own (as external systems
 //! are: a crash of the services does not take them down), a fault proxy in
-//! front of each service, and the agent's journals. The sandbox is killed and
-//! started again when a story says so; everything is cleaned up after.
+//! front of each service, the agent's journals, and — when a story calls a
+//! tool — the MCP server as a process of its own, reaching the services
+//! through the proxies. The sandbox and the MCP server are killed and started
+//! again when a story says so; everything is cleaned up after.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -48,7 +50,7 @@ const FAST: [(&str, &str); 6] = [
 ];
 
 /// The programs a world runs, all in one directory.
-pub const PROGRAMS: [&str; 4] = ["sandbox", "agent", "payment-provider", "deploy-controller"];
+pub const PROGRAMS: [&str; 5] = ["sandbox", "agent", "payment-provider", "deploy-controller", "mcp"];
 
 pub struct World {
     binaries: PathBuf,
@@ -56,6 +58,11 @@ pub struct World {
     sandbox: Option<Child>,
     /// The payment provider and the deployment controller, never killed by a story.
     _external: Vec<Child>,
+    /// The MCP server, once a story calls a tool.
+    mcp: Option<Child>,
+    /// Where it listens: `http://127.0.0.1:<port>/mcp`.
+    pub mcp_url: String,
+    mcp_addr: String,
     /// How much of the sandbox's log was written before its latest start.
     log_before_start: u64,
     env: BTreeMap<String, String>,
@@ -76,7 +83,7 @@ impl World {
     pub async fn start(backend: Backend, binaries: &Path, env: &BTreeMap<String, String>) -> Result<World, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let mut ports = Vec::new();
-        for _ in 0..8 {
+        for _ in 0..10 {
             ports.push(free_port()?);
         }
         let address = |port: u16| format!("127.0.0.1:{port}");
@@ -90,6 +97,8 @@ impl World {
             ("DEPLOY_CONTROLLER_ADDR", address(ports[5])),
             ("PAYMENTS_PROVIDER_URL", format!("http://{}", address(ports[6]))),
             ("DEPLOYMENTS_CONTROLLER_URL", format!("http://{}", address(ports[7]))),
+            // the sandbox's own MCP server, unused: stories call the standalone one
+            ("MCP_ADDR", address(ports[8])),
             ("RETRYSAFE_DATA_DIR", dir.path().display().to_string()),
             ("LOG_FORMAT", "json".into()),
             ("RUST_LOG", "info".into()),
@@ -123,12 +132,14 @@ impl World {
         let external = vec![
             spawn(
                 &binaries.join("payment-provider"),
+                &[],
                 &[("PAYMENT_PROVIDER_ADDR", address(ports[6]))],
                 dir.path(),
                 "payment-provider.log",
             )?,
             spawn(
                 &binaries.join("deploy-controller"),
+                &[],
                 &[
                     ("DEPLOY_CONTROLLER_ADDR", address(ports[7])),
                     (
@@ -145,6 +156,9 @@ impl World {
             agent_binary: binaries.join("agent"),
             sandbox: None,
             _external: external,
+            mcp: None,
+            mcp_url: format!("http://{}/mcp", address(ports[9])),
+            mcp_addr: address(ports[9]),
             log_before_start: 0,
             env: settings,
             services,
@@ -177,6 +191,7 @@ impl World {
             .collect();
         self.sandbox = Some(spawn(
             &self.binaries.join("sandbox"),
+            &[],
             &settings,
             self.dir.path(),
             "sandbox.log",
@@ -263,6 +278,68 @@ impl World {
         self.launch().await
     }
 
+    /// Starts the MCP server (if it is not running) and waits until it answers.
+    pub async fn start_mcp(&mut self) -> Result<(), String> {
+        if self.mcp.is_some() {
+            return Ok(());
+        }
+        let dir = self.dir.path();
+        let env = [
+            ("MCP_ADDR", self.mcp_addr.clone()),
+            ("MCP_TICKETS_URL", self.proxies["tickets"].url.clone()),
+            ("MCP_PAYMENTS_URL", self.proxies["payments"].url.clone()),
+            ("MCP_DEPLOYMENTS_URL", self.proxies["deployments"].url.clone()),
+            ("MCP_JOURNAL", self.mcp_journal().display().to_string()),
+            ("RETRYSAFE_DATA_DIR", dir.display().to_string()),
+            ("LOG_FORMAT", "json".into()),
+        ];
+        let child = spawn(&self.binaries.join("mcp"), &["http"], &env, dir, "mcp.log")?;
+        let mcp = self.mcp.insert(child);
+        let up = async {
+            loop {
+                if let Ok(Some(status)) = mcp.try_wait() {
+                    return Err(format!("the MCP server exited ({status}): see mcp.log"));
+                }
+                // any HTTP answer at all: it listens
+                if self.http.get(&self.mcp_url).send().await.is_ok() {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), up)
+            .await
+            .map_err(|_| "the MCP server did not answer within 30 s".to_owned())?
+    }
+
+    /// SIGKILL for the MCP server.
+    pub async fn kill_mcp(&mut self) {
+        if let Some(mut child) = self.mcp.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// The MCP server's journal of intents, keys and tool calls.
+    pub fn mcp_journal(&self) -> PathBuf {
+        self.dir.path().join("mcp.db")
+    }
+
+    /// `mcp journal`: every tool call, as JSON.
+    pub async fn mcp_calls(&self) -> Vec<Value> {
+        let output = Command::new(self.binaries.join("mcp"))
+            .arg("journal")
+            .env("MCP_JOURNAL", self.mcp_journal())
+            .env_remove("DATABASE_URL")
+            .output()
+            .await;
+        let Ok(output) = output else { return Vec::new() };
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
     pub fn service(&self, name: &str) -> Result<&'static str, String> {
         SERVICES
             .into_iter()
@@ -289,6 +366,7 @@ impl World {
     /// Stops the sandbox (the external systems die with the world) and drops the story's PostgreSQL databases.
     pub async fn finish(mut self) {
         self.kill().await;
+        self.kill_mcp().await;
         if let Some((admin, name)) = &self.postgres {
             let drop = async {
                 use sqlx::{Connection, Executor};
@@ -306,15 +384,16 @@ impl World {
     }
 }
 
-/// Starts `binary` in `dir` with `env` (and none of this process's database
+/// Starts `binary` with `args` in `dir` with `env` (and none of this process's database
 /// or fail point settings), its output appended to `log` there.
-fn spawn(binary: &Path, env: &[(&str, String)], dir: &Path, log: &str) -> Result<Child, String> {
+fn spawn(binary: &Path, args: &[&str], env: &[(&str, String)], dir: &Path, log: &str) -> Result<Child, String> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(log))
         .map_err(|e| e.to_string())?;
     Command::new(binary)
+        .args(args)
         .env_remove("DATABASE_URL")
         .env_remove("FAILPOINTS")
         .envs(env.iter().map(|(k, v)| (k, v)))

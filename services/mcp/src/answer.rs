@@ -23,12 +23,33 @@ pub struct Answer {
     /// The key the call was sent with: made once per intent, or the one given.
     pub idempotency_key: Option<String>,
     /// The service's last HTTP status, when it answered.
+    #[schemars(schema_with = "http_status")]
     pub http_status: Option<u16>,
     /// The service's body: the resource, the operation, or its problem.
     pub resource: Option<Value>,
     pub next_step: NextStep,
     /// The approval request, when a human must decide first.
     pub approval: Option<ApprovalWait>,
+}
+
+impl Answer {
+    /// A read that found nothing, without asking a service.
+    pub fn not_found() -> Answer {
+        Answer {
+            outcome: Outcome::NotFound,
+            operation_id: None,
+            idempotency_key: None,
+            http_status: None,
+            resource: None,
+            next_step: NextStep::Done,
+            approval: None,
+        }
+    }
+}
+
+/// An HTTP status: an integer, with no `format` JSON Schema lacks.
+fn http_status(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": ["integer", "null"], "minimum": 100, "maximum": 599})
 }
 
 /// What became of the call (docs/contract.md §13).

@@ -216,9 +216,10 @@ impl Gateway {
                     )
                 }
                 (None, None, Some(intent)) => {
-                    let entry = self.entry(&Identity::Intent(intent.clone())).await.ok_or_else(|| {
-                        ToolError::invalid_input(format!("no call was ever made with the intent `{intent}`"))
-                    })?;
+                    let Some(entry) = self.entry(&Identity::Intent(intent)).await else {
+                        // no call was ever made with it: there is no operation
+                        return Ok(Answer::not_found());
+                    };
                     let known = self.service_of_target(&entry.target);
                     (
                         "/v1/operations".to_owned(),
@@ -248,7 +249,7 @@ impl Gateway {
             if let Some(operation) = &answer.resource {
                 answer.operation_id = operation["operation_id"].as_str().map(str::to_owned);
                 answer.idempotency_key = operation["idempotency_key"].as_str().map(str::to_owned);
-                answer.next_step = next_step_of_operation(operation["state"].as_str().unwrap_or(""));
+                answer.next_step = next_step_of_operation(operation);
             }
             Ok(answer)
         }
@@ -445,11 +446,14 @@ fn replayed_if(known: bool, outcome: agent::Outcome) -> Outcome {
     }
 }
 
-/// What an operation's state lets the agent do (docs/contract.md §4).
-fn next_step_of_operation(state: &str) -> NextStep {
-    match state {
-        "in_progress" | "unknown" => NextStep::PollOperation,
-        "awaiting_approval" => NextStep::WaitForApproval,
+/// What an operation's state lets the agent do (docs/contract.md §4, §6):
+/// an approved operation runs when the same call is made again.
+fn next_step_of_operation(operation: &Value) -> NextStep {
+    match (operation["state"].as_str(), operation["approval"]["state"].as_str()) {
+        (Some("in_progress" | "unknown"), _) => NextStep::PollOperation,
+        (Some("awaiting_approval"), Some("approved")) => NextStep::CallAgain,
+        (Some("awaiting_approval"), Some("pending") | None) => NextStep::WaitForApproval,
+        (Some("awaiting_approval"), _) => NextStep::Stop,
         _ => NextStep::Done,
     }
 }

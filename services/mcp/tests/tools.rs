@@ -410,6 +410,15 @@ async fn a_protected_deployment_awaits_approval_and_the_same_call_then_answers_t
     let decided = mcp.call("get_approval", json!({"approval_id": approval_id})).await;
     assert_eq!(decided.json["resource"]["state"], "approved");
     assert_eq!(decided.next_step(), "call again with the same intent");
+    let approved = mcp
+        .call("get_operation", json!({"intent": "release 1.2 to production"}))
+        .await;
+    assert_eq!(approved.json["resource"]["state"], "awaiting_approval");
+    assert_eq!(
+        approved.next_step(),
+        "call again with the same intent",
+        "approved: the same call runs it"
+    );
 
     let ran = mcp.call("create_deployment", deploy).await;
     assert_eq!(ran.json["http_status"], 202, "{}", ran.json);
@@ -431,6 +440,14 @@ async fn a_protected_deployment_awaits_approval_and_the_same_call_then_answers_t
         .call("get_operation", json!({"operation_id": ran.str("operation_id")}))
         .await;
     assert_eq!(by_id.json["resource"]["idempotency_key"], ran.json["idempotency_key"]);
+    let never = mcp
+        .call("get_operation", json!({"intent": "an intent never used"}))
+        .await;
+    assert_eq!(never.outcome(), "not_found");
+    let unknown_key = mcp
+        .call("get_operation", json!({"idempotency_key": "never-sent"}))
+        .await;
+    assert_eq!(unknown_key.outcome(), "not_found");
 
     let deployment = eventually(&mcp, "get_deployment", json!({"deployment_id": deployment_id}), |d| {
         d["state"] == "succeeded"

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 struct Ports(Vec<(&'static str, String)>);
 
 impl Ports {
-    /// Six free ports below the range the system hands out to outgoing
+    /// Seven free ports below the range the system hands out to outgoing
     /// connections (32768 up), so no client connection takes one meanwhile.
     async fn free() -> Ports {
         let variables = [
@@ -30,6 +30,7 @@ impl Ports {
             "CONSOLE_ADDR",
             "PAYMENT_PROVIDER_ADDR",
             "DEPLOY_CONTROLLER_ADDR",
+            "MCP_ADDR",
         ];
         let start = 20_000 + (uuid::Uuid::new_v4().as_u128() % 10_000) as u16;
         let mut held = Vec::new();
