@@ -50,7 +50,7 @@ impl Calls {
         let mut migrator = sqlx::migrate!("../../migrations/mcp/sqlite");
         // the agent's migrations keep their own ledger in the same file
         migrator.dangerous_set_table_name("_mcp_migrations");
-        migrator.run(&pool).await?;
+        agent::journal::migrate(&pool, &migrator).await?;
         Ok(Calls { pool })
     }
 

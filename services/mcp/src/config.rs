@@ -126,3 +126,29 @@ fn demo_agent_key(account: &str) -> Result<String, ConfigError> {
         .map(|k| k.key.to_owned())
         .ok_or_else(|| ConfigError(format!("no demo account `{account}` (the sandbox has acme and globex)")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_account_picks_its_demo_agent_key_and_an_unknown_account_is_refused() {
+        let acme = McpConfig::from_env(None).unwrap();
+        assert_eq!(acme.tickets.api_key, "demo-acme-agent");
+        let globex = McpConfig::from_env(Some("globex")).unwrap();
+        for service in Service::ALL {
+            assert_eq!(globex.target(service).api_key, "demo-globex-agent");
+        }
+        let unknown = McpConfig::from_env(Some("initech")).unwrap_err();
+        assert!(unknown.to_string().contains("acme and globex"));
+    }
+
+    #[test]
+    fn a_target_never_shows_its_key() {
+        let target = Target {
+            url: "http://127.0.0.1:7001".into(),
+            api_key: "secret-agent-key".into(),
+        };
+        assert!(!format!("{target:?}").contains("secret"));
+    }
+}

@@ -67,6 +67,20 @@ pub fn payload_digest(request: &Request) -> String {
     hex::encode(Sha256::digest(canonical))
 }
 
+/// Applies `migrator` under SQLite's write lock, taken first: processes that
+/// open one new journal at once (replicas of the MCP server) apply each
+/// migration once, instead of racing to create the same table.
+pub async fn migrate(pool: &SqlitePool, migrator: &sqlx::migrate::Migrator) -> Result<(), sqlx::migrate::MigrateError> {
+    use sqlx::Connection;
+    let mut connection = pool.acquire().await?;
+    let mut exclusive = connection.begin_with("BEGIN IMMEDIATE").await?;
+    // `run` on a transaction trips sqlx's "Acquire is not general enough";
+    // `run_direct` is its way around that
+    migrator.run_direct(None, &mut *exclusive, false).await?;
+    exclusive.commit().await?;
+    Ok(())
+}
+
 impl Journal {
     /// Opens (and makes, the first time) the journal at `path`.
     pub async fn open(path: &Path) -> Result<Journal, AgentError> {
@@ -81,8 +95,7 @@ impl Journal {
             .max_connections(1)
             .connect_with(options)
             .await?;
-        MIGRATIONS
-            .run(&pool)
+        migrate(&pool, &MIGRATIONS)
             .await
             .map_err(|e| AgentError::Journal(e.to_string()))?;
         Ok(Journal { pool })

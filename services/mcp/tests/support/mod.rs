@@ -23,7 +23,9 @@ use rmcp::{
 };
 use serde_json::{Map, Value, json};
 
-pub use platform::testing::{ACME_AGENT, ACME_APPROVER};
+pub use platform::testing::ACME_AGENT;
+#[allow(unused_imports)]
+pub use platform::testing::ACME_APPROVER;
 
 pub struct World {
     pub tickets: String,
