@@ -1,8 +1,8 @@
 //! `cargo run`: the Retrysafe sandbox. Every service in one process, on an
 //! embedded SQLite database (one file per service under `./.sandbox/`), with
 //! the demo keys of docs/contract.md §12, the two simulated external systems,
-//! the approval console, and the MCP server (§13). `DATABASE_URL=postgres://…` moves every service to
-//! its own database on that server instead.
+//! the approval console, and the MCP server (§13). `DATABASE_URL=postgres://…`
+//! moves every service to its own database on that server instead.
 
 use std::{net::SocketAddr, time::Duration};
 
