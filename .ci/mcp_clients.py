@@ -109,6 +109,8 @@ async def connect(transport: str, name: str) -> AsyncIterator[ClientSession]:
                 "MCP_TICKETS_URL": SERVICES["tickets"],
                 "MCP_PAYMENTS_URL": SERVICES["payments"],
                 "MCP_DEPLOYMENTS_URL": SERVICES["deployments"],
+                # the sandbox account whose demo agent key the server calls with
+                "MCP_ACCOUNT": "acme",
                 # a journal of this server's own, fresh for each test
                 "MCP_JOURNAL": str(work / "journal.db"),
                 "RETRYSAFE_DATA_DIR": str(work),

@@ -506,6 +506,16 @@ impl Stage<'_> {
             (None, Some(ms)) => tokio::time::timeout(Duration::from_millis(ms), calling).await.ok(),
             (None, None) => Some(calling.await),
         };
+        let interrupted = call.kill_server_after_ms.or(call.end_session_after_ms).is_some();
+        if interrupted && result.is_some() {
+            // the step's fault never happened: what follows would prove nothing
+            self.check(
+                format!("the MCP call `{intent}` is still waiting when it is interrupted"),
+                "no answer yet".into(),
+                "it had been answered".into(),
+                false,
+            );
+        }
         let Some(result) = result else {
             if call.kill_server_after_ms.is_some() {
                 self.world.kill_mcp().await;

@@ -290,6 +290,7 @@ impl World {
             ("MCP_PAYMENTS_URL", self.proxies["payments"].url.clone()),
             ("MCP_DEPLOYMENTS_URL", self.proxies["deployments"].url.clone()),
             ("MCP_JOURNAL", self.mcp_journal().display().to_string()),
+            ("MCP_ACCOUNT", "acme".into()),
             ("RETRYSAFE_DATA_DIR", dir.display().to_string()),
             ("LOG_FORMAT", "json".into()),
         ];

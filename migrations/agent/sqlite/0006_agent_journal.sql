@@ -6,8 +6,9 @@ CREATE TABLE agent_operations (
     -- the task's own name for the operation: what the agent calls it by
     name            TEXT    PRIMARY KEY,
     idempotency_key TEXT    NOT NULL UNIQUE,
-    -- sha256 of the canonical JSON of what was intended (method, target,
-    -- body): the same name with another payload is a new intention, refused
+    -- sha256 of the canonical JSON of what was intended (method, path,
+    -- body; not the service's address): the same name with another payload
+    -- is a new intention, refused
     payload_digest  TEXT    NOT NULL,
     method          TEXT    NOT NULL,
     target          TEXT    NOT NULL,

@@ -1,5 +1,5 @@
-//! What a tool call answers (docs/contract.md §13): the outcome in the
-//! article's words, the operation it belongs to, the service's own answer,
+//! What a tool call answers (docs/contract.md §13): the outcome in §13's
+//! words, the operation it belongs to, the service's own answer,
 //! and the one next step the retry rule allows.
 //!
 //! A call that reached a service answers with an [`Answer`] (`isError:
@@ -84,6 +84,24 @@ pub enum Outcome {
     Found,
     /// A read found nothing by that id or key.
     NotFound,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::MatchedExisting => "matched_existing",
+            Outcome::Replayed => "replayed",
+            Outcome::InProgress => "in_progress",
+            Outcome::AwaitingApproval => "awaiting_approval",
+            Outcome::KeyReused => "key_reused",
+            Outcome::BusinessFailure => "business_failure",
+            Outcome::OutcomeUnknown => "outcome_unknown",
+            Outcome::Refused => "refused",
+            Outcome::Found => "found",
+            Outcome::NotFound => "not_found",
+        }
+    }
 }
 
 /// The one thing the retry rule lets the agent do next.

@@ -4,15 +4,16 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `MCP_TICKETS_URL`, `MCP_PAYMENTS_URL`, `MCP_DEPLOYMENTS_URL` | each service's base URL | the sandbox's ports |
-//! | `MCP_API_KEY` | the key for every service | the demo agent key of `MCP_ACCOUNT` |
+//! | `MCP_API_KEY` | the key for every service | the demo agent key of `MCP_ACCOUNT` (sandbox) |
 //! | `MCP_TICKETS_API_KEY`, … | one service's key, over `MCP_API_KEY` | |
-//! | `MCP_ACCOUNT` | the sandbox account whose demo agent key is used (`acme`, `globex`) | `acme` |
+//! | `MCP_ACCOUNT` | the account the keys act for: intents are kept per account; without `MCP_API_KEY`, the sandbox account whose demo agent key is used (`acme`, `globex`) | `acme` in the sandbox |
 //! | `MCP_JOURNAL` | the SQLite file of intents, keys and tool calls | `<RETRYSAFE_DATA_DIR>/mcp.db` |
 //! | `MCP_ADDR` | where the sandbox serves streamable HTTP | `127.0.0.1:7004` |
 //! | `MCP_ALLOWED_HOSTS` | `Host` values HTTP accepts, comma-separated | loopback only |
 //!
-//! Outside sandbox mode (`RETRYSAFE_SANDBOX=false`) there are no demo keys: a
-//! key must be configured.
+//! Demo keys are the sandbox's: the sandbox's MCP server uses acme's unless
+//! told otherwise; `mcp` alone uses one only for an account it is given
+//! (`--account`, `MCP_ACCOUNT`), and otherwise needs `MCP_API_KEY`.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -40,6 +41,10 @@ impl std::fmt::Debug for Target {
 
 #[derive(Debug, Clone)]
 pub struct McpConfig {
+    /// The account the keys act for, when named (`--account`, `MCP_ACCOUNT`):
+    /// intents are kept per account, so a rotated key keeps them; unnamed,
+    /// they are kept per key.
+    pub account: Option<String>,
     pub tickets: Target,
     pub payments: Target,
     pub deployments: Target,
@@ -63,47 +68,67 @@ fn env(name: &str) -> Option<String> {
 
 impl McpConfig {
     /// From the environment; `account` (`--account`) over `MCP_ACCOUNT`.
-    pub fn from_env(account: Option<&str>) -> Result<McpConfig, ConfigError> {
-        let sandbox =
-            env("RETRYSAFE_SANDBOX").is_none_or(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
-        let account = account.map(str::to_owned).or_else(|| env("MCP_ACCOUNT"));
-        let shared_key = match env("MCP_API_KEY") {
-            Some(key) => Some(key),
-            None if sandbox => Some(demo_agent_key(account.as_deref().unwrap_or("acme"))?),
-            None => None,
+    /// `sandbox_default`: whether demo keys exist when `RETRYSAFE_SANDBOX`
+    /// is not set (the sandbox: yes; `mcp` alone: only for an account named).
+    pub fn from_env(account: Option<&str>, sandbox_default: bool) -> Result<McpConfig, ConfigError> {
+        McpConfig::from_vars(account, sandbox_default, env)
+    }
+
+    /// From the variables `var` reads.
+    pub fn from_vars(
+        account: Option<&str>,
+        sandbox_default: bool,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<McpConfig, ConfigError> {
+        let sandbox = var("RETRYSAFE_SANDBOX").map_or(sandbox_default, |v| {
+            matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes")
+        });
+        let mut account = account.map(str::to_owned).or_else(|| var("MCP_ACCOUNT"));
+        // a named account without a key is a choice of its demo key; only the sandbox has one unasked
+        let shared_key = match (var("MCP_API_KEY"), &account) {
+            (Some(key), _) => Some(key),
+            (None, Some(account)) => Some(demo_agent_key(account)?),
+            (None, None) if sandbox => {
+                account = Some("acme".into());
+                Some(demo_agent_key("acme")?)
+            }
+            (None, None) => None,
         };
         let target = |service: Service, port: u16| -> Result<Target, ConfigError> {
             let upper = service.as_str().to_ascii_uppercase();
-            let api_key = env(&format!("MCP_{upper}_API_KEY"))
+            let api_key = var(&format!("MCP_{upper}_API_KEY"))
                 .or_else(|| shared_key.clone())
                 .ok_or_else(|| {
                     ConfigError(format!(
-                        "no API key for {}: set MCP_API_KEY or MCP_{upper}_API_KEY",
+                        "no API key for {}: set MCP_API_KEY (or MCP_{upper}_API_KEY), or name a sandbox account with --account",
                         service.as_str()
                     ))
                 })?;
             Ok(Target {
-                url: env(&format!("MCP_{upper}_URL"))
+                url: var(&format!("MCP_{upper}_URL"))
                     .unwrap_or_else(|| format!("http://127.0.0.1:{port}"))
                     .trim_end_matches('/')
                     .to_owned(),
                 api_key,
             })
         };
-        let policy = deployments::domain::DeploymentsPolicy::from_env().map_err(ConfigError)?;
+        let policy = deployments::domain::DeploymentsPolicy::parse(
+            &var("DEPLOYMENTS_ENVIRONMENTS").unwrap_or_else(|| "development,staging,production".into()),
+            &var("DEPLOYMENTS_APPROVAL_ENVIRONMENTS").unwrap_or_else(|| "production".into()),
+        )
+        .map_err(ConfigError)?;
         Ok(McpConfig {
+            account,
             tickets: target(Service::Tickets, tickets::DEFAULT_PORT)?,
             payments: target(Service::Payments, payments::DEFAULT_PORT)?,
             deployments: target(Service::Deployments, deployments::DEFAULT_PORT)?,
             environments: policy.environments,
-            journal: env("MCP_JOURNAL")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| platform::config::data_dir().join("mcp.db")),
+            journal: journal_path(&var)?,
             agent: AgentConfig {
                 request_timeout: Duration::from_secs(10),
                 ..AgentConfig::default()
             },
-            allowed_hosts: env("MCP_ALLOWED_HOSTS")
+            allowed_hosts: var("MCP_ALLOWED_HOSTS")
                 .map(|hosts| hosts.split(',').map(|h| h.trim().to_owned()).collect())
                 .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]),
         })
@@ -118,6 +143,18 @@ impl McpConfig {
     }
 }
 
+/// `MCP_JOURNAL`, or `mcp.db` in the data directory, made absolute: a
+/// server an MCP client starts from another directory finds the same file,
+/// and with it every intent's key.
+pub fn journal_path(var: &impl Fn(&str) -> Option<String>) -> Result<PathBuf, ConfigError> {
+    let path = var("MCP_JOURNAL").map(PathBuf::from).unwrap_or_else(|| {
+        var("RETRYSAFE_DATA_DIR")
+            .map_or_else(|| PathBuf::from(".sandbox"), PathBuf::from)
+            .join("mcp.db")
+    });
+    std::path::absolute(&path).map_err(|e| ConfigError(format!("MCP_JOURNAL {}: {e}", path.display())))
+}
+
 /// The sandbox's demo agent key of `account`.
 fn demo_agent_key(account: &str) -> Result<String, ConfigError> {
     DEMO_KEYS
@@ -129,18 +166,48 @@ fn demo_agent_key(account: &str) -> Result<String, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        move |name| map.get(name).cloned()
+    }
 
     #[test]
     fn an_account_picks_its_demo_agent_key_and_an_unknown_account_is_refused() {
-        let acme = McpConfig::from_env(None).unwrap();
-        assert_eq!(acme.tickets.api_key, "demo-acme-agent");
-        let globex = McpConfig::from_env(Some("globex")).unwrap();
+        let sandbox = McpConfig::from_vars(None, true, vars(&[])).unwrap();
+        assert_eq!(sandbox.tickets.api_key, "demo-acme-agent");
+        let globex = McpConfig::from_vars(Some("globex"), false, vars(&[])).unwrap();
         for service in Service::ALL {
             assert_eq!(globex.target(service).api_key, "demo-globex-agent");
         }
-        let unknown = McpConfig::from_env(Some("initech")).unwrap_err();
+        let unknown = McpConfig::from_vars(Some("initech"), true, vars(&[])).unwrap_err();
         assert!(unknown.to_string().contains("acme and globex"));
+    }
+
+    #[test]
+    fn outside_the_sandbox_a_key_must_be_configured_and_one_service_may_have_its_own() {
+        let none = McpConfig::from_vars(None, false, vars(&[])).unwrap_err();
+        assert!(none.to_string().contains("MCP_API_KEY"));
+        let off = McpConfig::from_vars(None, true, vars(&[("RETRYSAFE_SANDBOX", "false")]));
+        assert!(off.is_err(), "RETRYSAFE_SANDBOX=false: no demo keys");
+        let keyed = McpConfig::from_vars(
+            None,
+            false,
+            vars(&[("MCP_API_KEY", "rs_live_a"), ("MCP_PAYMENTS_API_KEY", "rs_live_b")]),
+        )
+        .unwrap();
+        assert_eq!(keyed.tickets.api_key, "rs_live_a");
+        assert_eq!(keyed.payments.api_key, "rs_live_b");
+    }
+
+    #[test]
+    fn the_journal_path_is_absolute_wherever_the_server_is_started() {
+        let config = McpConfig::from_vars(None, true, vars(&[("RETRYSAFE_DATA_DIR", "data")])).unwrap();
+        assert!(config.journal.is_absolute());
+        assert!(config.journal.ends_with("data/mcp.db"));
     }
 
     #[test]

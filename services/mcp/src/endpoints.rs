@@ -48,6 +48,8 @@ pub struct Write {
 pub struct Read {
     pub service: Service,
     pub route: &'static str,
+    /// The query parameters it takes.
+    pub query: &'static [&'static str],
 }
 
 fn body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<(), ApiError> {
@@ -122,22 +124,27 @@ pub const CREATE_ROLLBACK: Write = Write {
 pub const GET_TICKET: Read = Read {
     service: Service::Tickets,
     route: "/v1/tickets/{ticket_id}",
+    query: &[],
 };
 pub const LIST_TICKETS: Read = Read {
     service: Service::Tickets,
     route: "/v1/tickets",
+    query: &["project", "source_event_id", "status", "limit", "cursor"],
 };
 pub const GET_PAYMENT_INTENT: Read = Read {
     service: Service::Payments,
     route: "/v1/payment_intents/{intent_id}",
+    query: &[],
 };
 pub const GET_DEPLOYMENT: Read = Read {
     service: Service::Deployments,
     route: "/v1/deployments/{deployment_id}",
+    query: &[],
 };
 pub const GET_ENVIRONMENT: Read = Read {
     service: Service::Deployments,
     route: "/v1/environments/{service}/{environment}",
+    query: &[],
 };
 
 /// Every write tool, by name.

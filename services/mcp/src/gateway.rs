@@ -3,15 +3,14 @@
 //!
 //! A write goes through the agent client (docs/contract.md §9): the intent's
 //! key is made once and stored before the first send, a lost answer is asked
-//! about by key before anything is sent again, and the run finishes even if
-//! the MCP client cancels the call or goes away, so the next call with the
+//! about by key before anything is sent again, and the call runs to its end
+//! even if the MCP client cancels it or goes away, so the next call with the
 //! same intent finds its answer rather than a half-done request.
 
-use std::collections::HashMap;
-
-use agent::{Agent, AgentError, Report};
+use agent::{Agent, AgentError, Journal, Report};
 use rmcp::model::JsonObject;
-use serde_json::{Map, Value};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
 use crate::{
@@ -30,47 +29,70 @@ enum Identity {
 }
 
 impl Identity {
-    /// The operation's name in the agent journal: intents and keys apart.
-    fn journal_name(&self) -> String {
+    /// The operation's name in the agent journal: intents and keys apart,
+    /// and each under its account (`scope`), so servers that share a journal
+    /// but act for different accounts never share one.
+    fn journal_name(&self, scope: &str) -> String {
         match self {
-            Identity::Intent(intent) => format!("intent:{intent}"),
-            Identity::Key(key) => format!("key:{key}"),
+            Identity::Intent(intent) => format!("intent:{scope}:{intent}"),
+            Identity::Key(key) => format!("key:{scope}:{key}"),
         }
     }
+}
+
+/// Whose intents: the account, when the configuration names it, else a
+/// mark of the key (a prefix of its SHA-256, never the key).
+fn scope_of(account: Option<&str>, api_key: &str) -> String {
+    match account {
+        Some(account) => format!("account {account}"),
+        None => format!("key {}", hex::encode(&Sha256::digest(api_key.as_bytes())[..8])),
+    }
+}
+
+/// One agent per service: each calls with that service's key.
+#[derive(Debug, Clone)]
+struct Agents {
+    tickets: Agent,
+    payments: Agent,
+    deployments: Agent,
 }
 
 /// The calls of one MCP server, whatever transport they come by.
 #[derive(Debug, Clone)]
 pub struct Gateway {
-    agents: HashMap<&'static str, Agent>,
+    agents: Agents,
+    journal: Journal,
     config: McpConfig,
     calls: Calls,
     http: reqwest::Client,
-    /// Runs that outlive the call that started them.
+    /// Calls under way: they outlive a cancelled call and a client that left.
     runs: TaskTracker,
 }
 
-/// Who made a call: `stdio <id>` for a process's one session, `http <id>`
-/// for streamable HTTP.
+/// Who made a call: `stdio <id>`, one per server process, or `http <id>`,
+/// one per request (streamable HTTP is served statelessly).
 pub type Session = String;
 
 impl Gateway {
     pub async fn open(config: McpConfig) -> Result<Gateway, AgentError> {
-        let journal = agent::Journal::open(&config.journal).await?;
+        let journal = Journal::open(&config.journal).await?;
         let calls = Calls::open(journal.pool().clone())
             .await
             .map_err(|e| AgentError::Journal(e.to_string()))?;
-        let mut agents = HashMap::new();
-        for service in Service::ALL {
-            let agent = Agent::new(journal.clone(), &config.target(service).api_key, config.agent.clone())?;
-            agents.insert(service.as_str(), agent);
-        }
+        let agent =
+            |service: Service| Agent::new(journal.clone(), &config.target(service).api_key, config.agent.clone());
+        let agents = Agents {
+            tickets: agent(Service::Tickets)?,
+            payments: agent(Service::Payments)?,
+            deployments: agent(Service::Deployments)?,
+        };
         let http = reqwest::Client::builder()
             .timeout(config.agent.request_timeout)
             .build()
-            .map_err(|e| AgentError::Journal(e.to_string()))?;
+            .map_err(|e| AgentError::Usage(format!("an HTTP client: {e}")))?;
         Ok(Gateway {
             agents,
+            journal,
             config,
             calls,
             http,
@@ -83,17 +105,28 @@ impl Gateway {
     }
 
     fn agent(&self, service: Service) -> &Agent {
-        &self.agents[service.as_str()]
+        match service {
+            Service::Tickets => &self.agents.tickets,
+            Service::Payments => &self.agents.payments,
+            Service::Deployments => &self.agents.deployments,
+        }
     }
 
-    /// Waits for the runs under way (a stopping server lets them finish).
+    fn scope(&self, service: Service) -> String {
+        scope_of(self.config.account.as_deref(), &self.config.target(service).api_key)
+    }
+
+    /// Waits for the calls under way (a stopping server lets them finish).
     pub async fn finish_runs(&self) {
         self.runs.close();
         self.runs.wait().await;
     }
 
     /// A write tool: its arguments checked as the service would, the
-    /// intent's key found or made, the request run by the retry rule.
+    /// intent's key found or made, the request run by the retry rule, the
+    /// call journaled. The whole call is the server's, not the client's: a
+    /// cancelled call or a client that went away never aborts a request the
+    /// service may already have committed.
     pub async fn write(
         &self,
         session: &Session,
@@ -101,10 +134,16 @@ impl Gateway {
         endpoint: &Write,
         args: JsonObject,
     ) -> Result<Answer, ToolError> {
-        let mut call = ToolCall::new(session, tool);
-        let result = self.run_write(&mut call, endpoint, args).await;
-        self.record(call, &result).await;
-        result
+        let (gateway, session, endpoint) = (self.clone(), session.clone(), *endpoint);
+        self.runs
+            .spawn(async move {
+                let mut call = ToolCall::new(&session, tool);
+                let result = gateway.run_write(&mut call, &endpoint, args).await;
+                gateway.record(call, &result).await;
+                result
+            })
+            .await
+            .map_err(|e| ToolError::new("internal", e.to_string()))?
     }
 
     async fn run_write(
@@ -135,41 +174,60 @@ impl Gateway {
         }
         let target = self.config.target(endpoint.service);
         let request = agent::Request::new(endpoint.method, &target.url, path, body);
-        let agent = self.agent(endpoint.service).clone();
-        let name = identity.journal_name();
+        let agent = self.agent(endpoint.service);
+        let name = identity.journal_name(&self.scope(endpoint.service));
         call.payload_digest = Some(agent::journal::payload_digest(&request));
-        // the key, made once and stored before anything is sent
+        // the key, made once and stored before anything is sent; `execute`
+        // finds it there (and only this way is an explicit key adopted)
         let bound = match &identity {
             Identity::Intent(_) => agent.journal().begin(&name, &request).await,
             Identity::Key(key) => agent.journal().adopt(&name, key, &request).await,
-        }
-        .map_err(|e| match (e, &identity) {
-            (AgentError::ChangedPayload { .. }, Identity::Intent(intent)) => ToolError::new(
-                "intent_reused_with_changed_payload",
-                format!("the intent `{intent}` was used for another request before; nothing was sent. A new action needs a new intent"),
-            ),
-            (AgentError::ChangedPayload { .. }, Identity::Key(_)) => ToolError::new(
-                "idempotency_key_reused",
-                "this idempotency key was used for another request before; nothing was sent",
-            ),
-            (other, _) => ToolError::new("journal_unavailable", other.to_string()),
-        });
+        };
         let entry = match bound {
             Ok(entry) => entry,
-            Err(refused) => {
+            Err(AgentError::ChangedPayload { .. }) => {
                 // the journal names the key the intent holds
-                call.idempotency_key = self.entry(&identity).await.map(|e| e.idempotency_key);
-                return Err(refused);
+                let held = agent.journal().entry(&name).await.ok().flatten();
+                call.idempotency_key = held.map(|e| e.idempotency_key);
+                return Err(match identity {
+                    Identity::Intent(intent) => ToolError::new(
+                        "intent_reused_with_changed_payload",
+                        format!(
+                            "the intent `{intent}` was used for another request before; nothing was sent. \
+                             A new action needs a new intent"
+                        ),
+                    ),
+                    Identity::Key(_) => ToolError::new(
+                        "idempotency_key_reused",
+                        "this idempotency key was used here for another request before; nothing was sent",
+                    ),
+                });
             }
+            Err(other) => return Err(ToolError::new("journal_unavailable", other.to_string())),
         };
         call.idempotency_key = Some(entry.idempotency_key);
-        // the run is not the call's: a cancelled call or a client that went
-        // away never aborts a request the service may already have committed
-        let run = self.runs.spawn(async move { agent.execute(&name, &request).await });
-        let report = run
+        let report = agent
+            .execute(&name, &request)
             .await
-            .map_err(|e| ToolError::new("internal", e.to_string()))?
             .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+        if matches!(report.status, Some(401 | 403)) && report.operation_id.is_none() {
+            // the server's own key was refused: nothing was claimed, and once
+            // the key is fixed the same intent must be sent again
+            agent
+                .journal()
+                .reopen(&name)
+                .await
+                .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+            return Err(ToolError::new(
+                "api_key_refused",
+                format!(
+                    "{} refused the MCP server's API key ({}): nothing was claimed; once its key is fixed, \
+                     call again with the same intent",
+                    endpoint.service.as_str(),
+                    report.status.unwrap_or_default()
+                ),
+            ));
+        }
         answer_of(&report)
     }
 
@@ -184,7 +242,7 @@ impl Gateway {
         let call = ToolCall::new(session, tool);
         let result = async {
             let path = fill_route(endpoint.route, &mut args)?;
-            let query = query_of(args)?;
+            let query = query_of(args, endpoint.query)?;
             self.get(endpoint.service, &path, &query).await
         }
         .await;
@@ -197,35 +255,29 @@ impl Gateway {
     pub async fn get_operation(&self, session: &Session, mut args: JsonObject) -> Result<Answer, ToolError> {
         let call = ToolCall::new(session, "get_operation");
         let result = async {
-            let operation_id = take_string(&mut args, "operation_id")?;
-            let key = take_string(&mut args, "idempotency_key")?;
-            let intent = take_string(&mut args, "intent")?;
+            let operation_id = take_id(&mut args, "operation_id")?;
+            let key = take_id(&mut args, "idempotency_key")?;
+            let intent = take_id(&mut args, "intent")?;
             no_more(&args)?;
-            let (path, query, known) = match (operation_id, key, intent) {
-                (Some(id), None, None) => (
-                    endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&id)),
-                    vec![],
-                    None,
-                ),
-                (None, Some(key), None) => {
-                    let known = self.service_of(&Identity::Key(key.clone())).await;
-                    (
-                        "/v1/operations".to_owned(),
-                        vec![("idempotency_key".to_owned(), key)],
-                        known,
-                    )
+            let (known, key) = match (operation_id, key, intent) {
+                (Some(id), None, None) => {
+                    let path = endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&id));
+                    let mut answer = self.find(None, &path, &[]).await?;
+                    if answer.outcome == Outcome::NotFound {
+                        // no service has it: nothing to wait for
+                        answer.next_step = NextStep::Stop;
+                    }
+                    return Ok(read_operation(answer));
                 }
+                (None, Some(key), None) => (self.journal.entry_by_key(&key).await, Some(key)),
                 (None, None, Some(intent)) => {
-                    let Some(entry) = self.entry(&Identity::Intent(intent)).await else {
-                        // no call was ever made with it: there is no operation
-                        return Ok(Answer::not_found());
-                    };
-                    let known = self.service_of_target(&entry.target);
-                    (
-                        "/v1/operations".to_owned(),
-                        vec![("idempotency_key".to_owned(), entry.idempotency_key)],
-                        known,
-                    )
+                    let entry = self.intent_entry(&intent).await;
+                    let key = entry
+                        .as_ref()
+                        .ok()
+                        .and_then(Option::as_ref)
+                        .map(|e| e.idempotency_key.clone());
+                    (entry, key)
                 }
                 _ => {
                     return Err(ToolError::invalid_input(
@@ -233,38 +285,46 @@ impl Gateway {
                     ));
                 }
             };
-            let mut answer = self.find(known, &path, &query).await?;
+            let known = known.map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+            let service = known.as_ref().and_then(|e| self.service_of_target(&e.target));
+            let mut answer = match key {
+                Some(key) => {
+                    let query = [("idempotency_key".to_owned(), key)];
+                    self.find(service, "/v1/operations", &query).await?
+                }
+                // an intent never used: no key, no operation
+                None => Answer::not_found(),
+            };
             // a lookup by key answers a list: the operation is its one item
-            if let Some(first) = answer
-                .resource
-                .as_ref()
-                .and_then(|r| r["data"].as_array())
-                .map(|d| d.first().cloned())
-            {
-                answer.resource = first;
+            if answer.outcome == Outcome::Found {
+                answer.resource = answer
+                    .resource
+                    .and_then(|r| r["data"].as_array().and_then(|d| d.first().cloned()));
                 if answer.resource.is_none() {
                     answer.outcome = Outcome::NotFound;
                 }
             }
-            if let Some(operation) = &answer.resource {
-                answer.operation_id = operation["operation_id"].as_str().map(str::to_owned);
-                answer.idempotency_key = operation["idempotency_key"].as_str().map(str::to_owned);
-                answer.next_step = next_step_of_operation(operation);
+            if answer.outcome == Outcome::NotFound {
+                // never claimed: sending it is safe, unless the journal knows it is
+                // done (a status declared by PUT has no operation)
+                let finished = known.and_then(|e| e.state).is_some_and(agent::Outcome::is_final);
+                answer.next_step = if finished { NextStep::Done } else { NextStep::CallAgain };
+                return Ok(answer);
             }
-            Ok(answer)
+            Ok(read_operation(answer))
         }
         .await;
         self.record(call, &result).await;
         result
     }
 
-    /// `get_approval`: an approval a call was told to wait for, as its
-    /// operation shows it (an agent's key reads approvals only there);
-    /// another, at the service that has it, if the server's key may read it.
+    /// `get_approval`: an approval a call waited for, as its operation shows
+    /// it (an agent's key reads approvals only there); another, at the
+    /// service that has it, if the server's key may read it.
     pub async fn get_approval(&self, session: &Session, mut args: JsonObject) -> Result<Answer, ToolError> {
         let call = ToolCall::new(session, "get_approval");
         let result = async {
-            let approval_id = take_string(&mut args, "approval_id")?
+            let approval_id = take_id(&mut args, "approval_id")?
                 .ok_or_else(|| ToolError::invalid_input("`approval_id` is required"))?;
             no_more(&args)?;
             let waited_for = self
@@ -282,19 +342,27 @@ impl Gateway {
                 .map(|(_, endpoint)| endpoint.service);
             let path = endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&operation_id));
             let mut answer = self.find(service, &path, &[]).await?;
-            if let Some(operation) = answer.resource.take() {
-                let mut approval = operation["approval"].clone();
-                approval["operation_id"] = operation["operation_id"].clone();
-                answer.next_step = match approval["state"].as_str() {
-                    Some("pending") => NextStep::WaitForApproval,
-                    // approved: the same call with the same intent runs it now
-                    Some("approved") => NextStep::CallAgain,
-                    _ => NextStep::Stop,
-                };
-                answer.operation_id = Some(operation_id);
-                answer.idempotency_key = operation["idempotency_key"].as_str().map(str::to_owned);
-                answer.resource = Some(approval);
-            }
+            let operation = match (answer.outcome, answer.resource.take()) {
+                (Outcome::Found, Some(operation)) => operation,
+                (_, resource) => {
+                    answer.resource = resource;
+                    return Ok(answer);
+                }
+            };
+            let mut approval = match &operation["approval"] {
+                Value::Object(approval) => approval.clone(),
+                _ => return Ok(Answer::not_found()),
+            };
+            approval.insert("operation_id".into(), operation["operation_id"].clone());
+            answer.next_step = match approval.get("state").and_then(Value::as_str) {
+                Some("pending") => NextStep::WaitForApproval,
+                // approved: the same call with the same intent runs it now
+                Some("approved") => NextStep::CallAgain,
+                _ => NextStep::Stop,
+            };
+            answer.operation_id = Some(operation_id);
+            answer.idempotency_key = operation["idempotency_key"].as_str().map(str::to_owned);
+            answer.resource = Some(Value::Object(approval));
             Ok(answer)
         }
         .await;
@@ -302,7 +370,8 @@ impl Gateway {
         result
     }
 
-    /// Asks `known` (or each service in turn) until one has it.
+    /// Asks `known` (or each service in turn) until one has it; a service
+    /// that cannot be reached is passed over while another may answer.
     async fn find(&self, known: Option<Service>, path: &str, query: &[(String, String)]) -> Result<Answer, ToolError> {
         let services = match known {
             Some(service) => vec![service],
@@ -310,18 +379,22 @@ impl Gateway {
         };
         let mut last = None;
         for service in services {
-            let answer = self.get(service, path, query).await?;
+            let answer = self.get(service, path, query).await;
             let empty_list = answer
-                .resource
                 .as_ref()
+                .ok()
+                .and_then(|a| a.resource.as_ref())
                 .and_then(|r| r["data"].as_array())
                 .is_some_and(Vec::is_empty);
-            if answer.outcome == Outcome::Found && !empty_list {
-                return Ok(answer);
+            match answer {
+                Ok(found) if found.outcome == Outcome::Found && !empty_list => return Ok(found),
+                // an answer that found nothing beats a service that could not be asked
+                Ok(answer) => last = Some(Ok(answer)),
+                Err(error) if last.is_none() => last = Some(Err(error)),
+                Err(_) => {}
             }
-            last = Some(answer);
         }
-        Ok(last.expect("at least one service is asked"))
+        last.unwrap_or_else(|| Ok(Answer::not_found()))
     }
 
     async fn get(&self, service: Service, path: &str, query: &[(String, String)]) -> Result<Answer, ToolError> {
@@ -342,7 +415,7 @@ impl Gateway {
             400..=499 => Outcome::Refused,
             _ => {
                 return Err(ToolError::new(
-                    "service_unavailable",
+                    "service_unreachable",
                     format!("{} answered {status}: try again later", service.as_str()),
                 ));
             }
@@ -362,14 +435,15 @@ impl Gateway {
         })
     }
 
-    async fn entry(&self, identity: &Identity) -> Option<agent::Entry> {
-        let journal = self.agent(Service::Tickets).journal();
-        journal.entry(&identity.journal_name()).await.ok().flatten()
-    }
-
-    async fn service_of(&self, identity: &Identity) -> Option<Service> {
-        let entry = self.entry(identity).await?;
-        self.service_of_target(&entry.target)
+    /// The journal's entry of `intent`, under whichever service's credential it was sent.
+    async fn intent_entry(&self, intent: &str) -> Result<Option<agent::Entry>, AgentError> {
+        for service in Service::ALL {
+            let name = Identity::Intent(intent.to_owned()).journal_name(&self.scope(service));
+            if let Some(entry) = self.journal.entry(&name).await? {
+                return Ok(Some(entry));
+            }
+        }
+        Ok(None)
     }
 
     /// The service whose base URL `target` starts with.
@@ -384,10 +458,7 @@ impl Gateway {
         match result {
             Ok(answer) => {
                 call.idempotency_key = call.idempotency_key.or_else(|| answer.idempotency_key.clone());
-                call.outcome = serde_json::to_value(answer.outcome)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
+                call.outcome = answer.outcome.as_str().to_owned();
                 call.operation_id = answer.operation_id.clone();
                 call.http_status = answer.http_status.map(i64::from);
                 call.approval_id = answer.approval.as_ref().map(|a| a.approval_id.clone());
@@ -404,16 +475,17 @@ impl Gateway {
 fn answer_of(report: &Report) -> Result<Answer, ToolError> {
     use agent::Outcome as Run;
     let goes_on = report.status == Some(202);
-    // the journal knew it: what the call gets is the first answer again
-    let known = report.sends == 0;
+    let after = |done: NextStep| if goes_on { NextStep::PollOperation } else { done };
     let (outcome, next_step) = match report.outcome {
-        Run::Created | Run::Replayed if goes_on => (replayed_if(known, report.outcome), NextStep::PollOperation),
-        Run::Created | Run::Replayed => (replayed_if(known, report.outcome), NextStep::Done),
+        // sent now and done now; anything else done is the first answer again
+        // (a replay at the service, or an answer the journal already had)
+        Run::Created if report.sends > 0 => (Outcome::Created, after(NextStep::Done)),
+        Run::Created | Run::Replayed => (Outcome::Replayed, after(NextStep::Done)),
         Run::MatchedExisting => (Outcome::MatchedExisting, NextStep::Done),
         Run::InProgress if !report.answered => {
             return Err(ToolError::new(
                 "service_unreachable",
-                "the service could not be reached and nothing is known of the request: call again with the same intent later",
+                "the service did not answer and nothing is known of the request: call again with the same intent later",
             ));
         }
         Run::InProgress => (Outcome::InProgress, NextStep::CallAgain),
@@ -439,11 +511,17 @@ fn answer_of(report: &Report) -> Result<Answer, ToolError> {
     })
 }
 
-fn replayed_if(known: bool, outcome: agent::Outcome) -> Outcome {
-    match outcome {
-        agent::Outcome::Created if !known => Outcome::Created,
-        _ => Outcome::Replayed,
+/// An operation found: its id, key and next step, from its state.
+fn read_operation(mut answer: Answer) -> Answer {
+    if answer.outcome != Outcome::Found {
+        return answer;
     }
+    if let Some(operation) = &answer.resource {
+        answer.operation_id = operation["operation_id"].as_str().map(str::to_owned);
+        answer.idempotency_key = operation["idempotency_key"].as_str().map(str::to_owned);
+        answer.next_step = next_step_of_operation(operation);
+    }
+    answer
 }
 
 /// What an operation's state lets the agent do (docs/contract.md §4, §6):
@@ -453,8 +531,9 @@ fn next_step_of_operation(operation: &Value) -> NextStep {
         (Some("in_progress" | "unknown"), _) => NextStep::PollOperation,
         (Some("awaiting_approval"), Some("approved")) => NextStep::CallAgain,
         (Some("awaiting_approval"), Some("pending") | None) => NextStep::WaitForApproval,
-        (Some("awaiting_approval"), _) => NextStep::Stop,
-        _ => NextStep::Done,
+        (Some("completed"), _) => NextStep::Done,
+        // failed, rejected, an approval that expired: sending it again cannot help
+        _ => NextStep::Stop,
     }
 }
 
@@ -506,16 +585,21 @@ fn take_string(args: &mut JsonObject, name: &str) -> Result<Option<String>, Tool
     }
 }
 
+/// An id, key or intent to look something up by: a string, not empty.
+fn take_id(args: &mut JsonObject, name: &str) -> Result<Option<String>, ToolError> {
+    match take_string(args, name)? {
+        Some(value) if value.is_empty() => Err(ToolError::invalid_input(format!("`{name}` must not be empty"))),
+        value => Ok(value),
+    }
+}
+
 /// The route with its `{…}` filled from the arguments (taken out of them).
 fn fill_route(route: &str, args: &mut JsonObject) -> Result<String, ToolError> {
     let mut path = route.to_owned();
     for parameter in path_parameters(route) {
         let name = argument_for(parameter);
-        let value = take_string(args, name)?
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| ToolError::invalid_input(format!("`{name}` is required")))?;
-        let encoded = path_segment(&value);
-        path = path.replace(&format!("{{{parameter}}}"), &encoded);
+        let value = take_id(args, name)?.ok_or_else(|| ToolError::invalid_input(format!("`{name}` is required")))?;
+        path = path.replace(&format!("{{{parameter}}}"), &path_segment(&value));
     }
     Ok(path)
 }
@@ -532,17 +616,22 @@ fn path_segment(value: &str) -> String {
         .collect()
 }
 
-/// The remaining arguments as a query string's pairs (scalars only).
-fn query_of(args: Map<String, Value>) -> Result<Vec<(String, String)>, ToolError> {
+/// The remaining arguments as the query's pairs: only the endpoint's own
+/// parameters, and only scalars.
+fn query_of(args: JsonObject, allowed: &[&str]) -> Result<Vec<(String, String)>, ToolError> {
     args.into_iter()
         .filter(|(_, v)| !v.is_null())
-        .map(|(name, value)| match value {
-            Value::String(s) => Ok((name, s)),
-            Value::Number(n) => Ok((name, n.to_string())),
-            Value::Bool(b) => Ok((name, b.to_string())),
-            _ => Err(ToolError::invalid_input(format!(
-                "`{name}` must be a string or a number"
-            ))),
+        .map(|(name, value)| {
+            if !allowed.contains(&name.as_str()) {
+                return Err(ToolError::invalid_input(format!("unknown argument `{name}`")));
+            }
+            match value {
+                Value::String(s) => Ok((name, s)),
+                Value::Number(n) => Ok((name, n.to_string())),
+                _ => Err(ToolError::invalid_input(format!(
+                    "`{name}` must be a string or a number"
+                ))),
+            }
         })
         .collect()
 }

@@ -47,8 +47,9 @@ use crate::gateway::Session;
 
 const INSTRUCTIONS: &str = "Retrysafe's tickets, payments and deployments. Every write tool takes an \
     `intent`: a stable name for one intended action, reused on every retry of that action; the \
-    server turns it into one idempotency key, so retrying can never do the action twice. Follow \
-    each answer's `next_step`.";
+    server turns it into one idempotency key, so retrying can never do the action twice. Every \
+    client of this server shares its intents: name each action so that no other one is named \
+    the same. Follow each answer's `next_step`.";
 
 /// One MCP server: the tools, and the gateway their calls go through.
 #[derive(Clone)]
@@ -74,15 +75,11 @@ impl McpServer {
         }
     }
 
-    /// Who made a call: the HTTP request's `Mcp-Session-Id` if it has one
-    /// (stateless requests have none: each is its own), else this process's
-    /// stdio session.
+    /// Who made a call: this process's stdio session, or over streamable
+    /// HTTP, served statelessly, the request itself.
     fn session(&self, ctx: &RequestContext<RoleServer>) -> Session {
         match ctx.extensions.get::<http::request::Parts>() {
-            Some(parts) => match parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()) {
-                Some(id) => format!("http {id}"),
-                None => format!("http {}", uuid::Uuid::now_v7()),
-            },
+            Some(_) => format!("http {}", uuid::Uuid::now_v7()),
             None => self.stdio_session.to_string(),
         }
     }

@@ -7,11 +7,11 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use mcp::{Gateway, McpConfig, schema::Documents};
+use mcp::{Gateway, McpConfig, calls::Calls, schema::Documents};
 
 /// Retrysafe's tickets, payments and deployments as MCP tools. The server
-/// holds the API key (MCP_API_KEY, or the sandbox's demo agent key of
-/// --account); configuration: MCP_TICKETS_URL, MCP_PAYMENTS_URL,
+/// holds the API key: MCP_API_KEY, or the sandbox's demo agent key of
+/// --account (MCP_ACCOUNT). Configuration: MCP_TICKETS_URL, MCP_PAYMENTS_URL,
 /// MCP_DEPLOYMENTS_URL, MCP_JOURNAL (see docs/configuration.md).
 #[derive(Debug, Parser)]
 #[command(name = "mcp")]
@@ -47,23 +47,26 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let config = McpConfig::from_env(cli.account.as_deref())?;
-    match cli.command.unwrap_or(Command::Stdio) {
-        Command::Stdio => {
-            let documents = Documents::new(&config.environments);
-            mcp::serve_stdio(Gateway::open(config).await?, &documents).await
+    let command = cli.command.unwrap_or(Command::Stdio);
+    if let Command::Journal = command {
+        // the file is all it needs: no key, no service
+        let path = mcp::config::journal_path(&|name: &str| std::env::var(name).ok().filter(|v| !v.is_empty()))?;
+        let journal = agent::Journal::open(&path).await?;
+        for call in Calls::open(journal.pool().clone()).await?.all().await? {
+            println!("{}", serde_json::to_string(&call)?);
         }
+        return Ok(());
+    }
+    let config = McpConfig::from_env(cli.account.as_deref(), false)?;
+    match command {
         Command::Http => {
             let addr = platform::config::listen_addr("mcp", mcp::DEFAULT_PORT)?;
             let listener = tokio::net::TcpListener::bind(addr).await?;
             mcp::serve_http(config, listener, platform::shutdown_signal()).await
         }
-        Command::Journal => {
-            let gateway = Gateway::open(config).await?;
-            for call in gateway.calls().all().await? {
-                println!("{}", serde_json::to_string(&call)?);
-            }
-            Ok(())
+        _ => {
+            let documents = Documents::new(&config.environments);
+            mcp::serve_stdio(Gateway::open(config).await?, &documents).await
         }
     }
 }

@@ -73,7 +73,7 @@ async fn main() -> Result<(), Error> {
     let controller_addr = platform::config::listen_addr("deploy_controller", deploy_controller::DEFAULT_PORT)?;
     let console_addr = platform::config::listen_addr("console", console::DEFAULT_PORT)?;
     let mcp_addr = platform::config::listen_addr("mcp", mcp::DEFAULT_PORT)?;
-    let mut mcp_config = mcp::McpConfig::from_env(None)?;
+    let mut mcp_config = mcp::McpConfig::from_env(None, true)?;
     // the services call the sandbox's simulators wherever they listen, unless told otherwise
     if std::env::var_os("PAYMENTS_PROVIDER_URL").is_none() {
         payments_settings.provider.url = format!("http://{provider_addr}");

@@ -162,6 +162,30 @@ impl Journal {
         Ok(row.map(Entry::from))
     }
 
+    /// The operation sent with `key`, under whatever name.
+    pub async fn entry_by_key(&self, key: &str) -> Result<Option<Entry>, AgentError> {
+        let row: Option<EntryRow> = sqlx::query_as(
+            "SELECT name, idempotency_key, payload_digest, method, target, state, operation_id, result_status, \
+             result_body, created_at, updated_at FROM agent_operations WHERE idempotency_key = $1",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(Entry::from))
+    }
+
+    /// Forgets the outcome recorded for `name`, keeping its key: the answer
+    /// was about the caller (a key the service did not accept), not the
+    /// operation, so the next run sends again.
+    pub async fn reopen(&self, name: &str) -> Result<(), AgentError> {
+        sqlx::query("UPDATE agent_operations SET state = 'pending', updated_at = $2 WHERE name = $1")
+            .bind(name)
+            .bind(now())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Every operation, oldest first.
     pub async fn entries(&self) -> Result<Vec<Entry>, AgentError> {
         let rows: Vec<EntryRow> = sqlx::query_as(

@@ -208,12 +208,21 @@ impl From<sqlx::Error> for AgentError {
 }
 
 /// An agent: its journal, its credential, its patience.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Agent {
     journal: Journal,
     http: reqwest::Client,
     token: String,
     config: AgentConfig,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // the credential never reaches a log
+        f.debug_struct("Agent")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What one answer means for the run.

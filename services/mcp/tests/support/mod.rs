@@ -58,6 +58,11 @@ async fn listener() -> (tokio::net::TcpListener, String) {
 impl World {
     /// The three services on `backend`, the simulators beside them.
     pub async fn start(backend: Backend) -> World {
+        World::start_with_step(backend, Duration::from_millis(50)).await
+    }
+
+    /// … with each phase of a rollout taking `step`.
+    pub async fn start_with_step(backend: Backend, step: Duration) -> World {
         let (provider_listener, provider) = listener().await;
         tokio::spawn(payment_provider::serve(
             provider_listener,
@@ -65,7 +70,7 @@ impl World {
             std::future::pending(),
         ));
         let controller = deploy_controller::Controller::open(deploy_controller::ControllerConfig {
-            step: Duration::from_millis(50),
+            step,
             ..Default::default()
         })
         .unwrap();
@@ -141,6 +146,7 @@ impl World {
             api_key: ACME_AGENT.to_owned(),
         };
         McpConfig {
+            account: Some("acme".into()),
             tickets: target(&self.tickets_proxy.url),
             payments: target(&self.payments),
             deployments: target(&self.deployments),
