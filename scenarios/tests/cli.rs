@@ -33,7 +33,7 @@ fn a_bin_dir_without_the_sandbox_is_refused_before_anything_is_built_or_played()
 #[test]
 fn a_story_is_played_with_the_binaries_from_bin_dir_and_nothing_is_built() {
     let dir = tempfile::tempdir().unwrap();
-    for binary in ["sandbox", "agent", "payment-provider", "deploy-controller"] {
+    for binary in ["sandbox", "agent", "payment-provider", "deploy-controller", "mcp"] {
         // not a program: the story fails on it, which shows it was the one started
         std::fs::write(dir.path().join(binary), "").unwrap();
     }
