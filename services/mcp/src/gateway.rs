@@ -76,6 +76,9 @@ pub type Session = String;
 impl Gateway {
     pub async fn open(config: McpConfig) -> Result<Gateway, AgentError> {
         let journal = Journal::open(&config.journal).await?;
+        // where every intent's key is: a server started elsewhere must find the same file
+        tracing::info!(journal = %config.journal.display(), account = config.account.as_deref().unwrap_or("-"),
+            "the MCP server's journal of intents and tool calls");
         let calls = Calls::open(journal.pool().clone())
             .await
             .map_err(|e| AgentError::Journal(e.to_string()))?;
