@@ -11,9 +11,9 @@
 //! | `MCP_ADDR` | where the sandbox serves streamable HTTP | `127.0.0.1:7004` |
 //! | `MCP_ALLOWED_HOSTS` | `Host` values HTTP accepts, comma-separated | loopback only |
 //!
-//! Demo keys are the sandbox's: the sandbox's MCP server uses acme's unless
-//! told otherwise; `mcp` alone uses one only for an account it is given
-//! (`--account`, `MCP_ACCOUNT`), and otherwise needs `MCP_API_KEY`.
+//! Demo keys are the sandbox's: the MCP server uses acme's unless told
+//! otherwise (`--account`, `MCP_ACCOUNT`, `MCP_API_KEY`); with
+//! `RETRYSAFE_SANDBOX=false` a key or an account must be named.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -68,8 +68,8 @@ fn env(name: &str) -> Option<String> {
 
 impl McpConfig {
     /// From the environment; `account` (`--account`) over `MCP_ACCOUNT`.
-    /// `sandbox_default`: whether demo keys exist when `RETRYSAFE_SANDBOX`
-    /// is not set (the sandbox: yes; `mcp` alone: only for an account named).
+    /// `sandbox_default`: whether acme's demo key is used, unasked, when
+    /// `RETRYSAFE_SANDBOX` is not set.
     pub fn from_env(account: Option<&str>, sandbox_default: bool) -> Result<McpConfig, ConfigError> {
         McpConfig::from_vars(account, sandbox_default, env)
     }

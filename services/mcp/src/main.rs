@@ -11,8 +11,9 @@ use mcp::{Gateway, McpConfig, calls::Calls, schema::Documents};
 
 /// Retrysafe's tickets, payments and deployments as MCP tools. The server
 /// holds the API key: MCP_API_KEY, or the sandbox's demo agent key of
-/// --account (MCP_ACCOUNT). Configuration: MCP_TICKETS_URL, MCP_PAYMENTS_URL,
-/// MCP_DEPLOYMENTS_URL, MCP_JOURNAL (see docs/configuration.md).
+/// --account (MCP_ACCOUNT; acme unless RETRYSAFE_SANDBOX=false).
+/// Configuration: MCP_TICKETS_URL, MCP_PAYMENTS_URL, MCP_DEPLOYMENTS_URL,
+/// MCP_JOURNAL (see docs/configuration.md).
 #[derive(Debug, Parser)]
 #[command(name = "mcp")]
 struct Cli {
@@ -57,7 +58,8 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }
         return Ok(());
     }
-    let config = McpConfig::from_env(cli.account.as_deref(), false)?;
+    // beside the sandbox, as the sandbox's own MCP server does: acme's demo key unless told otherwise
+    let config = McpConfig::from_env(cli.account.as_deref(), true)?;
     match command {
         Command::Http => {
             let addr = platform::config::listen_addr("mcp", mcp::DEFAULT_PORT)?;
