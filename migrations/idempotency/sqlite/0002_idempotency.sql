@@ -100,10 +100,14 @@ CREATE TABLE idempotency_outbox (
     payload         TEXT    NOT NULL,
     external_key    TEXT    NOT NULL UNIQUE,
     -- pending: to be sent; sending: a worker holds it and may have sent it;
-    -- unknown: sent, and the answer was lost; delivered, failed: the answer is known
-    state           TEXT    NOT NULL CHECK (state IN ('pending', 'sending', 'unknown', 'delivered', 'failed')),
+    -- unknown: sent, and the answer was lost; delivered, failed: the answer is known;
+    -- dead: it failed too often to be tried again, until an admin sends it again
+    state           TEXT    NOT NULL CHECK (state IN ('pending', 'sending', 'unknown', 'delivered', 'failed', 'dead')),
     -- how many times it was handed to the external system
     deliveries      INTEGER NOT NULL DEFAULT 0 CHECK (deliveries >= 0),
+    -- how many deliveries and lookups came to nothing known, and how many
+    -- settlements could not be written; at the outbox's limit the event is dead
+    failures        INTEGER NOT NULL DEFAULT 0 CHECK (failures >= 0),
     -- the worker or reconciler holding the event; its hold ends at next_attempt_at
     lease_token     TEXT,
     -- when the event is due: the next try, or the end of its holder's lease
@@ -118,6 +122,10 @@ CREATE TABLE idempotency_outbox (
 -- what the worker and the reconciler scan: events not settled yet, by when they are due
 CREATE INDEX idempotency_outbox_due ON idempotency_outbox (next_attempt_at)
     WHERE state IN ('pending', 'sending', 'unknown');
+-- what an admin looks at: operations whose outcome is unknown (their events are
+-- never delivered or failed) and dead events, by account
+CREATE INDEX idempotency_outbox_unsettled ON idempotency_outbox (account_id, seq)
+    WHERE state NOT IN ('delivered', 'failed');
 
 -- The audit journal: append-only and hash-chained. Each entry's hash covers
 -- the previous entry's hash and every field of its own, so an edited, removed
@@ -125,8 +133,9 @@ CREATE INDEX idempotency_outbox_due ON idempotency_outbox (next_attempt_at)
 -- attempt an entry stands for too (an attempt that claimed, ran and finished
 -- in one transaction journals only its outcome); `resource_type`,
 -- `resource_id` and `state` name a business resource's change of state with
--- no operation behind it (`state_changed`). Each is NULL otherwise, and then
--- left out of the hash.
+-- no operation behind it (`state_changed`); `evidence` is what a person gave
+-- for settling an operation by hand (`resolved`). Each is NULL otherwise, and
+-- then left out of the hash.
 CREATE TABLE audit_journal (
     seq             INTEGER PRIMARY KEY,
     account_id      TEXT    NOT NULL,
@@ -143,7 +152,8 @@ CREATE TABLE audit_journal (
     hash            TEXT    NOT NULL CHECK (length(hash) = 64),
     resource_type   TEXT,
     resource_id     TEXT,
-    state           TEXT
+    state           TEXT,
+    evidence        TEXT
 ) STRICT;
 CREATE INDEX audit_journal_by_operation ON audit_journal (account_id, operation_id);
 -- the audit API's filter by time range
@@ -195,5 +205,6 @@ CREATE TABLE audit_inbox (
     attempt         INTEGER CHECK (attempt >= 1),
     resource_type   TEXT,
     resource_id     TEXT,
-    state           TEXT
+    state           TEXT,
+    evidence        TEXT
 ) STRICT;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idempotency::{
     OperationState, audit,
-    outbox::{self, Delivery, Destination, Lookup, OutboxEvent, Settlement},
+    outbox::{self, Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling},
 };
 use platform::{ApiError, Db, Tx};
 use serde::{Deserialize, Serialize};
@@ -282,12 +282,6 @@ struct Accepted {
 }
 
 impl Destination for Controller {
-    /// A rollout goes on at the controller after it is accepted: its
-    /// operation ends when the watcher sees the rollout end.
-    fn completes_on_acceptance(&self, _event: &OutboxEvent) -> bool {
-        false
-    }
-
     async fn deliver(&self, event: &OutboxEvent) -> Delivery {
         let order = match order(event) {
             Ok(order) => order,
@@ -353,9 +347,24 @@ impl Destination for Controller {
             )),
         }
     }
+}
 
-    async fn settle(&self, tx: &mut Tx, event: &OutboxEvent, settlement: Settlement<'_>) -> Result<(), sqlx::Error> {
-        let order = order(event).map_err(sqlx::Error::Protocol)?;
-        store::settle_rollout(tx, &event.account_id, &order.deployment_id, settlement).await
+/// The deployments' rows for their rollouts: how an event's ending is
+/// written in them, by the reconciler or by a person settling it by hand.
+#[derive(Debug, Clone, Copy)]
+pub struct Rollouts;
+
+impl Ledger for Rollouts {
+    /// A rollout goes on at the controller after it is accepted: its
+    /// operation ends when the watcher sees the rollout end.
+    fn completes_on_acceptance(&self, _event: &OutboxEvent) -> bool {
+        false
+    }
+
+    fn settle<'a>(&'a self, tx: &'a mut Tx, event: &'a OutboxEvent, settlement: Settlement<'a>) -> Settling<'a> {
+        Box::pin(async move {
+            let order = order(event).map_err(sqlx::Error::Protocol)?;
+            store::settle_rollout(tx, &event.account_id, &order.deployment_id, settlement).await
+        })
     }
 }

@@ -109,7 +109,7 @@ impl Settings {
 impl App {
     pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool, controller: ControllerConfig) -> Self {
         App {
-            idempotency: Idempotency::new(db.clone(), idempotency),
+            idempotency: Idempotency::new(db.clone(), idempotency).with_ledger(controller::Rollouts),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: DeploymentsPolicy::default(),
             controller: Controller::new(controller),

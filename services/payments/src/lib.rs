@@ -90,7 +90,7 @@ impl FromRef<App> for Authenticator {
 impl App {
     pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool) -> Self {
         App {
-            idempotency: Idempotency::new(db.clone(), idempotency),
+            idempotency: Idempotency::new(db.clone(), idempotency).with_ledger(provider::Transfers),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: PaymentsPolicy::default(),
             db,

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use idempotency::outbox::{Delivery, Destination, Lookup, OutboxEvent, Settlement};
+use idempotency::outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling};
 use platform::Tx;
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -279,11 +279,24 @@ impl Destination for Provider {
             }
         }
     }
+}
 
-    async fn settle(&self, tx: &mut Tx, event: &OutboxEvent, settlement: Settlement<'_>) -> Result<(), sqlx::Error> {
-        match Order::of(event).map_err(sqlx::Error::Protocol)? {
-            Order::Charge(charge) => store::settle_capture(tx, &event.account_id, &charge.capture_id, settlement).await,
-            Order::Refund(refund) => store::settle_refund(tx, &event.account_id, &refund.refund_id, settlement).await,
-        }
+/// The payments' rows for their captures and refunds: how an event's ending
+/// is written in them, by the reconciler or by a person settling it by hand.
+#[derive(Debug, Clone, Copy)]
+pub struct Transfers;
+
+impl Ledger for Transfers {
+    fn settle<'a>(&'a self, tx: &'a mut Tx, event: &'a OutboxEvent, settlement: Settlement<'a>) -> Settling<'a> {
+        Box::pin(async move {
+            match Order::of(event).map_err(sqlx::Error::Protocol)? {
+                Order::Charge(charge) => {
+                    store::settle_capture(tx, &event.account_id, &charge.capture_id, settlement).await
+                }
+                Order::Refund(refund) => {
+                    store::settle_refund(tx, &event.account_id, &refund.refund_id, settlement).await
+                }
+            }
+        })
     }
 }

@@ -197,6 +197,8 @@ pub struct Idempotency {
     journal: std::sync::Arc<audit::Journal>,
     /// Wakes this process's outbox worker when an effect wrote an event.
     outbox_wake: std::sync::Arc<tokio::sync::Notify>,
+    /// The service's rows for its outbox work, if it has any.
+    ledger: Option<std::sync::Arc<dyn outbox::Ledger>>,
 }
 
 impl Idempotency {
@@ -210,7 +212,20 @@ impl Idempotency {
             replay_cache: std::sync::Arc::new(replay_cache),
             journal: Default::default(),
             outbox_wake: Default::default(),
+            ledger: None,
         }
+    }
+
+    /// The layer of a service whose work leaves the process: `ledger` writes
+    /// how each outbox event ended in the service's rows, for the reconciler
+    /// and for a person settling an operation by hand alike.
+    pub fn with_ledger(mut self, ledger: impl outbox::Ledger) -> Self {
+        self.ledger = Some(std::sync::Arc::new(ledger));
+        self
+    }
+
+    pub(crate) fn ledger(&self) -> Option<std::sync::Arc<dyn outbox::Ledger>> {
+        self.ledger.clone()
     }
 
     /// Writes attempt counts in the background, shortly after they arrive.

@@ -116,6 +116,7 @@ impl OperationRecord {
             at,
             attempt: None,
             change: None,
+            evidence: None,
         }
     }
 

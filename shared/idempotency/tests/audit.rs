@@ -29,6 +29,7 @@ fn record(event: AuditEvent, operation_id: &str) -> [Record; 1] {
         at: Timestamp::now(),
         attempt: None,
         change: None,
+        evidence: None,
     }]
 }
 

@@ -35,6 +35,7 @@ async fn the_audit_tool_exports_verifies_pins_and_names_the_first_broken_entry(b
             at: Timestamp::now(),
             attempt: None,
             change: None,
+            evidence: None,
         };
         audit::record(&mut tx, &[record]).await.unwrap();
     }

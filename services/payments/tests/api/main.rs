@@ -5,6 +5,7 @@
 mod support;
 
 mod approvals;
+mod by_hand;
 mod captures;
 mod intents;
 mod refunds;

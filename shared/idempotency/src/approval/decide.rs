@@ -197,6 +197,7 @@ impl ApprovalRecord {
             at,
             attempt: None,
             change: None,
+            evidence: None,
         }
     }
 }

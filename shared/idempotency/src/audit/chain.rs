@@ -38,6 +38,15 @@ pub enum AuditEvent {
     /// that changed nothing (the resource already had that state) journals
     /// nothing. With a key, the operation's own entries record the change.
     StateChanged,
+    /// A person settled an operation whose outcome was unknown: who, with
+    /// what evidence, and the external reference they found. The entry for
+    /// the outcome (`completed`, `failed`) follows it.
+    Resolved,
+    /// An outbox event failed too often and is no longer tried; its operation
+    /// is left as it was.
+    DeadLettered,
+    /// An admin gave a dead event back to be tried again.
+    Redelivered,
 }
 
 impl AuditEvent {
@@ -60,6 +69,9 @@ impl AuditEvent {
             AuditEvent::Reconciled => "reconciled",
             AuditEvent::Released => "released",
             AuditEvent::StateChanged => "state_changed",
+            AuditEvent::Resolved => "resolved",
+            AuditEvent::DeadLettered => "dead_lettered",
+            AuditEvent::Redelivered => "redelivered",
         }
     }
 
@@ -86,6 +98,8 @@ pub struct Record {
     pub attempt: Option<i64>,
     /// The resource a `state_changed` entry is about, and its new state.
     pub change: Option<StateChange>,
+    /// What a person gave for settling an operation by hand (`resolved`).
+    pub evidence: Option<String>,
 }
 
 /// A business resource's new state: `{resource_type, resource_id, state}`.
@@ -112,6 +126,7 @@ impl Record {
             at: Timestamp::now(),
             attempt: None,
             change: Some(change),
+            evidence: None,
         }
     }
 
@@ -157,12 +172,15 @@ pub struct AuditEntry {
     pub resource_id: Option<String>,
     #[serde(default)]
     pub state: Option<String>,
+    /// `resolved`: what the person gave for it.
+    #[serde(default)]
+    pub evidence: Option<String>,
     pub prev_hash: String,
     pub hash: String,
 }
 
 /// Everything but `hash`: what the hash covers. The fields most entries do
-/// not have (the attempt, the resource) are left out when empty, so an entry
+/// not have (the attempt, the resource, the evidence) are left out when empty, so an entry
 /// hashes the same whichever of them it lacks.
 #[derive(Serialize)]
 struct Hashed<'a> {
@@ -184,6 +202,8 @@ struct Hashed<'a> {
     resource_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     state: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    evidence: Option<&'a str>,
     prev_hash: &'a str,
 }
 
@@ -209,6 +229,7 @@ impl AuditEntry {
             resource_type,
             resource_id,
             state,
+            evidence: record.evidence,
             prev_hash,
             hash,
         }
@@ -231,6 +252,7 @@ impl AuditEntry {
             resource_type: self.resource_type.as_deref(),
             resource_id: self.resource_id.as_deref(),
             state: self.state.as_deref(),
+            evidence: self.evidence.as_deref(),
             prev_hash: &self.prev_hash,
         };
         let mut digest = Sha256::new();

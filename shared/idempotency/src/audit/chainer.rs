@@ -199,7 +199,7 @@ async fn take_batch(tx: &mut Tx) -> Result<Vec<Record>, sqlx::Error> {
     const TAKE: &str = "DELETE FROM audit_inbox \
          WHERE id IN (SELECT id FROM audit_inbox ORDER BY id LIMIT $1) \
          RETURNING id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
-                   event, external_ref, at, attempt, resource_type, resource_id, state";
+                   event, external_ref, at, attempt, resource_type, resource_id, state, evidence";
     let mut taken = on_tx!(tx, |conn| {
         sqlx::query(TAKE)
             .bind(ROUND_SIZE as i64)
@@ -235,19 +235,19 @@ where
 async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx::Error> {
     const POSTGRES: &str = "INSERT INTO audit_journal \
          (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, \
-          at, attempt, resource_type, resource_id, state, prev_hash, hash) \
+          at, attempt, resource_type, resource_id, state, evidence, prev_hash, hash) \
          SELECT * FROM jsonb_to_recordset($1::jsonb) AS e \
              (seq bigint, account_id text, principal_id text, operation_id text, idempotency_key text, \
               fingerprint text, route text, event text, external_ref text, at timestamptz, attempt bigint, \
-              resource_type text, resource_id text, state text, prev_hash text, hash text) \
+              resource_type text, resource_id text, state text, evidence text, prev_hash text, hash text) \
          ORDER BY seq";
     const SQLITE: &str = "INSERT INTO audit_journal \
          (seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, \
-          at, attempt, resource_type, resource_id, state, prev_hash, hash) \
+          at, attempt, resource_type, resource_id, state, evidence, prev_hash, hash) \
          SELECT value->>'seq', value->>'account_id', value->>'principal_id', value->>'operation_id', \
                 value->>'idempotency_key', value->>'fingerprint', value->>'route', value->>'event', \
                 value->>'external_ref', value->>'at', value->>'attempt', value->>'resource_type', \
-                value->>'resource_id', value->>'state', value->>'prev_hash', value->>'hash' \
+                value->>'resource_id', value->>'state', value->>'evidence', value->>'prev_hash', value->>'hash' \
          FROM jsonb_each($1) ORDER BY key";
     let json = serde_json::to_string(entries).map_err(|e| sqlx::Error::Encode(e.into()))?;
     let inserted = match &mut *tx {

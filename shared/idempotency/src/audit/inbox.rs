@@ -74,10 +74,10 @@ pub async fn record_resource_change(
 
 pub(crate) const INBOX_INSERT: &str = "INSERT INTO audit_inbox \
      (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
-      attempt, resource_type, resource_id, state)";
+      attempt, resource_type, resource_id, state, evidence)";
 
 /// Parameters per inbox row.
-pub(crate) const INBOX_COLUMNS: usize = 13;
+pub(crate) const INBOX_COLUMNS: usize = 14;
 
 /// Binds each record's inbox columns, in [`INBOX_INSERT`]'s order.
 macro_rules! bind_records {
@@ -97,7 +97,8 @@ macro_rules! bind_records {
                 .bind(r.attempt)
                 .bind(r.change.as_ref().map(|c| c.resource_type.as_str()))
                 .bind(r.change.as_ref().map(|c| c.resource_id.as_str()))
-                .bind(r.change.as_ref().map(|c| c.state.as_str()));
+                .bind(r.change.as_ref().map(|c| c.state.as_str()))
+                .bind(r.evidence.as_deref());
         }
         query
     }};

@@ -25,7 +25,7 @@ pub struct AuditFilter {
 }
 
 const ENTRY_COLUMNS: &str = "seq, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, \
-     external_ref, at, attempt, resource_type, resource_id, state, prev_hash, hash";
+     external_ref, at, attempt, resource_type, resource_id, state, evidence, prev_hash, hash";
 
 /// Every entry after `after_seq`, in chain order, at most `limit`: the whole
 /// journal, every account, for export and verification.
@@ -108,6 +108,7 @@ where
         at: row.try_get("at")?,
         attempt: row.try_get("attempt")?,
         change,
+        evidence: row.try_get("evidence")?,
     })
 }
 

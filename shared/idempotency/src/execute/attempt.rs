@@ -95,6 +95,7 @@ impl<'a> Attempt<'a> {
             at,
             attempt: None,
             change: None,
+            evidence: None,
         }
     }
 

@@ -25,6 +25,11 @@ pub struct OutboxConfig {
     pub max_backoff: Duration,
     /// Events taken at a time, delivered concurrently.
     pub batch: i64,
+    /// How many deliveries or lookups that come to nothing known (not
+    /// accepted, answer lost, the external system not reachable) and failed
+    /// settlements make an event `dead`: no longer tried until an admin sends
+    /// it again.
+    pub max_failures: i32,
 }
 
 impl Default for OutboxConfig {
@@ -37,13 +42,15 @@ impl Default for OutboxConfig {
             backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
             batch: 16,
+            max_failures: 10,
         }
     }
 }
 
 impl OutboxConfig {
     /// `RETRYSAFE_OUTBOX_TIMEOUT_SECONDS` (10), `RETRYSAFE_OUTBOX_LEASE_SECONDS`
-    /// (30), `RETRYSAFE_RECONCILE_AFTER_SECONDS` (2), `RETRYSAFE_OUTBOX_BACKOFF_SECONDS` (1).
+    /// (30), `RETRYSAFE_RECONCILE_AFTER_SECONDS` (2), `RETRYSAFE_OUTBOX_BACKOFF_SECONDS` (1),
+    /// `RETRYSAFE_OUTBOX_MAX_FAILURES` (10).
     pub fn from_env() -> Result<Self, String> {
         let mut config = OutboxConfig::default();
         if let Some(seconds) = crate::number("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS")? {
@@ -57,6 +64,14 @@ impl OutboxConfig {
         }
         if let Some(seconds) = crate::number("RETRYSAFE_OUTBOX_BACKOFF_SECONDS")? {
             config.backoff = Duration::from_secs_f64(seconds);
+        }
+        if let Some(n) = crate::number("RETRYSAFE_OUTBOX_MAX_FAILURES")? {
+            if n.fract() != 0.0 || n > f64::from(i32::MAX) {
+                return Err(format!(
+                    "RETRYSAFE_OUTBOX_MAX_FAILURES `{n}` is not a whole number of failures"
+                ));
+            }
+            config.max_failures = n as i32;
         }
         if config.lease <= config.delivery_timeout {
             return Err(format!(

@@ -106,6 +106,7 @@ impl Ended<'_> {
             at: now,
             attempt: None,
             change: None,
+            evidence: None,
         };
         audit::record(tx, &[ended]).await
     }

@@ -60,10 +60,13 @@
 //!   outcome to what it writes; `settle.rs` writes it in one transaction;
 //! - `store.rs`: the SQL, one function per statement, both backends;
 //! - `ending.rs`: what the service ends itself ([`withdraw`], [`finish`]);
+//! - `by_hand.rs`: what a person does when the outbox cannot settle an
+//!   operation by itself ([`resolve`], [`redeliver`]);
 //! - `answer.rs`: how an answer is read ([`Delivery::from_refusal`], [`Lookup`]);
 //! - `config.rs`: the pace ([`OutboxConfig`]).
 
 mod answer;
+mod by_hand;
 mod config;
 mod ending;
 mod plan;
@@ -78,10 +81,12 @@ use platform::{Timestamp, Tx};
 use serde::Serialize;
 
 pub use answer::{Delivery, Lookup};
+pub use by_hand::{ByHandError, Resolution, Resolved, redeliver, resolve};
 pub use config::OutboxConfig;
 pub use ending::{finish, withdraw};
 pub(crate) use store::enqueue;
-pub use store::event_of;
+pub use store::{DeliveryStatus, NeedsAPerson, event_of};
+pub(crate) use store::{delivery_of, needing_a_person};
 
 use crate::{
     Idempotency,
@@ -130,6 +135,10 @@ pub enum EventState {
     Unknown,
     Delivered,
     Failed,
+    /// Failed too often ([`OutboxConfig::max_failures`]): no longer tried,
+    /// its operation left as it was, until an admin sends it again
+    /// ([`redeliver`]) or settles the operation by hand ([`resolve`]).
+    Dead,
 }
 
 impl EventState {
@@ -140,16 +149,18 @@ impl EventState {
             EventState::Unknown => "unknown",
             EventState::Delivered => "delivered",
             EventState::Failed => "failed",
+            EventState::Dead => "dead",
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "pending" => EventState::Pending,
             "sending" => EventState::Sending,
             "unknown" => EventState::Unknown,
             "delivered" => EventState::Delivered,
             "failed" => EventState::Failed,
+            "dead" => EventState::Dead,
             _ => return None,
         })
     }
@@ -173,6 +184,9 @@ pub struct OutboxEvent {
     pub state: EventState,
     /// How many times it was handed to the external system, this time included.
     pub deliveries: i32,
+    /// How many deliveries and lookups came to nothing known, and settlements
+    /// failed, before this one.
+    pub failures: i32,
     lease_token: String,
 }
 
@@ -191,6 +205,7 @@ impl OutboxEvent {
             at,
             attempt: None,
             change: None,
+            evidence: None,
         }
     }
 }
@@ -218,7 +233,15 @@ pub trait Destination: Send + Sync + 'static {
     /// Asks the external system what became of `event`, by its key or by the
     /// service's own reference. `Err`: it could not be asked.
     fn look_up(&self, event: &OutboxEvent) -> impl Future<Output = Result<Lookup, String>> + Send;
+}
 
+/// The service's own rows for the work its events carry: how an event's
+/// ending is written in them. Apart from the [`Destination`] because a person
+/// settles an operation by hand ([`resolve`]) through the same writes as the
+/// reconciler, from any request handler, with no external system involved;
+/// the service gives it to its layer with
+/// [`Idempotency::with_ledger`](crate::Idempotency::with_ledger).
+pub trait Ledger: std::fmt::Debug + Send + Sync + 'static {
     /// Whether the external system's acceptance ends the operation: `true`
     /// for a charge (accepted is done), `false` for work that goes on there
     /// (a rollout): the operation then stays `in_progress`, with the external
@@ -230,13 +253,12 @@ pub trait Destination: Send + Sync + 'static {
     /// The service's business writes for how `event` ended (a capture
     /// succeeded, a refund failed…), in the transaction that settles the event
     /// and its operation.
-    fn settle(
-        &self,
-        tx: &mut Tx,
-        event: &OutboxEvent,
-        settlement: Settlement<'_>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    fn settle<'a>(&'a self, tx: &'a mut Tx, event: &'a OutboxEvent, settlement: Settlement<'a>) -> Settling<'a>;
 }
+
+/// What [`Ledger::settle`] returns: its writes, as a boxed future, so that
+/// the layer can hold any service's ledger.
+pub type Settling<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
 
 /// The identity of the operation an event belongs to, as the effect claimed it.
 #[derive(Debug, Clone, Copy)]
@@ -248,11 +270,12 @@ pub(crate) struct EventOf<'a> {
     pub route: &'a str,
 }
 
-/// The outbox of one service: its idempotency layer (database, journal), the
-/// external system its events go to, and the pace.
+/// The outbox of one service: its idempotency layer (database, journal, the
+/// service's [`Ledger`]), the external system its events go to, and the pace.
 #[derive(Debug)]
 pub struct Outbox<D> {
     idempotency: Idempotency,
+    ledger: Arc<dyn Ledger>,
     destination: Arc<D>,
     config: OutboxConfig,
 }
@@ -261,6 +284,7 @@ impl<D> Clone for Outbox<D> {
     fn clone(&self) -> Self {
         Outbox {
             idempotency: self.idempotency.clone(),
+            ledger: self.ledger.clone(),
             destination: self.destination.clone(),
             config: self.config.clone(),
         }
@@ -270,14 +294,23 @@ impl<D> Clone for Outbox<D> {
 impl<D: Destination> Outbox<D> {
     /// A lease no longer than the delivery timeout is made twice the timeout:
     /// otherwise every slow delivery would be taken over while it runs.
+    ///
+    /// # Panics
+    ///
+    /// If `idempotency` has no [`Ledger`]: events could be delivered but
+    /// never settled in the service's rows. A wiring mistake, caught at start-up.
     pub fn new(idempotency: Idempotency, destination: D, mut config: OutboxConfig) -> Self {
         if config.lease <= config.delivery_timeout {
             tracing::warn!(lease = ?config.lease, timeout = ?config.delivery_timeout,
                 "the outbox lease must outlast a delivery; using twice the delivery timeout");
             config.lease = config.delivery_timeout * 2;
         }
+        let ledger = idempotency
+            .ledger()
+            .expect("an outbox settles its events in the service's ledger: give it with Idempotency::with_ledger");
         Outbox {
             idempotency,
+            ledger,
             destination: Arc::new(destination),
             config,
         }

@@ -4,7 +4,7 @@
 //! so the tables of the module's map (and of docs/contract.md §5) are decided
 //! in one place and tested row by row.
 
-use super::{Delivery, EventState, Lookup, RECONCILER, Settlement, WORKER};
+use super::{Delivery, EventState, Lookup, RECONCILER, Resolution, Resolved, Settlement, WORKER};
 use crate::{audit::AuditEvent, operation::OperationState};
 
 /// What handling an event came to: the worker's delivery, or the reconciler's lookup.
@@ -39,6 +39,17 @@ impl From<Delivery> for Outcome {
 }
 
 impl Outcome {
+    /// Who came to it: the worker delivering, or the reconciler asking.
+    pub(super) fn by(&self) -> &'static str {
+        match self {
+            Outcome::Accepted { .. }
+            | Outcome::Refused { .. }
+            | Outcome::NotAccepted { .. }
+            | Outcome::AnswerLost { .. } => WORKER,
+            Outcome::Found { .. } | Outcome::Absent | Outcome::NotAsked { .. } => RECONCILER,
+        }
+    }
+
     /// What the reconciler's lookup of an event that was in `state` came to.
     pub(super) fn looked_up(found: Result<Lookup, String>, state: EventState) -> Self {
         match found {
@@ -68,6 +79,27 @@ pub(super) struct Plan<'a> {
     pub settles: Option<Settles<'a>>,
     /// Whether this process's worker is woken: the event is due now.
     pub wake_worker: bool,
+    /// Whether it counts towards the event's failures: it came to nothing
+    /// known (not accepted, the answer lost, the external system not asked).
+    pub failure: bool,
+}
+
+impl Plan<'_> {
+    /// The event's state and failures once this plan is written over
+    /// `failures` earlier ones: at `max_failures` a failure makes it `dead`,
+    /// and its operation stays as the plan leaves it.
+    pub(super) fn event_after(&self, failures: i32, max_failures: i32) -> (EventState, i32) {
+        if !self.failure {
+            return (self.event, failures);
+        }
+        let failures = failures.saturating_add(1);
+        let state = if failures >= max_failures {
+            EventState::Dead
+        } else {
+            self.event
+        };
+        (state, failures)
+    }
 }
 
 /// What settling an event writes beyond the event itself, in the same transaction.
@@ -77,8 +109,8 @@ pub(super) struct Settles<'a> {
     /// What the service's [`Destination::settle`](super::Destination::settle) is told.
     pub business: Settlement<'a>,
     /// Journaled in this order, each with the plan's `external_ref` (after the
-    /// `dispatched` the worker journaled when it took the event).
-    pub journal: Vec<(AuditEvent, &'static str)>,
+    /// `dispatched` the worker journaled when it took the event), by whom.
+    pub journal: Vec<(AuditEvent, &'a str)>,
 }
 
 /// When an event is due again.
@@ -122,13 +154,40 @@ pub(super) fn plan(outcome: &Outcome, completes_on_acceptance: bool) -> Plan<'_>
         // sent again with the same key, which the external system's own idempotency makes safe
         Outcome::Absent => Plan {
             wake_worker: true,
+            failure: false,
             ..again(EventState::Pending, "not found by the reconciler", Due::Now)
         },
         Outcome::NotAsked { reason, sending: false } => again(EventState::Unknown, reason, Due::AfterBackoff),
     }
 }
 
-fn accepted<'a>(external_ref: &'a str, found: AuditEvent, by: &'static str, completes: bool) -> Plan<'a> {
+/// What a person's settling of an operation whose outcome was unknown writes
+/// ([`resolve`](super::resolve)): what the reconciler writes when it finds the
+/// work done (`external_ref`) or refused, journaled `resolved` by `by` first.
+pub(super) fn resolved<'a>(resolution: &'a Resolution, by: &'a str, completes_on_acceptance: bool) -> Plan<'a> {
+    match &resolution.outcome {
+        Resolved::Completed { external_ref } => {
+            accepted(external_ref, AuditEvent::Resolved, by, completes_on_acceptance)
+        }
+        Resolved::Failed => {
+            let mut failed = settled(
+                EventState::Failed,
+                &resolution.evidence,
+                OperationState::Failed,
+                Settlement::Refused {
+                    reason: &resolution.evidence,
+                },
+                (AuditEvent::Resolved, by),
+            );
+            if let Some(settles) = &mut failed.settles {
+                settles.journal.push((AuditEvent::Failed, by));
+            }
+            failed
+        }
+    }
+}
+
+fn accepted<'a>(external_ref: &'a str, found: AuditEvent, by: &'a str, completes: bool) -> Plan<'a> {
     let (operation, journal) = if completes {
         (
             OperationState::Completed,
@@ -148,17 +207,21 @@ fn accepted<'a>(external_ref: &'a str, found: AuditEvent, by: &'static str, comp
             journal,
         }),
         wake_worker: false,
+        failure: false,
     }
 }
 
-fn unknown<'a>(reason: &'a str, by: &'static str) -> Plan<'a> {
-    settled(
-        EventState::Unknown,
-        reason,
-        OperationState::Unknown,
-        Settlement::Unknown,
-        (AuditEvent::Unknown, by),
-    )
+fn unknown<'a>(reason: &'a str, by: &'a str) -> Plan<'a> {
+    Plan {
+        failure: true,
+        ..settled(
+            EventState::Unknown,
+            reason,
+            OperationState::Unknown,
+            Settlement::Unknown,
+            (AuditEvent::Unknown, by),
+        )
+    }
 }
 
 /// An event settled with no external reference (failed, or unknown), its
@@ -168,7 +231,7 @@ fn settled<'a>(
     reason: &'a str,
     operation: OperationState,
     business: Settlement<'a>,
-    journaled: (AuditEvent, &'static str),
+    journaled: (AuditEvent, &'a str),
 ) -> Plan<'a> {
     Plan {
         event,
@@ -181,10 +244,12 @@ fn settled<'a>(
             journal: vec![journaled],
         }),
         wake_worker: false,
+        failure: false,
     }
 }
 
-/// An event given back to be tried again; its operation does not change.
+/// An event given back to be tried again, which counts as one failure; its
+/// operation does not change.
 fn again(event: EventState, reason: &str, due: Due) -> Plan<'_> {
     Plan {
         event,
@@ -193,6 +258,7 @@ fn again(event: EventState, reason: &str, due: Due) -> Plan<'_> {
         due,
         settles: None,
         wake_worker: false,
+        failure: true,
     }
 }
 
@@ -222,12 +288,14 @@ mod tests {
         Option<(O, Settlement<'static>)>,
         Vec<(A, &'static str)>,
         bool,
+        bool,
     );
 
     /// Every outcome, with the destination's `completes_on_acceptance` (`None`:
     /// either), and what it writes: the event's state, `external_ref` and
     /// `last_error`, when it is due, the operation's state, the service's
-    /// settlement, the journal, and whether the worker is woken.
+    /// settlement, the journal, whether the worker is woken, and whether it
+    /// counts as a failure.
     #[rustfmt::skip]
     fn table() -> Vec<Row> {
         use Due::*;
@@ -237,40 +305,42 @@ mod tests {
         vec![
             (Outcome::Accepted { external_ref: external_ref() }, Some(true),
              E::Delivered, x, None, AfterReconcileWait, Some((O::Completed, accepted)),
-             vec![(A::Accepted, WORKER), (A::Completed, WORKER)], false),
+             vec![(A::Accepted, WORKER), (A::Completed, WORKER)], false, false),
             (Outcome::Accepted { external_ref: external_ref() }, Some(false),
              E::Delivered, x, None, AfterReconcileWait, Some((O::InProgress, accepted)),
-             vec![(A::Accepted, WORKER)], false),
+             vec![(A::Accepted, WORKER)], false, false),
             (Outcome::Refused { reason: reason() }, None,
              E::Failed, None, r, AfterReconcileWait, Some((O::Failed, refused)),
-             vec![(A::Failed, WORKER)], false),
+             vec![(A::Failed, WORKER)], false, false),
             (Outcome::NotAccepted { reason: reason() }, None,
              E::Pending, None, r, AfterBackoff, None,
-             vec![], false),
+             vec![], false, true),
             (Outcome::AnswerLost { reason: reason() }, None,
              E::Unknown, None, r, AfterReconcileWait, Some((O::Unknown, Settlement::Unknown)),
-             vec![(A::Unknown, WORKER)], false),
+             vec![(A::Unknown, WORKER)], false, true),
             (Outcome::Found { external_ref: external_ref() }, Some(true),
              E::Delivered, x, None, AfterReconcileWait, Some((O::Completed, accepted)),
-             vec![(A::Reconciled, RECONCILER), (A::Completed, RECONCILER)], false),
+             vec![(A::Reconciled, RECONCILER), (A::Completed, RECONCILER)], false, false),
             (Outcome::Found { external_ref: external_ref() }, Some(false),
              E::Delivered, x, None, AfterReconcileWait, Some((O::InProgress, accepted)),
-             vec![(A::Reconciled, RECONCILER)], false),
+             vec![(A::Reconciled, RECONCILER)], false, false),
             (Outcome::Absent, None,
              E::Pending, None, Some("not found by the reconciler"), Now, None,
-             vec![], true),
+             vec![], true, false),
             (Outcome::NotAsked { reason: reason(), sending: true }, None,
              E::Unknown, None, r, AfterReconcileWait, Some((O::Unknown, Settlement::Unknown)),
-             vec![(A::Unknown, RECONCILER)], false),
+             vec![(A::Unknown, RECONCILER)], false, true),
             (Outcome::NotAsked { reason: reason(), sending: false }, None,
              E::Unknown, None, r, AfterBackoff, None,
-             vec![], false),
+             vec![], false, true),
         ]
     }
 
     #[test]
     fn every_outcome_writes_what_its_row_says() {
-        for (outcome, completes, event, external_ref, last_error, due, settles, journal, wake_worker) in table() {
+        for (outcome, completes, event, external_ref, last_error, due, settles, journal, wake_worker, failure) in
+            table()
+        {
             let expected = Plan {
                 event,
                 external_ref,
@@ -282,6 +352,7 @@ mod tests {
                     journal: journal.clone(),
                 }),
                 wake_worker,
+                failure,
             };
             for completes in completes.map_or(vec![true, false], |c| vec![c]) {
                 assert_eq!(
@@ -336,5 +407,65 @@ mod tests {
             }
         );
         assert_eq!(Outcome::looked_up(Ok(Lookup::Absent), E::Sending), Outcome::Absent);
+    }
+
+    #[test]
+    fn an_event_is_dead_at_its_last_allowed_failure_and_not_before() {
+        let lost = Outcome::AnswerLost { reason: reason() };
+        let lost = plan(&lost, true);
+        assert_eq!(lost.event_after(0, 3), (E::Unknown, 1));
+        assert_eq!(lost.event_after(1, 3), (E::Unknown, 2));
+        assert_eq!(lost.event_after(2, 3), (E::Dead, 3));
+        let absent = plan(&Outcome::Absent, true);
+        assert_eq!(absent.event_after(2, 3), (E::Pending, 2), "a resend is not a failure");
+        let found = Outcome::Found {
+            external_ref: external_ref(),
+        };
+        assert_eq!(plan(&found, true).event_after(9, 3), (E::Delivered, 9));
+    }
+
+    #[test]
+    fn a_resolution_writes_what_the_reconciler_would_after_a_resolved_entry_by_the_person() {
+        let completed = Resolution {
+            outcome: Resolved::Completed {
+                external_ref: external_ref(),
+            },
+            evidence: "seen in the provider's dashboard".to_owned(),
+        };
+        let by = "key_admin";
+        let found = Outcome::Found {
+            external_ref: external_ref(),
+        };
+        let found = plan(&found, true);
+        let by_hand = resolved(&completed, by, true);
+        assert_eq!((by_hand.event, by_hand.external_ref), (found.event, found.external_ref));
+        let settles = by_hand.settles.unwrap();
+        assert_eq!(
+            (settles.operation, settles.business),
+            (O::Completed, Settlement::Accepted { external_ref: "ref_1" })
+        );
+        assert_eq!(settles.journal, vec![(A::Resolved, by), (A::Completed, by)]);
+        let rollout = resolved(&completed, by, false).settles.unwrap();
+        assert_eq!(
+            (rollout.operation, rollout.journal),
+            (O::InProgress, vec![(A::Resolved, by)]),
+            "a rollout goes on, as if found"
+        );
+
+        let failed = Resolution {
+            outcome: Resolved::Failed,
+            evidence: "no charge at the provider".to_owned(),
+        };
+        let by_hand = resolved(&failed, by, true);
+        assert_eq!(by_hand.event, E::Failed);
+        let settles = by_hand.settles.unwrap();
+        assert_eq!(settles.operation, O::Failed);
+        assert_eq!(
+            settles.business,
+            Settlement::Refused {
+                reason: "no charge at the provider"
+            }
+        );
+        assert_eq!(settles.journal, vec![(A::Resolved, by), (A::Failed, by)]);
     }
 }

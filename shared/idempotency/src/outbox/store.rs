@@ -48,7 +48,7 @@ pub(crate) async fn enqueue(
 macro_rules! event_columns {
     () => {
         "event_id, account_id, operation_id, idempotency_key, fingerprint, route, kind, payload, external_key, \
-         state, deliveries, lease_token"
+         state, deliveries, failures, lease_token"
     };
 }
 
@@ -106,36 +106,134 @@ pub(super) async fn take_due(
     Ok(taken)
 }
 
+/// What an event is let go as: its new state, failures, when it is due, and
+/// what it keeps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LetGo<'a> {
+    pub state: EventState,
+    pub failures: i32,
+    pub next_attempt_at: Timestamp,
+    pub external_ref: Option<&'a str>,
+    pub last_error: Option<&'a str>,
+}
+
 /// Lets go of an event this holder took, in its new state: compare-and-set on
 /// the lease token. `false`: the lease ran out and another holder has it.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn let_go(
     tx: &mut Tx,
     event: &OutboxEvent,
-    state: EventState,
-    next_attempt_at: Timestamp,
-    external_ref: Option<&str>,
-    last_error: Option<&str>,
+    to: LetGo<'_>,
     now: Timestamp,
 ) -> Result<bool, sqlx::Error> {
     let released = on_tx!(tx, |conn| {
         sqlx::query(
-            "UPDATE idempotency_outbox SET state = $3, lease_token = NULL, next_attempt_at = $4, \
-             external_ref = COALESCE($5, external_ref), last_error = $6, updated_at = $7 \
+            "UPDATE idempotency_outbox SET state = $3, failures = $4, lease_token = NULL, next_attempt_at = $5, \
+             external_ref = COALESCE($6, external_ref), last_error = $7, updated_at = $8 \
              WHERE event_id = $1 AND lease_token = $2",
         )
         .bind(&event.event_id)
         .bind(&event.lease_token)
-        .bind(state.as_str())
-        .bind(next_attempt_at)
-        .bind(external_ref)
-        .bind(last_error)
+        .bind(to.state.as_str())
+        .bind(to.failures)
+        .bind(to.next_attempt_at)
+        .bind(to.external_ref)
+        .bind(to.last_error)
         .bind(now)
         .execute(conn)
         .await?
         .rows_affected()
     });
     Ok(released == 1)
+}
+
+/// Counts a settlement of a held event that could not be written, under the
+/// same compare-and-set on its lease: the holder keeps it (it is taken again
+/// when the lease ends) until it reaches `max_failures`, and then it is
+/// `dead`. `Some(dead)`: counted; `None`: the lease ran out.
+pub(super) async fn count_failed_settlement(
+    tx: &mut Tx,
+    event: &OutboxEvent,
+    last_error: &str,
+    max_failures: i32,
+    now: Timestamp,
+) -> Result<Option<bool>, sqlx::Error> {
+    let counted: Option<String> = on_tx!(tx, |conn| {
+        sqlx::query_scalar(
+            "UPDATE idempotency_outbox SET failures = failures + 1, last_error = $3, updated_at = $4, \
+             state = CASE WHEN failures + 1 >= $5 THEN 'dead' ELSE state END, \
+             lease_token = CASE WHEN failures + 1 >= $5 THEN NULL ELSE lease_token END \
+             WHERE event_id = $1 AND lease_token = $2 RETURNING state",
+        )
+        .bind(&event.event_id)
+        .bind(&event.lease_token)
+        .bind(last_error)
+        .bind(now)
+        .bind(max_failures)
+        .fetch_optional(conn)
+        .await?
+    });
+    Ok(counted.map(|state| state == EventState::Dead.as_str()))
+}
+
+/// Settles the event of an operation a person settled by hand, whoever holds
+/// it: from any state but a final one, to `state`, its lease ended (a holder
+/// that tries to settle it later finds its lease gone). `None`: the operation
+/// has no event, or it was settled already.
+pub(super) async fn settle_by_hand(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    state: EventState,
+    external_ref: Option<&str>,
+    last_error: Option<&str>,
+    now: Timestamp,
+) -> Result<Option<OutboxEvent>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "UPDATE idempotency_outbox SET state = $3, lease_token = NULL, external_ref = COALESCE($4, external_ref), \
+         last_error = COALESCE($5, last_error), updated_at = $6 \
+         WHERE account_id = $1 AND operation_id = $2 AND state IN ('pending', 'sending', 'unknown', 'dead') \
+         RETURNING ",
+        event_columns!()
+    );
+    let settled = on_tx!(tx, |conn| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(operation_id)
+            .bind(state.as_str())
+            .bind(external_ref)
+            .bind(last_error)
+            .bind(now)
+            .fetch_optional(conn)
+            .await?
+            .as_ref()
+            .map(decode_event)
+            .transpose()?
+    });
+    Ok(settled)
+}
+
+/// Gives a dead event back to the reconciler, its failures forgiven: it asks
+/// the external system first, and sends it again with the same key only if
+/// there is no trace of it. `None`: the operation has no dead event.
+pub(super) async fn revive(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    now: Timestamp,
+) -> Result<Option<Identity>, sqlx::Error> {
+    let revived = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "UPDATE idempotency_outbox SET state = 'unknown', failures = 0, next_attempt_at = $3, updated_at = $3 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'dead' \
+             RETURNING idempotency_key, fingerprint, route",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(now)
+        .fetch_optional(conn)
+        .await?
+    });
+    Ok(revived)
 }
 
 /// The journal identity of an operation whose event is ended by the service:
@@ -207,11 +305,78 @@ pub async fn event_of(
     Ok(row.and_then(|(state, deliveries)| Some((EventState::parse(&state)?, deliveries))))
 }
 
+/// An operation's delivery as its status shows it: the event's state, and
+/// why its last try came to nothing, if it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryStatus {
+    pub state: EventState,
+    pub last_error: Option<String>,
+}
+
+pub(crate) async fn delivery_of(
+    db: &platform::Db,
+    account_id: &str,
+    operation_id: &str,
+) -> Result<Option<DeliveryStatus>, sqlx::Error> {
+    let row: Option<(String, Option<String>)> = platform::on_pool!(db.read(), |pool| {
+        sqlx::query_as("SELECT state, last_error FROM idempotency_outbox WHERE account_id = $1 AND operation_id = $2")
+            .bind(account_id)
+            .bind(operation_id)
+            .fetch_optional(pool)
+            .await?
+    });
+    Ok(row.and_then(|(state, last_error)| {
+        Some(DeliveryStatus {
+            state: EventState::parse(&state)?,
+            last_error,
+        })
+    }))
+}
+
+/// Which operations a person must look at: those whose outcome is unknown,
+/// or those whose event is dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NeedsAPerson {
+    Unknown,
+    DeadEvent,
+}
+
+/// A page of the account's operations that need a person, by their event's
+/// number (every such operation has an event): `(seq, operation_id)`.
+pub(crate) async fn needing_a_person(
+    db: &platform::Db,
+    account_id: &str,
+    which: NeedsAPerson,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<(i64, String)>, sqlx::Error> {
+    let sql = match which {
+        NeedsAPerson::Unknown => {
+            "SELECT o.seq, o.operation_id FROM idempotency_outbox o \
+             JOIN idempotency_operations op ON op.account_id = o.account_id AND op.operation_id = o.operation_id \
+             WHERE o.account_id = $1 AND o.seq > $2 AND op.state = 'unknown' ORDER BY o.seq LIMIT $3"
+        }
+        NeedsAPerson::DeadEvent => {
+            "SELECT seq, operation_id FROM idempotency_outbox \
+             WHERE account_id = $1 AND seq > $2 AND state = 'dead' ORDER BY seq LIMIT $3"
+        }
+    };
+    Ok(platform::on_pool!(db.read(), |pool| {
+        sqlx::query_as(sql)
+            .bind(account_id)
+            .bind(after_seq)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+    }))
+}
+
 fn decode_event<R>(row: &R) -> Result<OutboxEvent, sqlx::Error>
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_outbox: {what}").into());
@@ -229,6 +394,8 @@ where
         external_key: row.try_get("external_key")?,
         state: EventState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
         deliveries: row.try_get("deliveries")?,
-        lease_token: row.try_get("lease_token")?,
+        failures: row.try_get("failures")?,
+        // an event settled by hand is returned with its lease already ended
+        lease_token: row.try_get::<Option<String>, _>("lease_token")?.unwrap_or_default(),
     })
 }

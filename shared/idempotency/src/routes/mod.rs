@@ -1,15 +1,17 @@
 //! The routes every service mounts from this crate: the operation status
 //! resource (docs/contract.md §4) — the answer for an agent that timed out and
-//! does not know what happened —, approvals and their decisions (§6), and the
+//! does not know what happened —, what an admin does about an operation the
+//! outbox cannot settle (§5), approvals and their decisions (§6), and the
 //! audit journal (§8).
 //!
-//! Each resource has its file: `operations`, `approvals`, `audit`. This one
+//! Each resource has its file: `operations`, `settling`, `approvals`, `audit`. This one
 //! holds what they share: the router a service merges, the rule of who may
 //! read approvals and the journal, and the OpenAPI document of them all.
 
 mod approvals;
 mod audit;
 mod operations;
+mod settling;
 
 use axum::{
     Router,
@@ -29,8 +31,9 @@ pub use audit::{AuditList, AuditQuery, read_audit, read_audit_head};
 pub use operations::{
     OperationApproval, OperationList, OperationQuery, OperationView, find_operation_by_key, get_operation,
 };
+pub use settling::{ResolutionBody, ResolutionOutcome, redeliver_operation, resolve_operation};
 
-/// `GET /v1/operations/{operation_id}` and `GET /v1/operations?idempotency_key=`.
+/// The operation status, settling by hand, approvals and the journal.
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
@@ -40,6 +43,8 @@ where
     Router::new()
         .route("/v1/operations", get(find_operation_by_key))
         .route("/v1/operations/{operation_id}", get(get_operation))
+        .route("/v1/operations/{operation_id}/resolution", post(resolve_operation))
+        .route("/v1/operations/{operation_id}/redelivery", post(redeliver_operation))
         .route("/v1/approvals", get(list_approvals))
         .route("/v1/approvals/{approval_id}", get(get_approval))
         .route(DECISION_ROUTE, post(decide))
@@ -63,6 +68,8 @@ fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
     paths(
         operations::get_operation,
         operations::find_operation_by_key,
+        settling::resolve_operation,
+        settling::redeliver_operation,
         approvals::list_approvals,
         approvals::get_approval,
         approvals::decide,
@@ -74,6 +81,8 @@ fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
         OperationList,
         OperationState,
         OperationApproval,
+        ResolutionBody,
+        ResolutionOutcome,
         ResourceRef,
         ApprovalView,
         ApprovalList,

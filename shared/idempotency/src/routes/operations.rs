@@ -3,12 +3,17 @@
 //! know what happened. Never the stored request or answer body.
 
 use axum::{Json, extract::State};
-use platform::{ApiError, ApiPath, ApiQuery, Principal, Timestamp, page::PageRequest};
+use platform::{
+    ApiError, ApiPath, ApiQuery, Principal, Timestamp,
+    page::{Page, PageRequest},
+};
 use serde::{Deserialize, Serialize};
 
+use super::may_read_approvals;
 use crate::{
     Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef,
     approval::{self, ApprovalState},
+    outbox::{self, NeedsAPerson},
     store,
 };
 
@@ -39,6 +44,14 @@ pub struct OperationView {
     pub approval: Option<OperationApproval>,
     /// The external system's reference, when one was involved.
     pub external_ref: Option<String>,
+    /// Where its outbox event is, when its work left the process: `pending`,
+    /// `sending`, `unknown`, `delivered`, `failed`, or `dead` (failed too
+    /// often: no longer tried until an admin sends it again, the operation's
+    /// `state` left as it was).
+    #[schema(example = "dead")]
+    pub outbox: Option<String>,
+    /// Why the event's last delivery or lookup came to nothing, if it did.
+    pub last_error: Option<String>,
 }
 
 impl From<OperationRecord> for OperationView {
@@ -63,6 +76,8 @@ impl From<OperationRecord> for OperationView {
             response_status: op.response.filter(|_| answered).map(|r| r.status.as_u16()),
             approval: None,
             external_ref: op.external_ref,
+            outbox: None,
+            last_error: None,
         }
     }
 }
@@ -78,13 +93,19 @@ pub struct OperationApproval {
 }
 
 impl OperationView {
-    /// The view of `operation`, with its approval read if it has one.
-    async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
+    /// The view of `operation`, with its approval and its outbox event read
+    /// if it has them.
+    pub(crate) async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
         let approval = match &operation.approval_id {
             Some(id) => approval::find(&idempotency.db, &operation.account_id, id).await?,
             None => None,
         };
+        let delivery = outbox::delivery_of(&idempotency.db, &operation.account_id, &operation.operation_id).await?;
         let mut view = OperationView::from(operation);
+        if let Some(delivery) = delivery {
+            view.outbox = Some(delivery.state.as_str().to_owned());
+            view.last_error = delivery.last_error;
+        }
         view.approval = approval.map(|a| OperationApproval {
             state: a.state(Timestamp::now()),
             approval_id: a.approval_id,
@@ -103,6 +124,7 @@ pub struct OperationList {
     pub next_cursor: Option<String>,
 }
 
+/// Exactly one of `idempotency_key`, `state` and `outbox`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -110,11 +132,51 @@ pub struct OperationQuery {
     /// The key as the `Idempotency-Key` header carried it — a bare token or
     /// an RFC 8941 sf-string (`"k"`), read the same way — percent-encoded
     /// (`%22k%22` for `"k"`; `%20`, `%25`, `%26`, `%2B`, `%23` wherever those
-    /// characters occur). An invalid key is 400 `idempotency_key_invalid`. Required.
-    pub idempotency_key: String,
+    /// characters occur). An invalid key is 400 `idempotency_key_invalid`.
+    pub idempotency_key: Option<String>,
+    /// `unknown`: the operations a person may have to settle
+    /// (`POST …/resolution`). For an `approver` or `admin`.
+    #[param(example = "unknown")]
+    pub state: Option<String>,
+    /// `dead`: the operations whose outbox event is dead, which an `admin`
+    /// may send again (`POST …/redelivery`). For an `approver` or `admin`.
+    #[param(example = "dead")]
+    pub outbox: Option<String>,
     /// 1–200, default 50 (a key names at most one operation).
     pub limit: Option<i64>,
     pub cursor: Option<String>,
+}
+
+/// What a list of operations is of.
+enum Listing {
+    Key(IdempotencyKey),
+    NeedingAPerson(NeedsAPerson),
+}
+
+impl OperationQuery {
+    fn listing(&self, principal: &Principal) -> Result<Listing, ApiError> {
+        let one_of = "give exactly one of `idempotency_key`, `state=unknown` and `outbox=dead`";
+        let which = match (&self.idempotency_key, self.state.as_deref(), self.outbox.as_deref()) {
+            (Some(key), None, None) => {
+                // read as the header is: a quoted key names the same operation as its bare form
+                let key = IdempotencyKey::parse(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+                return Ok(Listing::Key(key));
+            }
+            (None, Some("unknown"), None) => NeedsAPerson::Unknown,
+            (None, Some(_), None) => return Err(ApiError::invalid_field("state", "must be `unknown`")),
+            (None, None, Some("dead")) => NeedsAPerson::DeadEvent,
+            (None, None, Some(_)) => return Err(ApiError::invalid_field("outbox", "must be `dead`")),
+            (None, None, None) => {
+                return Err(ApiError::invalid_field(
+                    "idempotency_key",
+                    format!("is required: {one_of}"),
+                ));
+            }
+            _ => return Err(ApiError::invalid_request(one_of, Vec::new())),
+        };
+        may_read_approvals(principal)?;
+        Ok(Listing::NeedingAPerson(which))
+    }
 }
 
 /// Read one of the caller's operations.
@@ -142,7 +204,9 @@ pub async fn get_operation(
 }
 
 /// Find the caller's operation by the key it was sent with: after a timeout,
-/// an empty list means the server never claimed the key.
+/// an empty list means the server never claimed the key. Or, for an
+/// `approver` or `admin`, list the account's operations that need a person:
+/// `state=unknown` or `outbox=dead`, oldest first.
 ///
 /// `idempotency_key` is read as the `Idempotency-Key` header is (a bare token
 /// or a quoted sf-string, the same rules and errors) and must be
@@ -154,8 +218,9 @@ pub async fn get_operation(
     tag = "operations",
     params(OperationQuery),
     responses(
-        (status = 200, description = "The operation with this key, if there is one", body = OperationList),
-        (status = 400, description = "No key (`invalid_request`) or an invalid one (`idempotency_key_invalid`)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The operation with this key, if there is one; or a page of those that need a person", body = OperationList),
+        (status = 400, description = "Not exactly one of the filters (`invalid_request`), or an invalid key (`idempotency_key_invalid`)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`state` or `outbox` asked by an agent", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -164,17 +229,40 @@ pub async fn find_operation_by_key(
     principal: Principal,
     ApiQuery(query): ApiQuery<OperationQuery>,
 ) -> Result<Json<OperationList>, ApiError> {
-    PageRequest::parse(query.limit, query.cursor.as_deref())?;
+    let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
+    let listing = query.listing(&principal)?;
     idempotency.flush_attempts().await;
-    // read as the header is: a quoted key names the same operation as its bare form
-    let key =
-        IdempotencyKey::parse(&query.idempotency_key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
-    let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
-        Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
-        None => Vec::new(),
+    let which = match listing {
+        Listing::Key(key) => {
+            let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
+                Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
+                None => Vec::new(),
+            };
+            return Ok(Json(OperationList {
+                data,
+                next_cursor: None,
+            }));
+        }
+        Listing::NeedingAPerson(which) => which,
     };
+    let ids = outbox::needing_a_person(
+        &idempotency.db,
+        &principal.account_id,
+        which,
+        page.after_seq,
+        page.fetch_limit(),
+    )
+    .await?;
+    let mut rows = Vec::with_capacity(ids.len());
+    for (seq, operation_id) in ids {
+        // settled or reaped since the list was read: left out
+        if let Some(operation) = store::find_by_id(&idempotency.db, &principal.account_id, &operation_id).await? {
+            rows.push((seq, OperationView::read(&idempotency, operation).await?));
+        }
+    }
+    let page = Page::from_rows(rows, page);
     Ok(Json(OperationList {
-        data,
-        next_cursor: None,
+        data: page.data,
+        next_cursor: page.next_cursor,
     }))
 }

@@ -207,6 +207,7 @@ impl NewOperation<'_> {
             at,
             attempt: None,
             change: None,
+            evidence: None,
         }
     }
 }

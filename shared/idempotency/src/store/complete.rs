@@ -169,6 +169,34 @@ pub async fn settle_external(
     Ok(done == 1)
 }
 
+/// Settles an operation whose outcome is unknown, as a person found it:
+/// compare-and-set from `unknown` only. Its stored answer stays, replayed to
+/// every later attempt. `None`: it is not unknown (any more), or not there.
+pub async fn settle_unknown(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    state: OperationState,
+    external_ref: Option<&str>,
+    now: Timestamp,
+) -> Result<Option<(String, String, String)>, sqlx::Error> {
+    let settled = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "UPDATE idempotency_operations SET state = $3, external_ref = COALESCE($4, external_ref), updated_at = $5 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'unknown' \
+             RETURNING idempotency_key, fingerprint, route",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(state.as_str())
+        .bind(external_ref)
+        .bind(now)
+        .fetch_optional(conn)
+        .await?
+    });
+    Ok(settled)
+}
+
 /// Ends an operation that waits for its approval (a rejection, an expiry).
 /// `false`: it was not waiting any more.
 pub async fn settle_awaiting(

@@ -23,6 +23,8 @@ mod read;
 mod reap;
 
 pub use claim::{NewOperation, claim, claim_awaiting_approval, claim_finished};
-pub use complete::{Completion, complete, give_back, settle_awaiting, settle_external, start_approved, take_over};
+pub use complete::{
+    Completion, complete, give_back, settle_awaiting, settle_external, settle_unknown, start_approved, take_over,
+};
 pub use read::{add_attempts, find_by_id, find_by_key};
 pub use reap::reap;

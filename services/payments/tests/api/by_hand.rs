@@ -1,0 +1,312 @@
+//! What a person does when the outbox cannot settle a capture by itself
+//! (docs/contract.md §5): an event that failed too often is dead and waits
+//! for an admin to send it again; a capture whose outcome the reconciler can
+//! never learn is settled by an admin, with evidence, through the writes the
+//! reconciler would make.
+
+use axum::http::StatusCode;
+use idempotency::outbox::{self, EventState, OutboxConfig};
+use payment_provider::Faults;
+use platform::{Backend, Role};
+use serde_json::{Value, json};
+
+use crate::support::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestApp, outbox_config};
+
+/// Three failures make an event dead in these tests.
+fn dying_outbox() -> OutboxConfig {
+    OutboxConfig {
+        max_failures: 3,
+        ..outbox_config()
+    }
+}
+
+/// A capture whose provider key another charge already holds: the reconciler
+/// finds that charge, sees it is not this capture's, and leaves it `unknown`
+/// for a person — forever, on its own. Its operation id, its intent's id
+/// and its first answer.
+async fn capture_left_unknown_by_a_key_collision(app: &TestApp, order_id: &str) -> (String, String, Value) {
+    let intent_id = app.intent_for(order_id, "40.00").await;
+    let accepted = app.capture(&intent_id, &format!("cap-{order_id}"), &json!({})).await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{:?}", accepted.body);
+    let operation_id = accepted.operation_id().to_owned();
+    let squatted = reqwest::Client::new()
+        .post(format!("{}/v1/charges", app.provider.url))
+        .bearer_auth(payments::provider::SANDBOX_MERCHANT_KEY)
+        .header("idempotency-key", outbox::external_key(&operation_id))
+        .json(&json!({"amount_minor": 1, "currency": "EUR", "merchant_reference": "elsewhere"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(squatted.status(), reqwest::StatusCode::CREATED);
+    app.deliver().await;
+    app.reconcile().await;
+    assert_eq!(app.operation(&operation_id).await["state"], "unknown");
+    (operation_id, intent_id, accepted.json())
+}
+
+async fn resolve(app: &TestApp, bearer: &str, operation_id: &str, body: &Value) -> platform::testing::TestResponse {
+    app.client
+        .post(&format!("/v1/operations/{operation_id}/resolution"), bearer, None, body)
+        .await
+}
+
+async fn redeliver(app: &TestApp, bearer: &str, operation_id: &str) -> platform::testing::TestResponse {
+    app.client
+        .post(&format!("/v1/operations/{operation_id}/redelivery"), bearer, None, "{}")
+        .await
+}
+
+async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_again_only_when_an_admin_says_so(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let outbox = app.another_outbox(dying_outbox());
+    let intent_id = app.intent_for("order-1", "40.00").await;
+    // every charge answers 503 before it is taken: each delivery is unknown,
+    // each lookup finds nothing and sends it again
+    app.provider.set_faults(Faults {
+        fail_next: 100,
+        ..Faults::default()
+    });
+    let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let operation_id = accepted.operation_id().to_owned();
+
+    for _ in 0..3 {
+        assert_eq!(outbox.deliver_due().await.unwrap(), 1);
+        outbox.reconcile_due().await.unwrap();
+    }
+    let dead = app.operation(&operation_id).await;
+    let taken_while_dead = (
+        outbox.deliver_due().await.unwrap(),
+        outbox.reconcile_due().await.unwrap(),
+    );
+    let requests_while_dead = app.provider.stats().requests;
+    let listed = app.get("/v1/operations?outbox=dead", ACME_APPROVER).await;
+    let listed_for_an_agent = app.get("/v1/operations?outbox=dead", ACME_AGENT).await;
+    let by_an_approver = redeliver(&app, ACME_APPROVER, &operation_id).await;
+    let from_another_account = redeliver(
+        &app,
+        &app.create_key("globex", "globex-admin", Role::Admin).await,
+        &operation_id,
+    )
+    .await;
+
+    app.provider.set_faults(Faults::default());
+    let given_back = redeliver(&app, &admin, &operation_id).await;
+    let again = redeliver(&app, &admin, &operation_id).await;
+    outbox.reconcile_due().await.unwrap();
+    outbox.deliver_due().await.unwrap();
+    let settled = app.operation(&operation_id).await;
+
+    assert_eq!(
+        dead["state"], "unknown",
+        "the operation is left as the last failure left it: {dead}"
+    );
+    assert_eq!(dead["outbox"], "dead", "{dead}");
+    assert!(dead["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{dead}");
+    assert_eq!(taken_while_dead, (0, 0), "a dead event is tried no more");
+    assert_eq!(requests_while_dead, 3);
+    assert_eq!(listed.status, StatusCode::OK);
+    assert_eq!(
+        listed.json()["data"][0]["operation_id"],
+        operation_id.as_str(),
+        "{:?}",
+        listed.body
+    );
+    assert_eq!(listed.json()["data"].as_array().unwrap().len(), 1);
+    assert_eq!(listed_for_an_agent.status, StatusCode::FORBIDDEN);
+    assert_eq!(by_an_approver.status, StatusCode::FORBIDDEN);
+    assert_eq!(from_another_account.status, StatusCode::NOT_FOUND);
+    assert_eq!(given_back.status, StatusCode::OK, "{:?}", given_back.body);
+    assert_eq!(given_back.json()["outbox"], "unknown", "the reconciler asks first");
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert_eq!(again.json()["code"], "invalid_state");
+    assert_eq!(again.json()["outbox"], "unknown");
+    assert_eq!(settled["state"], "completed", "{settled}");
+    assert_eq!(settled["outbox"], "delivered");
+    assert_eq!(app.provider.stats().charges_made, 1);
+    let events = app.journal_events(&operation_id).await;
+    let dead_at = events.iter().position(|e| e == "dead_lettered");
+    let redelivered_at = events.iter().position(|e| e == "redelivered");
+    assert!(dead_at.is_some() && dead_at < redelivered_at, "{events:?}");
+    assert_eq!(events.last().map(String::as_str), Some("completed"), "{events:?}");
+}
+
+async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_every_later_retry_replays_its_answer(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, intent_id, first_answer) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let listed = app.get("/v1/operations?state=unknown", ACME_APPROVER).await;
+
+    let resolution = json!({
+        "outcome": "completed",
+        "evidence": "ch_found_by_hand is this capture's charge in the provider's dashboard",
+        "external_ref": "ch_found_by_hand",
+    });
+    let resolved = resolve(&app, &admin, &operation_id, &resolution).await;
+    let twice = resolve(&app, &admin, &operation_id, &resolution).await;
+    let retry = app.capture(&intent_id, "cap-order-1", &json!({})).await;
+    let capture = app
+        .get(
+            &format!("/v1/captures/{}", first_answer["id"].as_str().unwrap()),
+            ACME_AGENT,
+        )
+        .await
+        .json();
+    let reconciled_after = app.reconcile().await;
+
+    assert_eq!(
+        listed.json()["data"][0]["operation_id"],
+        operation_id.as_str(),
+        "{:?}",
+        listed.body
+    );
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    assert_eq!(resolved.json()["state"], "completed");
+    assert_eq!(resolved.json()["external_ref"], "ch_found_by_hand");
+    assert_eq!(resolved.json()["outbox"], "delivered");
+    assert_eq!(
+        twice.status,
+        StatusCode::CONFLICT,
+        "a compare-and-set from unknown only"
+    );
+    assert_eq!(
+        (twice.json()["code"].clone(), twice.json()["state"].clone()),
+        (json!("invalid_state"), json!("completed"))
+    );
+    assert_eq!(retry.status, StatusCode::ACCEPTED);
+    assert_eq!(retry.replayed(), Some("true"));
+    assert_eq!(retry.json(), first_answer, "the stored answer, as before");
+    assert_eq!(
+        capture["state"], "succeeded",
+        "settled as the reconciler settles what it finds"
+    );
+    assert_eq!(capture["provider_charge_id"], "ch_found_by_hand");
+    assert_eq!(reconciled_after, 0, "the event is settled: nobody asks about it again");
+    assert_eq!(app.provider.stats().charges_made, 1, "only the squatter's charge");
+
+    let entries = app
+        .get(&format!("/v1/audit?operation_id={operation_id}"), ACME_APPROVER)
+        .await
+        .json();
+    let entries = entries["data"].as_array().unwrap();
+    let resolved_entry = entries
+        .iter()
+        .find(|e| e["event"] == "resolved")
+        .expect("a resolved entry");
+    assert_eq!(resolved_entry["principal_id"], "acme-admin");
+    assert_eq!(resolved_entry["evidence"], resolution["evidence"]);
+    assert_eq!(resolved_entry["external_ref"], "ch_found_by_hand");
+    let events: Vec<&str> = entries.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        &events[events.len() - 3..],
+        ["resolved", "completed", "replayed"],
+        "{events:?}"
+    );
+}
+
+async fn a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, _, first_answer) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+
+    let resolved = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "failed", "evidence": "the provider's support confirmed no charge for this capture"}),
+    )
+    .await;
+    let capture = app
+        .get(
+            &format!("/v1/captures/{}", first_answer["id"].as_str().unwrap()),
+            ACME_AGENT,
+        )
+        .await
+        .json();
+    let events = app.journal_events(&operation_id).await;
+
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    assert_eq!(resolved.json()["state"], "failed");
+    assert_eq!(resolved.json()["outbox"], "failed");
+    assert_eq!(capture["state"], "failed");
+    assert_eq!(
+        outbox::event_of(&app.db.db, "acme", &operation_id).await.unwrap(),
+        Some((EventState::Failed, 1))
+    );
+    assert_eq!(&events[events.len() - 2..], ["resolved", "failed"], "{events:?}");
+}
+
+async fn only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whose_outcome_is_unknown(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let other_admin = app.create_key("globex", "globex-admin", Role::Admin).await;
+    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    app.captured_intent("order-2", "10.00").await;
+    let completed_operation = app
+        .get("/v1/operations?idempotency_key=capture-order-2", ACME_AGENT)
+        .await
+        .json()["data"][0]["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let good = json!({"outcome": "failed", "evidence": "no charge"});
+
+    let by_an_agent = resolve(&app, ACME_AGENT, &operation_id, &good).await;
+    let by_an_agent_on_nothing = resolve(&app, ACME_AGENT, "op_missing", &good).await;
+    let by_an_approver = resolve(&app, ACME_APPROVER, &operation_id, &good).await;
+    let by_another_account = resolve(&app, &other_admin, &operation_id, &good).await;
+    let by_another_account_agent = resolve(&app, GLOBEX_AGENT, &operation_id, &good).await;
+    let on_a_completed_one = resolve(&app, &admin, &completed_operation, &good).await;
+    let without_a_reference = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "completed", "evidence": "seen"}),
+    )
+    .await;
+    let without_evidence = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "failed", "evidence": "  "}),
+    )
+    .await;
+    let unknown_outcome = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "maybe", "evidence": "?"}),
+    )
+    .await;
+    let still = app.operation(&operation_id).await;
+
+    for refused in [
+        &by_an_agent,
+        &by_an_agent_on_nothing,
+        &by_an_approver,
+        &by_another_account_agent,
+    ] {
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{:?}", refused.body);
+    }
+    assert_eq!(by_another_account.status, StatusCode::NOT_FOUND);
+    assert_eq!(on_a_completed_one.status, StatusCode::CONFLICT);
+    assert_eq!(on_a_completed_one.json()["state"], "completed");
+    assert_eq!(without_a_reference.status, StatusCode::BAD_REQUEST);
+    assert_eq!(without_a_reference.json()["errors"][0]["field"], "external_ref");
+    assert_eq!(without_evidence.status, StatusCode::BAD_REQUEST);
+    assert_eq!(without_evidence.json()["errors"][0]["field"], "evidence");
+    assert_eq!(unknown_outcome.status, StatusCode::BAD_REQUEST);
+    assert_eq!(still["state"], "unknown", "nothing refused changed anything: {still}");
+    assert!(!app.journal_events(&operation_id).await.iter().any(|e| e == "resolved"));
+}
+
+platform::both_backends!(
+    an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_again_only_when_an_admin_says_so,
+    an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_every_later_retry_replays_its_answer,
+    a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order,
+    only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whose_outcome_is_unknown,
+);

@@ -1,0 +1,214 @@
+//! What a person does when the outbox cannot settle an operation by itself
+//! (docs/contract.md §5): settle an operation whose outcome is unknown, with
+//! the evidence they found ([`resolve`]), or send a dead event again
+//! ([`redeliver`]). Each is one transaction of compare-and-sets, so it never
+//! races the worker or the reconciler into settling an event twice.
+
+use platform::{Principal, Timestamp};
+
+use super::{
+    EventState,
+    plan::{self, Plan},
+    store,
+};
+use crate::{
+    Idempotency, OperationState,
+    audit::{self, AuditEvent, Record},
+};
+
+/// What a person found out about an operation whose outcome was unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    pub outcome: Resolved,
+    /// What they saw, in their words (a provider's dashboard, a ticket with
+    /// the controller's team): journaled with the resolution.
+    pub evidence: String,
+}
+
+/// How the work ended at the external system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// It took effect there, under this reference (the charge, the rollout):
+    /// settled as the reconciler settles what it finds.
+    Completed { external_ref: String },
+    /// It did not take effect: settled as a refusal.
+    Failed,
+}
+
+impl Resolution {
+    /// The event's state once settled this way.
+    fn event_state(&self) -> EventState {
+        match self.outcome {
+            Resolved::Completed { .. } => EventState::Delivered,
+            Resolved::Failed => EventState::Failed,
+        }
+    }
+
+    fn external_ref(&self) -> Option<&str> {
+        match &self.outcome {
+            Resolved::Completed { external_ref } => Some(external_ref),
+            Resolved::Failed => None,
+        }
+    }
+}
+
+/// Why a person's action changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ByHandError {
+    #[error("no such operation in this account")]
+    NotFound,
+    /// The operation is not in the state the action is for: its state, and
+    /// its event's if it has one.
+    #[error("the operation is {0:?}, its event {1:?}")]
+    InvalidState(OperationState, Option<EventState>),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Settles `operation_id`, whose outcome is unknown, as `resolution` says,
+/// in one transaction: its event (whoever holds it, whatever its state short
+/// of settled), the operation (compare-and-set from `unknown`), the service's
+/// rows through its [`Ledger`](super::Ledger) — the writes the reconciler
+/// makes — and the journal: `resolved` by `by`, with the evidence, then the
+/// outcome. The stored answer stays, replayed to every later attempt.
+pub async fn resolve(
+    idempotency: &Idempotency,
+    by: &Principal,
+    operation_id: &str,
+    resolution: &Resolution,
+) -> Result<(), ByHandError> {
+    let account_id = by.account_id.as_str();
+    let now = Timestamp::now();
+    let mut tx = idempotency.db.begin().await?;
+    // the event first, as the worker and the reconciler lock it first
+    let event = store::settle_by_hand(
+        &mut tx,
+        account_id,
+        operation_id,
+        resolution.event_state(),
+        resolution.external_ref(),
+        matches!(resolution.outcome, Resolved::Failed).then_some(resolution.evidence.as_str()),
+        now,
+    )
+    .await?;
+    let completes = match (&event, idempotency.ledger()) {
+        (Some(event), Some(ledger)) => ledger.completes_on_acceptance(event),
+        _ => true,
+    };
+    let plan = plan::resolved(resolution, &by.principal_id, completes);
+    let settles = plan.settles.as_ref().expect("a resolution settles its operation");
+    let Some((idempotency_key, fingerprint, route)) = crate::store::settle_unknown(
+        &mut tx,
+        account_id,
+        operation_id,
+        settles.operation,
+        plan.external_ref,
+        now,
+    )
+    .await?
+    else {
+        tx.rollback().await?;
+        return Err(why_not(idempotency, account_id, operation_id).await?);
+    };
+    if let Some(event) = &event {
+        let ledger = idempotency
+            .ledger()
+            .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
+        ledger.settle(&mut tx, event, settles.business).await?;
+    }
+    let identity = Identity {
+        account_id,
+        operation_id,
+        idempotency_key: &idempotency_key,
+        fingerprint: &fingerprint,
+        route: &route,
+    };
+    let journaled: Vec<Record> = journal(&plan, &identity, now)
+        .into_iter()
+        .map(|record| match record.event {
+            AuditEvent::Resolved => Record {
+                evidence: Some(resolution.evidence.clone()),
+                ..record
+            },
+            _ => record,
+        })
+        .collect();
+    audit::record(&mut tx, &journaled).await?;
+    tx.commit().await?;
+    tracing::info!(%operation_id, by = %by.principal_id, state = settles.operation.as_str(),
+        "an operation whose outcome was unknown was settled by hand");
+    Ok(())
+}
+
+/// Gives `operation_id`'s dead event back to the reconciler, its failures
+/// forgiven, journaled `redelivered` by `by`. The reconciler asks the
+/// external system first and sends it again, with the same key, only if
+/// there is no trace of it there: an effect that did happen is never made twice.
+pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: &str) -> Result<(), ByHandError> {
+    let account_id = by.account_id.as_str();
+    let now = Timestamp::now();
+    let mut tx = idempotency.db.begin().await?;
+    let Some((idempotency_key, fingerprint, route)) = store::revive(&mut tx, account_id, operation_id, now).await?
+    else {
+        tx.rollback().await?;
+        return Err(why_not(idempotency, account_id, operation_id).await?);
+    };
+    let identity = Identity {
+        account_id,
+        operation_id,
+        idempotency_key: &idempotency_key,
+        fingerprint: &fingerprint,
+        route: &route,
+    };
+    let entry = identity.record(AuditEvent::Redelivered, &by.principal_id, None, now);
+    audit::record(&mut tx, &[entry]).await?;
+    tx.commit().await?;
+    tracing::info!(%operation_id, by = %by.principal_id, "a dead event was given back to the reconciler");
+    Ok(())
+}
+
+/// Why an action found nothing to change: the operation is not there, or
+/// not in the state it is for.
+async fn why_not(idempotency: &Idempotency, account_id: &str, operation_id: &str) -> Result<ByHandError, sqlx::Error> {
+    let Some(operation) = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await? else {
+        return Ok(ByHandError::NotFound);
+    };
+    let event = store::delivery_of(&idempotency.db, account_id, operation_id).await?;
+    Ok(ByHandError::InvalidState(operation.state, event.map(|e| e.state)))
+}
+
+/// The operation a person acted on, as the journal names it.
+struct Identity<'a> {
+    account_id: &'a str,
+    operation_id: &'a str,
+    idempotency_key: &'a str,
+    fingerprint: &'a str,
+    route: &'a str,
+}
+
+impl Identity<'_> {
+    fn record(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
+        Record {
+            account_id: self.account_id.to_owned(),
+            principal_id: by.to_owned(),
+            operation_id: Some(self.operation_id.to_owned()),
+            idempotency_key: Some(self.idempotency_key.to_owned()),
+            fingerprint: Some(self.fingerprint.to_owned()),
+            route: Some(self.route.to_owned()),
+            event,
+            external_ref: external_ref.map(str::to_owned),
+            at,
+            attempt: None,
+            change: None,
+            evidence: None,
+        }
+    }
+}
+
+fn journal(plan: &Plan<'_>, operation: &Identity<'_>, at: Timestamp) -> Vec<Record> {
+    plan.settles
+        .iter()
+        .flat_map(|settles| settles.journal.iter())
+        .map(|&(what, by)| operation.record(what, by, plan.external_ref, at))
+        .collect()
+}
