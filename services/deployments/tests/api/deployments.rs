@@ -100,6 +100,59 @@ async fn an_answer_that_may_mean_still_starting_leaves_the_deployment_unknown_an
     );
 }
 
+/// A person who finds the rollout at the controller settles the unknown
+/// deployment as the reconciler would have: handed over under that rollout,
+/// its operation still in progress, and the watcher follows it to its end.
+async fn an_unknown_deployment_an_admin_settles_by_hand_is_followed_to_its_end_like_one_the_reconciler_found(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", platform::Role::Admin).await;
+    app.controller.set_faults(Faults {
+        answer_after_accepting: vec![500],
+        ..Faults::default()
+    });
+    let accepted = app
+        .deploy("deploy-1", &release("staging", &digest('a'), Some(COMMIT_A1B2C3)))
+        .await;
+    let deployment_id = accepted.str("id");
+    app.deliver().await;
+    let rollouts: Value = reqwest::Client::new()
+        .get(format!("{}/v1/rollouts", app.controller.url))
+        .bearer_auth(deployments::controller::SANDBOX_CONTROLLER_KEY)
+        .query(&[("reference", deployment_id.as_str())])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let rollout_id = rollouts["data"][0]["id"].as_str().unwrap().to_owned();
+
+    let resolved = app
+        .post(
+            &format!("/v1/operations/{}/resolution", accepted.operation_id()),
+            &admin,
+            None,
+            &json!({"outcome": "completed", "evidence": "the controller lists it", "external_ref": rollout_id}),
+        )
+        .await;
+    let finished = app.until(&deployment_id, "succeeded").await;
+    let operation = app.operation(accepted.operation_id()).await;
+
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    assert_eq!(
+        resolved.json()["state"],
+        "in_progress",
+        "the rollout goes on: {:?}",
+        resolved.body
+    );
+    assert_eq!(resolved.json()["external_ref"], rollout_id.as_str());
+    assert_eq!(finished["commit_sha"], COMMIT_A1B2C3);
+    assert_eq!(operation["state"], "completed", "{operation}");
+    assert_eq!(app.controller.stats().rollouts_started, 1, "nothing started twice");
+}
+
 /// "The claim decides before the lock is looked at": the same key with
 /// another digest is 422 — not 409, and never a second rollout.
 async fn the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout(backend: Backend) {
@@ -544,6 +597,7 @@ async fn another_account_sees_none_of_it(backend: Backend) {
 platform::both_backends!(
     the_article_s_failure_sequence_locks_out_the_second_plan_and_starts_one_rollout,
     an_answer_that_may_mean_still_starting_leaves_the_deployment_unknown_and_locked_until_the_reconciler_finds_the_one_rollout,
+    an_unknown_deployment_an_admin_settles_by_hand_is_followed_to_its_end_like_one_the_reconciler_found,
     the_same_key_with_another_digest_or_commit_is_422_and_starts_no_rollout,
     a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_current_release,
     a_stale_expected_current_deployment_is_409_version_mismatch,

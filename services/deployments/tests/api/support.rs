@@ -105,6 +105,22 @@ impl TestApp {
         }
     }
 
+    /// A new API key in the database, for a principal the demo keys do not have.
+    pub async fn create_key(&self, account_id: &str, principal_id: &str, role: platform::Role) -> String {
+        let principal = platform::Principal {
+            account_id: account_id.into(),
+            principal_id: principal_id.into(),
+            role,
+        };
+        self.service
+            .auth
+            .create_key(&principal)
+            .await
+            .unwrap()
+            .expose()
+            .to_owned()
+    }
+
     pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: &Value) -> TestResponse {
         self.client.post(path, bearer, key, body).await
     }

@@ -7,7 +7,7 @@
 use axum::http::StatusCode;
 use idempotency::outbox::{self, EventState, OutboxConfig};
 use payment_provider::Faults;
-use platform::{Backend, Role};
+use platform::{Backend, Role, on_pool};
 use serde_json::{Value, json};
 
 use crate::support::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestApp, outbox_config};
@@ -304,7 +304,47 @@ async fn only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whos
     assert!(!app.journal_events(&operation_id).await.iter().any(|e| e == "resolved"));
 }
 
+async fn a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_never_reaches_the_caller(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let outbox = app.another_outbox(OutboxConfig {
+        max_failures: 1,
+        ..outbox_config()
+    });
+    let intent_id = app.intent_for("order-1", "40.00").await;
+    let accepted = app.capture(&intent_id, "cap-1", &json!({})).await;
+    let operation_id = accepted.operation_id().to_owned();
+    // the operation stops waiting for its delivery behind the outbox's back:
+    // the accepted charge can then never be settled against it
+    on_pool!(app.db.db.write(), |pool| sqlx::query(
+        "UPDATE idempotency_operations SET state = 'failed' WHERE operation_id = $1"
+    )
+    .bind(&operation_id)
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected());
+
+    outbox.deliver_due().await.unwrap();
+    let operation = app.operation(&operation_id).await;
+    let taken_again = outbox.reconcile_due().await.unwrap();
+
+    assert_eq!(operation["outbox"], "dead", "{operation}");
+    let last_error = operation["last_error"].as_str().unwrap();
+    assert!(last_error.contains("settlement could not be written"), "{last_error}");
+    assert!(!last_error.contains(&operation_id) && !last_error.contains("idempotency_operations"));
+    assert_eq!(taken_again, 0);
+    assert!(
+        app.journal_events(&operation_id)
+            .await
+            .iter()
+            .any(|e| e == "dead_lettered")
+    );
+}
+
 platform::both_backends!(
+    a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_never_reaches_the_caller,
     an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_again_only_when_an_admin_says_so,
     an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_every_later_retry_replays_its_answer,
     a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order,

@@ -294,11 +294,25 @@ async fn each_operation_documents_every_status_it_can_answer_with_the_problem_sc
         openapi["paths"]["/v1/tickets"]["post"]["responses"]["201"]["links"]["get_ticket"]["parameters"]["ticket_id"],
         "$response.body#/id"
     );
-    let lookup = &openapi["paths"]["/v1/operations"]["get"]["parameters"][0];
+    // the lookup takes exactly one of its filters, so the document requires none of them
+    let lookup = openapi["paths"]["/v1/operations"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let filters: Vec<(&str, bool)> = lookup
+        .iter()
+        .filter(|p| ["idempotency_key", "state", "outbox"].contains(&p["name"].as_str().unwrap()))
+        .map(|p| (p["name"].as_str().unwrap(), p["required"].as_bool().unwrap_or(false)))
+        .collect();
     assert_eq!(
-        (lookup["name"].as_str(), lookup["required"].as_bool()),
-        (Some("idempotency_key"), Some(true))
+        filters,
+        [("idempotency_key", false), ("state", false), ("outbox", false)]
     );
+    for settling in ["resolution", "redelivery"] {
+        let responses = &openapi["paths"][format!("/v1/operations/{{operation_id}}/{settling}")]["post"]["responses"];
+        for status in ["403", "404", "409"] {
+            assert!(responses.get(status).is_some(), "POST …/{settling} documents {status}");
+        }
+    }
 }
 
 platform::both_backends!(
