@@ -2,13 +2,15 @@
 //! the pending approvals of every running service — what each would do, to
 //! what, with which fingerprint, who asked and until when — and approves or
 //! rejects them, page by page, with the counts of what waits. Every approval is
-//! listed too, with who decided and when.
+//! listed too, with who decided and when. It also lists what the outbox could
+//! not settle by itself — operations whose outcome is unknown, deliveries that
+//! are dead — for an admin to settle with evidence or send again.
 //!
 //! The console is just another client of the public API: it has no database,
-//! and acts with the approver's own API key. The key stays on the server:
-//! signing in verifies it with the services and opens a session
-//! ([`session`]); the browser holds only the session's opaque id, in an
-//! HttpOnly, SameSite=Strict cookie. Pages are rendered on the server with
+//! and acts with the signed-in approver's or admin's own API key. The key
+//! stays on the server: signing in verifies it with the services and opens a
+//! session ([`session`]); the browser holds only the session's opaque id, in
+//! an HttpOnly, SameSite=Strict cookie. Pages are rendered on the server with
 //! plain HTML forms and one stylesheet of its own: no script, nothing from a
 //! CDN, so it works with no network and its Content-Security-Policy can
 //! forbid everything else — framing included.
@@ -36,7 +38,7 @@ use session::{Session, Sessions};
 /// The sandbox's console port (docs/contract.md §12).
 pub const DEFAULT_PORT: u16 = 7000;
 
-/// How many approvals one page lists.
+/// How many approvals, or operations, one page lists.
 pub const PAGE_SIZE: usize = 20;
 
 const SESSION_COOKIE: &str = "retrysafe_console_session";
@@ -75,6 +77,8 @@ pub fn router(config: ConsoleConfig) -> Router {
         .route("/key", post(sign_in))
         .route("/forget", post(sign_out))
         .route("/decide", post(decide))
+        .route("/resolve", post(resolve))
+        .route("/redeliver", post(redeliver))
         .route("/console.css", get(stylesheet))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(not_found)
@@ -133,31 +137,30 @@ struct PageQuery {
     cursor: Option<String>,
     /// The list of every approval's page.
     history: Option<String>,
+    /// The page of operations whose outcome is unknown.
+    unknown: Option<String>,
+    /// The page of operations whose delivery is dead.
+    dead: Option<String>,
     done: Option<String>,
     approval: Option<String>,
+    operation: Option<String>,
+}
+
+impl PageQuery {
+    /// The first page of everything in `service`.
+    fn of(service: &str) -> Self {
+        PageQuery {
+            service: Some(service.to_owned()),
+            ..PageQuery::default()
+        }
+    }
 }
 
 async fn page(State(console): State<Console>, headers: HeaderMap, Query(query): Query<PageQuery>) -> Html<String> {
     let Some(session) = console.session(&headers) else {
         return Html(layout(&sign_in_form(console.config.suggested_key.as_deref()), false));
     };
-    // only notices this console could have sent: a known service, an approval id
-    let notice = match (query.done.as_deref(), &query.approval, &query.service) {
-        (Some(done @ ("approved" | "rejected")), Some(approval), Some(service))
-            if console.knows(service) && is_approval_id(approval) =>
-        {
-            Some(format!(
-                "{} {approval} of {service}.{}",
-                if done == "approved" { "Approved" } else { "Rejected" },
-                if done == "approved" {
-                    " The operation runs when the agent retries it with the same key."
-                } else {
-                    " The operation will never run."
-                }
-            ))
-        }
-        _ => None,
-    };
+    let notice = console.notice(&query);
     Html(console.render(&session, &query, notice.as_deref(), None).await)
 }
 
@@ -211,68 +214,132 @@ struct DecideForm {
     form_token: String,
 }
 
-async fn decide(State(console): State<Console>, headers: HeaderMap, Form(form): Form<DecideForm>) -> Response {
-    if let Some(refused) = refuse_cross_origin(&headers) {
-        return refused;
-    }
-    let Some(session) = console.session(&headers) else {
-        return Redirect::to("/").into_response();
-    };
-    if form.form_token != session.form_token {
-        return refused("This form is not one the console gave this session; reload the page.");
-    }
-    let shown = PageQuery {
-        service: Some(form.service.clone()),
-        ..PageQuery::default()
-    };
+async fn decide(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(form): Form<DecideForm>,
+) -> Result<Response, TurnedAway> {
+    let session = console.form_session(&headers, &form.form_token)?;
     if !is_approval_id(&form.approval_id) {
         let problem = "That is not an approval id (apr_ and 32 hex digits); reload the page.";
-        return Html(console.render(&session, &shown, None, Some(problem)).await).into_response();
+        return Ok(console
+            .with_problem(&session, &PageQuery::of(&form.service), problem)
+            .await);
     }
-    let Some(service) = console.config.services.iter().find(|s| s.name == form.service) else {
-        let problem = format!("There is no service called “{}” in this sandbox.", form.service);
-        return Html(
-            console
-                .render(&session, &PageQuery::default(), None, Some(&problem))
-                .await,
-        )
-        .into_response();
-    };
+    let service = console.service_for(&session, &form.service).await?;
     let decision = if form.decision == "approve" {
         "approve"
     } else {
         "reject"
     };
-    let url = format!("{}/v1/approvals/{}/decision", service.url, form.approval_id);
-    let sent = console
-        .http
-        .post(&url)
-        .bearer_auth(session.key.expose())
-        .json(&serde_json::json!({"decision": decision, "fingerprint": form.fingerprint}))
-        .send()
-        .await;
-    let problem = match sent {
-        Ok(answer) if answer.status().is_success() => {
+    let path = format!("/v1/approvals/{}/decision", form.approval_id);
+    let body = serde_json::json!({"decision": decision, "fingerprint": form.fingerprint});
+    Ok(match console.act(service, &session, &path, &body, in_words).await {
+        Ok(()) => {
             let done = if decision == "approve" { "approved" } else { "rejected" };
             let target = format!(
                 "/?done={done}&approval={}&service={}",
                 url_encoded(&form.approval_id),
                 url_encoded(&service.name),
             );
-            return Redirect::to(&target).into_response();
+            Redirect::to(&target).into_response()
         }
-        Ok(answer) => {
-            let status = answer.status().as_u16();
-            let body: Value = answer.json().await.unwrap_or_default();
-            in_words(&service.name, status, &body)
+        Err(problem) => {
+            console
+                .with_problem(&session, &PageQuery::of(&service.name), &problem)
+                .await
         }
-        Err(e) => unreachable_service(service, &e),
+    })
+}
+
+/// How a person found an operation whose outcome is unknown ended at the external system.
+#[derive(Debug, Deserialize)]
+struct ResolveForm {
+    service: String,
+    operation_id: String,
+    #[serde(default)]
+    outcome: String,
+    #[serde(default)]
+    evidence: String,
+    #[serde(default)]
+    external_ref: String,
+    #[serde(default)]
+    form_token: String,
+}
+
+/// Settles an operation whose outcome is unknown with the service's
+/// resolution endpoint; the service decides who may, and what it needs.
+async fn resolve(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(form): Form<ResolveForm>,
+) -> Result<Response, TurnedAway> {
+    let (session, service) = console
+        .operation_form(&headers, &form.form_token, &form.service, &form.operation_id)
+        .await?;
+    let Some(outcome) = ["completed", "failed"].into_iter().find(|o| *o == form.outcome) else {
+        let problem = "Say how the operation ended: completed or failed.";
+        return Ok(console
+            .with_problem(&session, &PageQuery::of(&service.name), problem)
+            .await);
     };
-    Html(console.render(&session, &shown, None, Some(&problem)).await).into_response()
+    // an empty reference is no reference: the service requires one with `completed` and refuses one with `failed`
+    let external_ref = Some(form.external_ref.trim()).filter(|r| !r.is_empty());
+    let body = serde_json::json!({"outcome": outcome, "evidence": form.evidence, "external_ref": external_ref});
+    let path = format!("/v1/operations/{}/resolution", form.operation_id);
+    Ok(console
+        .settle(&session, service, &path, &body, outcome, &form.operation_id)
+        .await)
+}
+
+#[derive(Debug, Deserialize)]
+struct RedeliverForm {
+    service: String,
+    operation_id: String,
+    #[serde(default)]
+    form_token: String,
+}
+
+/// Gives an operation's dead delivery back to its outbox with the service's redelivery endpoint.
+async fn redeliver(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(form): Form<RedeliverForm>,
+) -> Result<Response, TurnedAway> {
+    let (session, service) = console
+        .operation_form(&headers, &form.form_token, &form.service, &form.operation_id)
+        .await?;
+    let path = format!("/v1/operations/{}/redelivery", form.operation_id);
+    Ok(console
+        .settle(
+            &session,
+            service,
+            &path,
+            &serde_json::json!({}),
+            "resent",
+            &form.operation_id,
+        )
+        .await)
 }
 
 fn refused(problem: &str) -> Response {
     (StatusCode::FORBIDDEN, Html(layout(&error_box(problem), false))).into_response()
+}
+
+/// The answer to a posted form the console does not act on (boxed: a
+/// `Response` is large, and this travels through `?`).
+struct TurnedAway(Box<Response>);
+
+impl From<Response> for TurnedAway {
+    fn from(response: Response) -> Self {
+        TurnedAway(Box::new(response))
+    }
+}
+
+impl IntoResponse for TurnedAway {
+    fn into_response(self) -> Response {
+        *self.0
+    }
 }
 
 /// One page of a service's approvals.
@@ -281,6 +348,12 @@ struct ApprovalPage {
     next_cursor: Option<String>,
     /// In the state asked for, on every page.
     total: i64,
+}
+
+/// One page of a service's operations that need a person.
+struct OperationPage {
+    data: Vec<Value>,
+    next_cursor: Option<String>,
 }
 
 impl Console {
@@ -293,8 +366,143 @@ impl Console {
         self.sessions.find(&session_id(headers)?)
     }
 
-    /// Whether the services take this key as an approver's: the first service
-    /// that answers decides.
+    /// The session a posted form acts for, or the answer that turns it away:
+    /// a form from another origin, no session (sign in first), or a form this
+    /// console did not render for this session.
+    fn form_session(&self, headers: &HeaderMap, form_token: &str) -> Result<Session, TurnedAway> {
+        if let Some(refused) = refuse_cross_origin(headers) {
+            return Err(refused.into());
+        }
+        let Some(session) = self.session(headers) else {
+            return Err(Redirect::to("/").into_response().into());
+        };
+        if form_token != session.form_token {
+            return Err(refused("This form is not one the console gave this session; reload the page.").into());
+        }
+        Ok(session)
+    }
+
+    /// The service a form names, or the page saying there is none.
+    async fn service_for(&self, session: &Session, name: &str) -> Result<&ServiceLink, TurnedAway> {
+        match self.config.services.iter().find(|s| s.name == name) {
+            Some(service) => Ok(service),
+            None => {
+                let problem = format!("There is no service called “{name}” in this sandbox.");
+                Err(self.with_problem(session, &PageQuery::default(), &problem).await.into())
+            }
+        }
+    }
+
+    /// The session and service of a form about one operation; the operation
+    /// id goes into the service's URL, so only what the services make is taken.
+    async fn operation_form(
+        &self,
+        headers: &HeaderMap,
+        form_token: &str,
+        service: &str,
+        operation_id: &str,
+    ) -> Result<(Session, &ServiceLink), TurnedAway> {
+        let session = self.form_session(headers, form_token)?;
+        if !is_operation_id(operation_id) {
+            let problem = "That is not an operation id (op_ and 32 hex digits); reload the page.";
+            return Err(self
+                .with_problem(&session, &PageQuery::of(service), problem)
+                .await
+                .into());
+        }
+        let service = self.service_for(&session, service).await?;
+        Ok((session, service))
+    }
+
+    /// Sends a resolution or a redelivery, then back to the page with `done`'s
+    /// notice, or the page with the service's refusal in words.
+    async fn settle(
+        &self,
+        session: &Session,
+        service: &ServiceLink,
+        path: &str,
+        body: &Value,
+        done: &str,
+        operation_id: &str,
+    ) -> Response {
+        match self.act(service, session, path, body, settling_in_words).await {
+            Ok(()) => {
+                let target = format!(
+                    "/?done={done}&operation={}&service={}",
+                    url_encoded(operation_id),
+                    url_encoded(&service.name),
+                );
+                Redirect::to(&target).into_response()
+            }
+            Err(problem) => {
+                self.with_problem(session, &PageQuery::of(&service.name), &problem)
+                    .await
+            }
+        }
+    }
+
+    /// POSTs `body` to `path` of `service` with the session's key: done, or
+    /// what went wrong as `words` put it.
+    async fn act(
+        &self,
+        service: &ServiceLink,
+        session: &Session,
+        path: &str,
+        body: &Value,
+        words: fn(&str, u16, &Value) -> String,
+    ) -> Result<(), String> {
+        let sent = self
+            .http
+            .post(format!("{}{path}", service.url))
+            .bearer_auth(session.key.expose())
+            .json(body)
+            .send()
+            .await;
+        match sent {
+            Ok(answer) if answer.status().is_success() => Ok(()),
+            Ok(answer) => {
+                let status = answer.status().as_u16();
+                let problem: Value = answer.json().await.unwrap_or_default();
+                Err(words(&service.name, status, &problem))
+            }
+            Err(e) => Err(unreachable_service(service, &e)),
+        }
+    }
+
+    /// The page as `query` asks, with a problem on top.
+    async fn with_problem(&self, session: &Session, query: &PageQuery, problem: &str) -> Response {
+        Html(self.render(session, query, None, Some(problem)).await).into_response()
+    }
+
+    /// What this console just did, in words; nothing for a query it could not
+    /// have sent (an unknown service, something that is not an id).
+    fn notice(&self, query: &PageQuery) -> Option<String> {
+        let service = query.service.as_deref().filter(|s| self.knows(s))?;
+        let approval = query.approval.as_deref().filter(|a| is_approval_id(a));
+        let operation = query.operation.as_deref().filter(|o| is_operation_id(o));
+        let text = match (query.done.as_deref()?, approval, operation) {
+            ("approved", Some(approval), _) => format!(
+                "Approved {approval} of {service}. The operation runs when the agent retries it with the same key."
+            ),
+            ("rejected", Some(approval), _) => {
+                format!("Rejected {approval} of {service}. The operation will never run.")
+            }
+            ("completed", _, Some(operation)) => format!(
+                "Settled {operation} of {service} as completed, with the reference you gave. A retry with its key still gets the answer it was first given."
+            ),
+            ("failed", _, Some(operation)) => format!(
+                "Settled {operation} of {service} as failed: it did not take effect. A retry with its key still gets the answer it was first given."
+            ),
+            ("resent", _, Some(operation)) => format!(
+                "Gave {operation} of {service} back to its outbox: it asks the external system first, and sends it again only if it finds no trace of it."
+            ),
+            _ => return None,
+        };
+        Some(text)
+    }
+
+    /// Whether the services take this key as an approver's or an admin's
+    /// (both may read approvals): the first service that answers decides.
     async fn verify(&self, key: &str) -> Result<(), String> {
         let mut unreachable = "This console knows no service to check the key with.".to_owned();
         for service in &self.config.services {
@@ -308,8 +516,10 @@ impl Console {
     }
 
     /// The page: each service with its count of pending approvals, then one
-    /// service's pending approvals with their decision buttons, then all of
-    /// that service's approvals, each list a page at a time.
+    /// service's pending approvals with their decision buttons, its
+    /// operations whose outcome is unknown and its dead deliveries with what
+    /// an admin may do about them, then all of its approvals, each list a
+    /// page at a time.
     async fn render(
         &self,
         session: &Session,
@@ -364,13 +574,17 @@ impl Console {
         body.push_str("</nav>");
         // a service that did not answer is already explained above
         if let Some((service, Some(_))) = selected {
-            match self.pending_section(service, key, session, query).await {
-                Ok(section) => body.push_str(&section),
-                Err(failure) => body.push_str(&error_box(&failure.into_words())),
-            }
-            match self.history_section(service, key, query).await {
-                Ok(section) => body.push_str(&section),
-                Err(failure) => body.push_str(&error_box(&failure.into_words())),
+            let sections = [
+                self.pending_section(service, key, session, query).await,
+                self.unknown_section(service, key, session, query).await,
+                self.dead_section(service, key, session, query).await,
+                self.history_section(service, key, query).await,
+            ];
+            for section in sections {
+                match section {
+                    Ok(section) => body.push_str(&section),
+                    Err(failure) => body.push_str(&error_box(&failure.into_words())),
+                }
             }
         }
         body.push_str(
@@ -408,6 +622,78 @@ impl Console {
             query.cursor.is_some(),
             "pending",
             "cursor",
+        ));
+        section.push_str("</section>");
+        Ok(section)
+    }
+
+    async fn unknown_section(
+        &self,
+        service: &ServiceLink,
+        key: &str,
+        session: &Session,
+        query: &PageQuery,
+    ) -> Result<String, Failure> {
+        let page = self
+            .operations(service, key, "state=unknown", query.unknown.as_deref())
+            .await?;
+        let mut section = format!(
+            "<section id=\"unknown-operations\"><h2>Outcome unknown in {}</h2>",
+            escape(&service.name)
+        );
+        if page.data.is_empty() {
+            section.push_str("<p class=\"empty\" id=\"no-unknown\">No operation waits for someone to settle it.</p>");
+        } else {
+            section.push_str(
+                "<p>The service could not learn how these ended at the external system. Look there, then say what you found: only an admin may settle them.</p>",
+            );
+        }
+        for operation in &page.data {
+            section.push_str(&unknown_card(&service.name, operation, &session.form_token));
+        }
+        section.push_str(&page_links(
+            service,
+            page.next_cursor.as_deref(),
+            query.unknown.is_some(),
+            "unknown",
+            "unknown",
+        ));
+        section.push_str("</section>");
+        Ok(section)
+    }
+
+    async fn dead_section(
+        &self,
+        service: &ServiceLink,
+        key: &str,
+        session: &Session,
+        query: &PageQuery,
+    ) -> Result<String, Failure> {
+        let page = self
+            .operations(service, key, "outbox=dead", query.dead.as_deref())
+            .await?;
+        let mut section = format!(
+            "<section id=\"dead-deliveries\"><h2>Dead deliveries in {}</h2>",
+            escape(&service.name)
+        );
+        if page.data.is_empty() {
+            section.push_str("<p class=\"empty\" id=\"no-dead\">No delivery has failed too often.</p>");
+        } else {
+            section.push_str(
+                "<p>These failed too often and are no longer tried. Sending one again asks the external system first, and sends it only if there is no trace of it; only an admin may.</p>\
+                 <table id=\"dead\"><tr><th>operation</th><th>what</th><th>state</th><th>last error</th><th></th></tr>",
+            );
+            for operation in &page.data {
+                section.push_str(&dead_row(&service.name, operation, &session.form_token));
+            }
+            section.push_str("</table>");
+        }
+        section.push_str(&page_links(
+            service,
+            page.next_cursor.as_deref(),
+            query.dead.is_some(),
+            "dead",
+            "dead",
         ));
         section.push_str("</section>");
         Ok(section)
@@ -453,10 +739,44 @@ impl Console {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<ApprovalPage, Failure> {
-        let mut url = format!("{}/v1/approvals?limit={limit}", service.url);
+        let mut query = format!("/v1/approvals?limit={limit}");
         if let Some(state) = state {
-            url.push_str(&format!("&state={state}"));
+            query.push_str(&format!("&state={state}"));
         }
+        let body = self.list(service, key, &query, cursor).await?;
+        Ok(ApprovalPage {
+            data: body["data"].as_array().cloned().unwrap_or_default(),
+            next_cursor: body["next_cursor"].as_str().map(str::to_owned),
+            total: body["total"].as_i64().unwrap_or(0),
+        })
+    }
+
+    /// One page of the account's operations in a service that need a person
+    /// (`need`: `state=unknown` or `outbox=dead`).
+    async fn operations(
+        &self,
+        service: &ServiceLink,
+        key: &str,
+        need: &str,
+        cursor: Option<&str>,
+    ) -> Result<OperationPage, Failure> {
+        let query = format!("/v1/operations?{need}&limit={PAGE_SIZE}");
+        let body = self.list(service, key, &query, cursor).await?;
+        Ok(OperationPage {
+            data: body["data"].as_array().cloned().unwrap_or_default(),
+            next_cursor: body["next_cursor"].as_str().map(str::to_owned),
+        })
+    }
+
+    /// GETs one page of a list (`query`: its path and parameters) with `key`.
+    async fn list(
+        &self,
+        service: &ServiceLink,
+        key: &str,
+        query: &str,
+        cursor: Option<&str>,
+    ) -> Result<Value, Failure> {
+        let mut url = format!("{}{query}", service.url);
         if let Some(cursor) = cursor.filter(|c| !c.is_empty()) {
             url.push_str(&format!("&cursor={}", url_encoded(cursor)));
         }
@@ -472,11 +792,7 @@ impl Console {
         if status != 200 {
             return Err(Failure::Refused(in_words(&service.name, status, &body)));
         }
-        Ok(ApprovalPage {
-            data: body["data"].as_array().cloned().unwrap_or_default(),
-            next_cursor: body["next_cursor"].as_str().map(str::to_owned),
-            total: body["total"].as_i64().unwrap_or(0),
-        })
+        Ok(body)
     }
 }
 
@@ -535,6 +851,40 @@ fn in_words(service: &str, status: u16, problem: &Value) -> String {
     }
 }
 
+/// A refused resolution or redelivery, as a person would want to be told;
+/// what it shares with a refused decision is said as [`in_words`] says it.
+fn settling_in_words(service: &str, status: u16, problem: &Value) -> String {
+    let detail = problem["detail"].as_str().unwrap_or("");
+    match problem["code"].as_str().unwrap_or("") {
+        "forbidden" => format!("{service} does not let this key do that: {detail}."),
+        "invalid_state" => format!(
+            "{service} refused: {detail}. Someone may have settled it or sent it again meanwhile; the lists below are as they are now."
+        ),
+        "invalid_request" => format!(
+            "{service} refused the form: {}.",
+            field_problems(problem).unwrap_or_else(|| detail.to_owned())
+        ),
+        "not_found" => format!("{service} has no such operation in this account."),
+        _ => in_words(service, status, problem),
+    }
+}
+
+/// A problem's `errors[]` as "field message; …", if it names any.
+fn field_problems(problem: &Value) -> Option<String> {
+    let errors = problem["errors"].as_array().filter(|e| !e.is_empty())?;
+    let each: Vec<String> = errors
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["field"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    Some(each.join("; "))
+}
+
 fn unreachable_service(service: &ServiceLink, error: &reqwest::Error) -> String {
     let why = if error.is_timeout() {
         "it did not answer in time"
@@ -559,6 +909,11 @@ fn shown(value: &Value) -> String {
     } else {
         escape(&revealed.text)
     }
+}
+
+/// [`shown`], or `absent` in words when the service gave nothing.
+fn shown_or(value: &Value, absent: &str) -> String {
+    if value.is_null() { escape(absent) } else { shown(value) }
 }
 
 fn has_hidden(value: &Value) -> bool {
@@ -629,6 +984,71 @@ fn pending_card(service: &str, approval: &Value, form_token: &str) -> String {
     )
 }
 
+/// The hidden fields of a form about one operation.
+fn operation_fields(service: &str, operation_id: &str, form_token: &str) -> String {
+    format!(
+        "<input type=\"hidden\" name=\"service\" value=\"{}\"><input type=\"hidden\" name=\"operation_id\" value=\"{}\">\
+         <input type=\"hidden\" name=\"form_token\" value=\"{}\">",
+        escape(service),
+        escape(operation_id),
+        escape(form_token),
+    )
+}
+
+/// An operation whose outcome is unknown, and the form that settles it.
+fn unknown_card(service: &str, operation: &Value, form_token: &str) -> String {
+    let id = operation["operation_id"].as_str().unwrap_or("");
+    format!(
+        r#"<section class="operation" id="unknown-{id}" data-operation="{id}">
+<h3><code>{method} {route}</code> — outcome unknown</h3>
+<table class="identifiers">
+<tr><th>operation</th><td><code>{id}</code></td></tr>
+<tr><th>idempotency key</th><td><code>{key}</code></td></tr>
+<tr><th>acting on</th><td>{resource_type} <code>{resource_id}</code></td></tr>
+<tr><th>created</th><td>{created_at}</td></tr>
+<tr><th>external reference</th><td>{external_ref}</td></tr>
+<tr><th>last error</th><td>{last_error}</td></tr>
+</table>
+<form method="post" action="/resolve" class="resolve">{fields}
+<fieldset><legend>How did it end at the external system?</legend>
+<label><input type="radio" name="outcome" value="completed" required> completed — it took effect there</label>
+<label><input type="radio" name="outcome" value="failed"> failed — it did not take effect</label>
+</fieldset>
+<label>Evidence: what you found, and where (required)<textarea name="evidence" rows="3" maxlength="2000" required></textarea></label>
+<label>External reference (required for completed; leave empty for failed)<input name="external_ref" maxlength="200" autocomplete="off"></label>
+<button type="submit" class="settle" id="resolve-{id}">Settle</button>
+</form>
+</section>"#,
+        id = escape(id),
+        method = shown(&operation["method"]),
+        route = shown(&operation["route"]),
+        key = shown(&operation["idempotency_key"]),
+        resource_type = shown_or(&operation["resource"]["type"], "nothing known yet"),
+        resource_id = shown(&operation["resource"]["id"]),
+        created_at = shown(&operation["created_at"]),
+        external_ref = shown_or(&operation["external_ref"], "none known"),
+        last_error = shown_or(&operation["last_error"], "none"),
+        fields = operation_fields(service, id, form_token),
+    )
+}
+
+/// An operation whose delivery is dead, and the button that sends it again.
+fn dead_row(service: &str, operation: &Value, form_token: &str) -> String {
+    let id = operation["operation_id"].as_str().unwrap_or("");
+    format!(
+        "<tr data-operation=\"{id}\"><td><code>{id}</code></td><td><code>{} {}</code><br>key <code>{}</code></td>\
+         <td class=\"state {state}\">{state}</td><td>{}</td><td><form method=\"post\" action=\"/redeliver\">{}\
+         <button type=\"submit\" id=\"redeliver-{id}\">Send again</button></form></td></tr>",
+        shown(&operation["method"]),
+        shown(&operation["route"]),
+        shown(&operation["idempotency_key"]),
+        shown_or(&operation["last_error"], "none"),
+        operation_fields(service, id, form_token),
+        id = escape(id),
+        state = escape(operation["state"].as_str().unwrap_or("")),
+    )
+}
+
 fn history_row(approval: &Value) -> String {
     let summary = &approval["summary"];
     let by = match approval["decided_by"].as_str() {
@@ -649,7 +1069,7 @@ fn history_row(approval: &Value) -> String {
 fn sign_in_form(suggested: Option<&str>) -> String {
     format!(
         r#"<h2>Who is deciding?</h2>
-<p>Sign in with an approver's API key. The console checks it with the services and keeps it on the server; this browser gets only a session that ends after a while without use, or when you sign out.</p>
+<p>Sign in with an approver's or an admin's API key: both see what waits, and only an admin may settle an operation or send a delivery again. The console checks it with the services and keeps it on the server; this browser gets only a session that ends after a while without use, or when you sign out.</p>
 <form method="post" action="/key" class="key"><label>API key <input name="key" id="key" type="password" autocomplete="off" value="{}"></label>
 <button type="submit" id="use-key">Sign in</button></form>"#,
         escape(suggested.unwrap_or(""))
@@ -662,7 +1082,7 @@ fn error_box(problem: &str) -> String {
 
 fn layout(body: &str, signed_in: bool) -> String {
     let who = if signed_in {
-        "<p class=\"who\">signed in with an approver's key</p>"
+        "<p class=\"who\">signed in with an approver's or an admin's key</p>"
     } else {
         ""
     };
@@ -679,10 +1099,10 @@ fn layout(body: &str, signed_in: bool) -> String {
 
 const STYLE: &str = "body { font: 15px/1.45 system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #1d2430; }
 h1 { margin-bottom: .2rem; } .who { color: #667; margin-top: 0; }
-.approval { border: 1px solid #c9d1dc; border-radius: 8px; padding: .2rem 1.2rem 1rem; margin: 1rem 0; background: #fbfcfe; }
-.approval h3 { margin-bottom: .2rem; } .consequences { color: #8a4b00; margin-top: 0; }
+.approval, .operation { border: 1px solid #c9d1dc; border-radius: 8px; padding: .2rem 1.2rem 1rem; margin: 1rem 0; background: #fbfcfe; }
+.approval h3, .operation h3 { margin-bottom: .2rem; } .consequences { color: #8a4b00; margin-top: 0; }
 table { border-collapse: collapse; } th { text-align: left; color: #556; font-weight: 600; padding: .15rem 1rem .15rem 0; vertical-align: top; }
-td { padding: .15rem 1rem .15rem 0; } #decided td, #decided th { border-bottom: 1px solid #e3e7ee; padding: .3rem .8rem .3rem 0; }
+td { padding: .15rem 1rem .15rem 0; } #decided td, #decided th, #dead td, #dead th { border-bottom: 1px solid #e3e7ee; padding: .3rem .8rem .3rem 0; }
 code { font: 13px ui-monospace, monospace; } .fingerprint { word-break: break-all; }
 .decide { display: flex; gap: .6rem; margin-top: .8rem; } .decide form { margin: 0; }
 button { font: inherit; padding: .35rem 1rem; border-radius: 6px; border: 1px solid #889; background: #fff; cursor: pointer; }
@@ -690,6 +1110,9 @@ button { font: inherit; padding: .35rem 1rem; border-radius: 6px; border: 1px so
 .notice { background: #e8f5ec; border: 1px solid #9cd1ac; padding: .6rem 1rem; border-radius: 6px; }
 .problem { background: #fdecec; border: 1px solid #e3a3a3; padding: .6rem 1rem; border-radius: 6px; }
 .state.approved { color: #1f7a3a; } .state.rejected, .state.expired { color: #a02020; } .empty { color: #667; }
+.state.unknown { color: #8a4b00; } .resolve fieldset { border: 0; padding: 0; margin: .8rem 0 .4rem; } .resolve legend { font-weight: 600; padding: 0; }
+.resolve label { display: block; margin: .3rem 0; } .resolve textarea, .resolve input:not([type=radio]) { display: block; width: 100%; box-sizing: border-box; font: inherit; margin-top: .2rem; }
+.settle { background: #1d2430; border-color: #1d2430; color: #fff; margin-top: .4rem; }
 .forget { margin-top: 2rem; }
 .services { display: flex; gap: .4rem; margin: 1rem 0; } .services a { padding: .3rem .8rem; border: 1px solid #c9d1dc; border-radius: 6px; text-decoration: none; color: inherit; }
 .services a.selected { background: #1d2430; color: #fff; border-color: #1d2430; } .count { font-weight: 600; }
@@ -701,7 +1124,17 @@ button { font: inherit; padding: .35rem 1rem; border-radius: 6px; border: 1px so
 /// `apr_` and 32 lowercase hex digits: what the services make, and nothing
 /// that could change the decision's URL.
 fn is_approval_id(id: &str) -> bool {
-    id.strip_prefix("apr_")
+    is_id(id, "apr_")
+}
+
+/// `op_` and 32 lowercase hex digits (a v7 UUID): what the services make, and
+/// nothing that could change the resolution's or redelivery's URL.
+fn is_operation_id(id: &str) -> bool {
+    is_id(id, "op_")
+}
+
+fn is_id(id: &str, prefix: &str) -> bool {
+    id.strip_prefix(prefix)
         .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
