@@ -45,6 +45,11 @@ CREATE TABLE idempotency_operations (
     CHECK (state NOT IN ('completed', 'failed', 'rejected') OR (response_status IS NOT NULL AND response_body IS NOT NULL))
 );
 
+-- what an operator watches: operations not finished, by state and age (a
+-- claim that finishes in its own transaction is never in it)
+CREATE INDEX idempotency_operations_unfinished ON idempotency_operations (state, updated_at)
+    WHERE state IN ('in_progress', 'awaiting_approval', 'unknown');
+
 -- A human decision bound to one operation and its exact fingerprint.
 CREATE TABLE idempotency_approvals (
     -- creation order, for cursors

@@ -109,7 +109,9 @@ impl Settings {
 impl App {
     pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool, controller: ControllerConfig) -> Self {
         App {
-            idempotency: Idempotency::new(db.clone(), idempotency).with_ledger(controller::Rollouts),
+            idempotency: Idempotency::new(db.clone(), idempotency)
+                .for_service("deployments")
+                .with_ledger(controller::Rollouts),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: DeploymentsPolicy::default(),
             controller: Controller::new(controller),
@@ -165,7 +167,9 @@ pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
     let openapi = openapi(&app.policy.environments);
-    let routes = routes::router().merge(idempotency::routes::routes()).with_state(app);
+    let metrics = app.idempotency.metrics().clone();
+    let routes =
+        platform::metrics::tracked(routes::router().merge(idempotency::routes::routes()), metrics).with_state(app);
     platform::service::router("Retrysafe deployments", routes, openapi)
 }
 

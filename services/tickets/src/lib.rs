@@ -49,7 +49,7 @@ impl FromRef<App> for Authenticator {
 impl App {
     pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool) -> Self {
         App {
-            idempotency: Idempotency::new(db.clone(), idempotency),
+            idempotency: Idempotency::new(db.clone(), idempotency).for_service("tickets"),
             auth: Authenticator::new(db.clone(), sandbox),
             db,
             policy: TicketsPolicy::default(),
@@ -76,7 +76,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
-    let routes = routes::router().merge(idempotency::routes::routes()).with_state(app);
+    let metrics = app.idempotency.metrics().clone();
+    let routes =
+        platform::metrics::tracked(routes::router().merge(idempotency::routes::routes()), metrics).with_state(app);
     platform::service::router("Retrysafe tickets", routes, openapi())
 }
 

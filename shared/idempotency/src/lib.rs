@@ -58,6 +58,7 @@ pub mod attempts;
 pub mod audit;
 pub mod execute;
 pub mod fingerprint;
+mod gauges;
 pub mod key;
 pub mod operation;
 pub mod outbox;
@@ -199,6 +200,8 @@ pub struct Idempotency {
     outbox_wake: std::sync::Arc<tokio::sync::Notify>,
     /// The service's rows for its outbox work, if it has any.
     ledger: Option<std::sync::Arc<dyn outbox::Ledger>>,
+    /// The service's metrics registry.
+    metrics: platform::metrics::Metrics,
 }
 
 impl Idempotency {
@@ -213,7 +216,29 @@ impl Idempotency {
             journal: Default::default(),
             outbox_wake: Default::default(),
             ledger: None,
+            metrics: platform::metrics::Metrics::new("unnamed"),
         }
+    }
+
+    /// The layer of the service called `service`, which labels its metrics.
+    pub fn for_service(mut self, service: &'static str) -> Self {
+        self.metrics = platform::metrics::Metrics::new(service);
+        self
+    }
+
+    /// The service's metrics registry, for its routes' middleware and `/metrics`.
+    pub fn metrics(&self) -> &platform::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Begins a transaction, counting how long it waited for a connection
+    /// (on SQLite a write waits for the one writer).
+    pub(crate) async fn begin(&self) -> Result<platform::Tx, sqlx::Error> {
+        let started = std::time::Instant::now();
+        let tx = self.db.begin().await;
+        self.metrics
+            .observe(platform::metrics::names::DB_ACQUIRE, &[], started.elapsed());
+        tx
     }
 
     /// The layer of a service whose work leaves the process: `ledger` writes
@@ -248,10 +273,10 @@ impl Idempotency {
     /// after they are recorded (see [`audit::Journal`]). It logs the chain's
     /// head first: the head the service starts from, for operators to pin.
     pub fn spawn_journal_chainer(&self) -> tokio::task::JoinHandle<()> {
-        let (journal, db) = (self.journal.clone(), self.db.clone());
+        let (journal, db, metrics) = (self.journal.clone(), self.db.clone(), self.metrics.clone());
         tokio::spawn(async move {
             audit::log_head(&db, "at start-up").await;
-            journal.chain_continuously(&db).await
+            journal.chain_continuously(&db, &metrics).await
         })
     }
 
@@ -264,8 +289,8 @@ impl Idempotency {
     /// client that hung up on `GET /v1/audit`, dropping its handler) would
     /// otherwise take them with it.
     pub async fn flush_journal(&self) {
-        let (journal, db) = (self.journal.clone(), self.db.clone());
-        match tokio::spawn(async move { journal.chain_pending(&db).await }).await {
+        let (journal, db, metrics) = (self.journal.clone(), self.db.clone(), self.metrics.clone());
+        match tokio::spawn(async move { journal.chain_pending(&db, &metrics).await }).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "could not link audit events; they wait for the next round"),
             Err(e) => tracing::warn!(error = %e, "a journal round panicked or was cancelled"),
@@ -282,8 +307,20 @@ impl Idempotency {
                 self.spawn_reaper(),
                 self.spawn_attempt_writer(),
                 self.spawn_journal_chainer(),
+                self.spawn_metrics_upkeep(),
             ],
         }
+    }
+
+    /// Drains the histograms every few seconds, between scrapes.
+    fn spawn_metrics_upkeep(&self) -> tokio::task::JoinHandle<()> {
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                metrics.run_upkeep();
+            }
+        })
     }
 
     pub fn db(&self) -> &Db {

@@ -40,7 +40,10 @@ async fn append(db: &TestDb, records: &[Record]) -> Vec<AuditEntry> {
     let mut tx = db.db.begin().await.unwrap();
     audit::record(&mut tx, records).await.unwrap();
     tx.commit().await.unwrap();
-    audit::Journal::default().chain_pending(&db.db).await.unwrap();
+    audit::Journal::default()
+        .chain_pending(&db.db, &platform::metrics::Metrics::new("test"))
+        .await
+        .unwrap();
     audit::all_entries(&db.db).await.unwrap()
 }
 
@@ -77,7 +80,13 @@ async fn thousands_of_waiting_entries_are_linked_in_rounds_as_one_chain_in_order
     let waiting = 12_500;
     journal.observe((0..waiting).flat_map(|n| record(AuditEvent::Replayed, &format!("op_{n}"))));
 
-    assert_eq!(journal.chain_pending(&db.db).await.unwrap(), waiting);
+    assert_eq!(
+        journal
+            .chain_pending(&db.db, &platform::metrics::Metrics::new("test"))
+            .await
+            .unwrap(),
+        waiting
+    );
 
     let entries = audit::all_entries(&db.db).await.unwrap();
     assert_eq!(holds(&entries), Ok(waiting as u64));
@@ -119,7 +128,13 @@ async fn an_observation_is_never_linked_before_the_transition_it_saw(backend: Ba
     let journal = audit::Journal::default();
     journal.observe(record(AuditEvent::Replayed, "op_5000"));
 
-    assert_eq!(journal.chain_pending(&db.db).await.unwrap(), 5_002);
+    assert_eq!(
+        journal
+            .chain_pending(&db.db, &platform::metrics::Metrics::new("test"))
+            .await
+            .unwrap(),
+        5_002
+    );
 
     let entries = audit::all_entries(&db.db).await.unwrap();
     let last: Vec<AuditEvent> = entries

@@ -40,7 +40,10 @@ async fn the_audit_tool_exports_verifies_pins_and_names_the_first_broken_entry(b
         audit::record(&mut tx, &[record]).await.unwrap();
     }
     tx.commit().await.unwrap();
-    audit::Journal::default().chain_pending(&db.db).await.unwrap();
+    audit::Journal::default()
+        .chain_pending(&db.db, &platform::metrics::Metrics::new("test"))
+        .await
+        .unwrap();
     let dir = std::env::temp_dir().join(format!("audit-tool-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
 

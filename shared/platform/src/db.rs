@@ -58,6 +58,16 @@ pub struct SqlitePools {
     pub write: SqlitePool,
 }
 
+/// How many connections a pool holds, how many of them are idle, and how
+/// many it may open.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolStats {
+    pub name: &'static str,
+    pub size: u32,
+    pub idle: usize,
+    pub max: u32,
+}
+
 /// A pool to run one statement on: [`Db::read`] or [`Db::write`].
 #[derive(Clone, Copy, Debug)]
 pub enum Pool<'a> {
@@ -188,6 +198,22 @@ impl Db {
             Db::Postgres(pools) => Tx::Postgres(pools.main.begin().await?),
             Db::Sqlite(pools) => Tx::Sqlite(pools.write.begin_with("BEGIN IMMEDIATE").await?),
         })
+    }
+
+    /// Each pool's connections, for the metrics.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        fn stats<D: sqlx::Database>(name: &'static str, pool: &sqlx::Pool<D>) -> PoolStats {
+            PoolStats {
+                name,
+                size: pool.size(),
+                idle: pool.num_idle(),
+                max: pool.options().get_max_connections(),
+            }
+        }
+        match self {
+            Db::Postgres(pg) => vec![stats("main", &pg.main), stats("relaxed", &pg.relaxed)],
+            Db::Sqlite(lite) => vec![stats("read", &lite.read), stats("write", &lite.write)],
+        }
     }
 
     pub async fn close(&self) {

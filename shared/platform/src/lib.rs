@@ -16,6 +16,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod json;
+pub mod metrics;
 pub mod openapi;
 pub mod page;
 pub mod service;

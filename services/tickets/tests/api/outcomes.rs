@@ -112,7 +112,7 @@ async fn same_key_on_another_route_is_rejected_with_422(backend: Backend) {
 }
 
 /// Claims `key` as a running attempt elsewhere would: in progress, lease held.
-async fn claim_as_another_attempt(app: &TestApp, key: &str, body: &CreateTicket, lease: Duration) -> String {
+pub(crate) async fn claim_as_another_attempt(app: &TestApp, key: &str, body: &CreateTicket, lease: Duration) -> String {
     let key = IdempotencyKey::parse(key).unwrap();
     let fingerprint = Fingerprint::of("POST", "/v1/tickets", "acme", body).unwrap();
     let now = Timestamp::now();

@@ -3,6 +3,7 @@
 //! operation ends when its approval is rejected or runs out.
 
 use axum::http::StatusCode;
+use platform::metrics::names;
 use platform::{ApiError, Principal, Role, Timestamp, Tx};
 
 use crate::{
@@ -57,7 +58,7 @@ impl Idempotency {
             .with("fingerprint", approval.fingerprint.as_str()));
         }
 
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin().await?;
         // the time of the decision is taken once the write lock is held
         let now = Timestamp::now();
         if !record_decision(
@@ -87,6 +88,14 @@ impl Idempotency {
         }
         audit::record(&mut tx, &[approval.audit(event, &principal.principal_id, now)]).await?;
         tx.commit().await?;
+        let waited = (now.as_datetime() - approval.created_at.as_datetime())
+            .to_std()
+            .unwrap_or_default();
+        self.metrics.observe(
+            names::APPROVAL_DECISION,
+            &[("decision", decision.state().as_str())],
+            waited,
+        );
         let decided = find(&self.db, &principal.account_id, approval_id)
             .await?
             .ok_or_else(not_found)?;
@@ -133,7 +142,7 @@ impl Idempotency {
     /// retry ran in time, too), becomes `rejected` with the `approval_expired`
     /// answer. Nothing if it was decided, or started, meanwhile.
     pub(crate) async fn expire(&self, approval: &ApprovalRecord) -> Result<(), sqlx::Error> {
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin().await?;
         let now = Timestamp::now();
         if approval.expires_at > now {
             return tx.rollback().await;

@@ -2,6 +2,7 @@
 //! `audit_inbox` into the chain, in rounds, so no write waits on the chain
 //! (docs/design.md §8).
 
+use platform::metrics::{Metrics, names};
 use std::{sync::Mutex, time::Duration};
 
 use platform::{Db, Timestamp, Tx, on_pool, on_tx};
@@ -59,6 +60,11 @@ pub struct Journal {
 }
 
 impl Journal {
+    /// How many observations wait in this process's memory for a round.
+    pub fn queued(&self) -> usize {
+        self.queue().len()
+    }
+
     /// Queues observations; never waits.
     pub fn observe(&self, records: impl IntoIterator<Item = Record>) {
         self.queue().extend(records);
@@ -77,8 +83,9 @@ impl Journal {
 
     /// Links everything waiting into the chain, a round at a time until a
     /// round finds less than it can take. Returns how many entries it
-    /// appended. On failure the round's observations are queued again.
-    pub async fn chain_pending(&self, db: &Db) -> Result<usize, sqlx::Error> {
+    /// appended. On failure the round's observations are queued again. Each
+    /// round's duration goes to `metrics`.
+    pub async fn chain_pending(&self, db: &Db, metrics: &Metrics) -> Result<usize, sqlx::Error> {
         let _one_round_at_a_time = self.round.lock().await;
         let mut appended = 0;
         loop {
@@ -88,7 +95,10 @@ impl Journal {
                 let rest = queue.split_off(at_most);
                 std::mem::replace(&mut *queue, rest)
             };
-            match round(db, &observed).await {
+            let started = std::time::Instant::now();
+            let linked = round(db, &observed).await;
+            metrics.observe(names::CHAIN_ROUND_DURATION, &[], started.elapsed());
+            match linked {
                 Ok(linked) if linked.full => {
                     // the observations waited: what they saw may be among what the inbox still holds
                     appended += linked.entries;
@@ -112,12 +122,12 @@ impl Journal {
     /// rounds, the less each event costs (one transaction and one commit a
     /// round). A reader of the journal (`GET /v1/audit`, the tests) runs a
     /// round first and so never waits for the next tick.
-    pub async fn chain_continuously(&self, db: &Db) {
+    pub async fn chain_continuously(&self, db: &Db, metrics: &Metrics) {
         let mut tick = tokio::time::interval(CHAIN_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if let Err(e) = self.chain_pending(db).await {
+            if let Err(e) = self.chain_pending(db, metrics).await {
                 tracing::warn!(error = %e, "could not link audit events; they wait for the next round");
             }
         }

@@ -68,7 +68,7 @@ impl Idempotency {
             new.audit(AuditEvent::ApprovalRequested, new.now),
         ];
         let claimed = async {
-            let mut tx = self.db.begin().await?;
+            let mut tx = self.begin().await?;
             if !store::claim_awaiting_approval(&mut tx, &new, &answer, &approval.approval_id).await? {
                 tx.rollback().await?;
                 return Ok(false);

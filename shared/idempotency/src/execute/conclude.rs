@@ -5,6 +5,7 @@
 //! (docs/contract.md §3, §5; docs/design.md §2, §3).
 
 use axum::response::{IntoResponse, Response};
+use platform::metrics::{Metrics, names};
 use platform::{ApiError, Timestamp, Tx, telemetry};
 
 use super::{
@@ -84,9 +85,21 @@ impl Claim<'_> {
     /// Writes the operation's ending in `tx`: the claim with its answer, or
     /// the completion of the leased claim. `false`: another attempt holds the
     /// key, nothing was written, and `tx` must be rolled back.
-    async fn end(&self, tx: &mut Tx, completion: &Completion<'_>, attempt: &Attempt<'_>) -> Result<bool, sqlx::Error> {
+    /// An in-transaction claim is made here, and its statement timed.
+    async fn end(
+        &self,
+        tx: &mut Tx,
+        completion: &Completion<'_>,
+        attempt: &Attempt<'_>,
+        metrics: &Metrics,
+    ) -> Result<bool, sqlx::Error> {
         match self {
-            Claim::InTransaction(new) => store::claim_finished(tx, new, completion, attempt.started).await,
+            Claim::InTransaction(new) => {
+                let started = std::time::Instant::now();
+                let claimed = store::claim_finished(tx, new, completion, attempt.started).await;
+                metrics.observe(names::CLAIM_DURATION, &[("mode", "transaction")], started.elapsed());
+                claimed
+            }
             Claim::Leased { operation, token } => {
                 store::complete(tx, &operation.account_id, &operation.key, token, completion).await
             }
@@ -135,7 +148,7 @@ impl Idempotency {
         let operation_id = claim.operation_id();
         let completion = done.completion();
         let recorded = async {
-            if !claim.end(&mut tx, &completion, attempt).await? {
+            if !claim.end(&mut tx, &completion, attempt, &self.metrics).await? {
                 return Ok(false);
             }
             self.hand_to_outbox(&mut tx, claim.event_of(), &done, completion.now)
@@ -230,8 +243,8 @@ impl Idempotency {
             ..Completion::failed(&response)
         };
         let stored = async {
-            let mut tx = self.db.begin().await?;
-            if !claim.end(&mut tx, &completion, attempt).await? {
+            let mut tx = self.begin().await?;
+            if !claim.end(&mut tx, &completion, attempt, &self.metrics).await? {
                 tx.rollback().await?;
                 return Ok(false);
             }
@@ -267,7 +280,7 @@ impl Idempotency {
         };
         let operation_id = &operation.operation_id;
         let freed = async {
-            let mut tx = self.db.begin().await?;
+            let mut tx = self.begin().await?;
             if store::give_back(&mut tx, operation, token).await? {
                 let journaled =
                     [operation.audit(AuditEvent::Released, &attempt.principal.principal_id, Timestamp::now())];

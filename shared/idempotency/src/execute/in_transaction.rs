@@ -34,7 +34,7 @@ impl Idempotency {
         // A transaction never outlives the lease: a hung effect would hold its
         // locks (on SQLite, the one writer) for every other request.
         let attempt_in_transaction = async {
-            let mut tx = match self.db.begin().await {
+            let mut tx = match self.begin().await {
                 Ok(tx) => tx,
                 Err(e) => return self.give_back(attempt, &claim, e.into()).await,
             };

@@ -3,6 +3,7 @@
 //! effect run under it (docs/design.md §3; docs/contract.md §5).
 
 use axum::response::{IntoResponse, Response};
+use platform::metrics::names;
 use platform::{ApiError, Timestamp, Tx};
 
 use super::{
@@ -57,8 +58,12 @@ impl Idempotency {
         // Bounded: each round either claims, resolves, or sees the row vanish.
         for _ in 0..3 {
             let new = attempt.new_operation(fingerprint, self.config.lease);
-            let mut tx = self.db.begin().await?;
-            if let Some(claimed) = store::claim(&mut tx, &new).await? {
+            let mut tx = self.begin().await?;
+            let started = std::time::Instant::now();
+            let claimed = store::claim(&mut tx, &new).await?;
+            self.metrics
+                .observe(names::CLAIM_DURATION, &[("mode", "leased")], started.elapsed());
+            if let Some(claimed) = claimed {
                 let journaled = [
                     new.audit(AuditEvent::Attempted, attempt.started),
                     new.audit(AuditEvent::Claimed, new.now),
@@ -133,7 +138,7 @@ impl Idempotency {
             Ok(said) => said,
             Err(error) => return self.conclude_failed(attempt, claim, error).await,
         };
-        let mut tx = match self.db.begin().await {
+        let mut tx = match self.begin().await {
             Ok(tx) => tx,
             Err(e) => return Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
         };

@@ -170,7 +170,7 @@ impl Idempotency {
     where
         F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError>,
     {
-        let mut tx = match self.db.begin().await {
+        let mut tx = match self.begin().await {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };

@@ -183,7 +183,7 @@ impl Idempotency {
                 }
                 Verdict::TakeOver => {
                     let locked_until = now.plus(self.config.lease);
-                    let mut tx = self.db.begin().await?;
+                    let mut tx = self.begin().await?;
                     if let Some(taken) =
                         store::take_over(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
                     {
@@ -201,7 +201,7 @@ impl Idempotency {
                 }
                 Verdict::StartApproved => {
                     let locked_until = now.plus(self.config.lease);
-                    let mut tx = self.db.begin().await?;
+                    let mut tx = self.begin().await?;
                     if let Some(started) =
                         store::start_approved(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
                     {

@@ -19,6 +19,16 @@ pub enum Delivery {
 }
 
 impl Delivery {
+    /// Its name in the deliveries metric.
+    pub fn result(&self) -> &'static str {
+        match self {
+            Delivery::Accepted { .. } => "accepted",
+            Delivery::Refused { .. } => "refused",
+            Delivery::NotAccepted { .. } => "not_accepted",
+            Delivery::AnswerLost { .. } => "answer_lost",
+        }
+    }
+
     /// What an answer that is not 2xx means for the request, read from its
     /// status and its problem body (RFC 9457, whose `code` it looks at); the
     /// one place a client decides it. Only an answer that says "not done,

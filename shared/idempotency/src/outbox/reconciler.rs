@@ -3,7 +3,7 @@
 //! system by the key, then by the service's own reference, through
 //! [`Destination::look_up`] (docs/contract.md §5, docs/design.md §6).
 
-use platform::Timestamp;
+use platform::{Timestamp, metrics::names};
 
 use super::{Destination, EventState, Outbox, OutboxEvent, new_lease_token, plan::Outcome, store};
 
@@ -50,6 +50,14 @@ impl<D: Destination> Outbox<D> {
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.config.delivery_timeout)));
         let outcome = Outcome::looked_up(found, event.state);
+        let result = match outcome {
+            Outcome::Found { .. } => "found",
+            Outcome::Absent => "absent",
+            _ => "not_asked",
+        };
+        self.idempotency
+            .metrics
+            .count(names::OUTBOX_RECONCILIATIONS, &[("result", result)]);
         match &outcome {
             Outcome::Absent => tracing::info!(event_id = %event.event_id, operation_id = %event.operation_id,
                 "reconciler: the external system has no trace of it; it is sent again with the same key"),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use platform::Timestamp;
+use platform::{Timestamp, metrics::names};
 
 use super::{
     Destination, EventState, Outbox, OutboxEvent,
@@ -23,7 +23,7 @@ impl<D: Destination> Outbox<D> {
             self.idempotency.outbox_wake.notify_one();
         }
         match written {
-            Ok(Some(EventState::Dead)) => log_dead(event, plan.last_error.unwrap_or("")),
+            Ok(Some(EventState::Dead)) => self.dead(event, plan.last_error.unwrap_or("")),
             Ok(Some(_)) if plan.settles.is_some() => log_settled(event, &outcome),
             Ok(Some(_)) => {}
             Ok(None) => {
@@ -111,11 +111,19 @@ impl<D: Destination> Outbox<D> {
             Ok::<_, sqlx::Error>(dead)
         };
         match counted.await {
-            Ok(Some(true)) => log_dead(event, WHY),
+            Ok(Some(true)) => self.dead(event, WHY),
             Ok(_) => tracing::warn!(event_id = %event.event_id, "it is taken again when its lease ends"),
             Err(e) => tracing::error!(event_id = %event.event_id, error = %e,
                 "could not count the failed settlement; the event is taken again when its lease ends"),
         }
+    }
+}
+
+impl<D: Destination> Outbox<D> {
+    /// Counts and logs an event that has just become dead.
+    fn dead(&self, event: &OutboxEvent, last_error: &str) {
+        self.idempotency.metrics.count(names::OUTBOX_DEAD_LETTERED, &[]);
+        log_dead(event, last_error);
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`Destination`] with its external key, and settles it with the answer
 //! (docs/contract.md §5, docs/design.md §5).
 
-use platform::Timestamp;
+use platform::{Timestamp, metrics::names};
 
 use super::{Delivery, Destination, EventState, Outbox, OutboxEvent, WORKER, new_lease_token, store};
 use crate::{
@@ -65,6 +65,9 @@ impl<D: Destination> Outbox<D> {
                 reason: format!("no answer within {:?}", self.config.delivery_timeout),
             });
         fail_point("outbox::after_delivery").await;
+        self.idempotency
+            .metrics
+            .count(names::OUTBOX_DELIVERIES, &[("result", delivery.result())]);
         if let Delivery::NotAccepted { reason } = &delivery {
             tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,
                 "not accepted; it is sent again later with the same key");

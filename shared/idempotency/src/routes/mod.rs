@@ -50,6 +50,18 @@ where
         .route(DECISION_ROUTE, post(decide))
         .route("/v1/audit", get(read_audit))
         .route("/v1/audit/head", get(read_audit_head))
+        .route("/metrics", get(metrics))
+}
+
+/// `GET /metrics`: the service's registry in Prometheus's text format, its
+/// gauges read from the database first. No key: it names no account, key or
+/// fingerprint. Gauges that could not be read keep their last values, and
+/// the counters are served all the same.
+async fn metrics(axum::extract::State(idempotency): axum::extract::State<Idempotency>) -> axum::response::Response {
+    if let Err(e) = crate::gauges::refresh(&idempotency).await {
+        tracing::warn!(error = %e, "metrics: could not read the gauges from the database");
+    }
+    platform::metrics::exposition(idempotency.metrics().render())
 }
 
 /// Approvals are for the humans who decide (`approver`) and for `admin`;

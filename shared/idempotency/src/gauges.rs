@@ -1,0 +1,115 @@
+//! What `GET /metrics` reads from the database at each scrape: the outbox's
+//! backlog, approvals, unfinished operations, the journal's inbox and the
+//! connection pools. Counts over the whole service database, for its
+//! operator: never an account's rows, and no account in any label. Each
+//! replica reports the same database-wide values; aggregate them with `max`.
+
+use platform::{
+    Db, Timestamp,
+    metrics::{Metrics, names},
+    on_pool,
+};
+
+use crate::Idempotency;
+
+const OUTBOX_STATES: [&str; 4] = ["pending", "sending", "unknown", "dead"];
+const UNFINISHED: [&str; 3] = ["in_progress", "awaiting_approval", "unknown"];
+const APPROVAL_STATES: [&str; 4] = ["pending", "approved", "rejected", "expired"];
+
+/// Sets every gauge from the database, as of now.
+pub(crate) async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
+    let (db, metrics) = (&idempotency.db, &idempotency.metrics);
+    let now = Timestamp::now();
+
+    let outbox = counts(
+        db,
+        "SELECT state, COUNT(*) FROM idempotency_outbox \
+         WHERE state IN ('pending', 'sending', 'unknown', 'dead') GROUP BY state",
+    )
+    .await?;
+    set_each(metrics, names::OUTBOX_EVENTS, &OUTBOX_STATES, &outbox);
+    let oldest_pending = oldest(
+        db,
+        "SELECT MIN(created_at) FROM idempotency_outbox WHERE state = 'pending'",
+    )
+    .await?;
+    metrics.set(names::OUTBOX_OLDEST_PENDING, &[], age(oldest_pending, now));
+
+    let operations = counts(
+        db,
+        "SELECT state, COUNT(*) FROM idempotency_operations \
+         WHERE state IN ('in_progress', 'awaiting_approval', 'unknown') GROUP BY state",
+    )
+    .await?;
+    set_each(metrics, names::OPERATIONS, &UNFINISHED, &operations);
+    let oldest_unknown = oldest(
+        db,
+        "SELECT MIN(updated_at) FROM idempotency_operations WHERE state = 'unknown'",
+    )
+    .await?;
+    metrics.set(names::OLDEST_UNKNOWN, &[], age(oldest_unknown, now));
+
+    let approvals = approval_counts(db, now).await?;
+    set_each(metrics, names::APPROVALS, &APPROVAL_STATES, &approvals);
+
+    let inbox: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar("SELECT COUNT(*) FROM audit_inbox")
+        .fetch_one(pool)
+        .await?);
+    // what waits in the inbox, and the observations waiting in this process's memory
+    let backlog = inbox as f64 + idempotency.journal.queued() as f64;
+    metrics.set(names::JOURNAL_BACKLOG, &[], backlog);
+
+    for pool in db.pool_stats() {
+        let in_use = f64::from(pool.size) - pool.idle as f64;
+        metrics.set(
+            names::DB_CONNECTIONS,
+            &[("pool", pool.name), ("state", "in_use")],
+            in_use.max(0.0),
+        );
+        metrics.set(
+            names::DB_CONNECTIONS,
+            &[("pool", pool.name), ("state", "idle")],
+            pool.idle as f64,
+        );
+        metrics.set(names::DB_MAX_CONNECTIONS, &[("pool", pool.name)], f64::from(pool.max));
+    }
+    Ok(())
+}
+
+/// `(state, count)` rows of a `GROUP BY state`.
+async fn counts(db: &Db, sql: &'static str) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    Ok(on_pool!(db.read(), |pool| sqlx::query_as(sql).fetch_all(pool).await?))
+}
+
+async fn oldest(db: &Db, sql: &'static str) -> Result<Option<Timestamp>, sqlx::Error> {
+    Ok(on_pool!(db.read(), |pool| sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await?))
+}
+
+/// An approval's state as its readers see it: one past its expiry with no
+/// decision is expired before anyone writes it so.
+async fn approval_counts(db: &Db, now: Timestamp) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    const SQL: &str = "SELECT CASE WHEN decision IS NOT NULL THEN decision \
+                                   WHEN expires_at <= $1 THEN 'expired' ELSE 'pending' END AS state, COUNT(*) \
+                       FROM idempotency_approvals GROUP BY 1";
+    Ok(on_pool!(db.read(), |pool| sqlx::query_as(SQL)
+        .bind(now)
+        .fetch_all(pool)
+        .await?))
+}
+
+/// Each of `states` set from `rows`, 0 where no row names it: a state that
+/// empties must read 0, not keep its last value.
+fn set_each(metrics: &Metrics, name: &'static str, states: &[&'static str], rows: &[(String, i64)]) {
+    for &state in states {
+        let count = rows.iter().find(|(s, _)| s == state).map_or(0, |(_, n)| *n);
+        metrics.set(name, &[("state", state)], count as f64);
+    }
+}
+
+fn age(since: Option<Timestamp>, now: Timestamp) -> f64 {
+    since.map_or(0.0, |at| {
+        (now.as_datetime() - at.as_datetime()).num_milliseconds().max(0) as f64 / 1000.0
+    })
+}
