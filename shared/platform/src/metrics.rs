@@ -246,7 +246,8 @@ pub async fn track(State(metrics): State<Metrics>, request: Request, next: Next)
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
     let method = request.method().as_str().to_owned();
-    let keyed = request.headers().contains_key("idempotency-key");
+    // a read that happens to carry the header is no write
+    let keyed = request.method() != axum::http::Method::GET && request.headers().contains_key("idempotency-key");
     let started = std::time::Instant::now();
     let (response, outcome) = OUTCOME
         .scope(Cell::new(None), async {
