@@ -6,6 +6,8 @@
 -- out the same way; a rollback says what it replaces and what it restores.
 CREATE TABLE deployments (
     seq                        INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- its place in the account's lists, given in commit order when a list is read
+    list_seq                   INTEGER,
     -- dep_… for a deployment, rb_… for a rollback
     id                         TEXT    NOT NULL UNIQUE,
     account_id                 TEXT    NOT NULL,
@@ -38,8 +40,8 @@ CREATE TABLE deployments (
 -- per (account, service, environment). The database decides under races.
 CREATE UNIQUE INDEX deployments_environment_lock ON deployments (account_id, service, environment)
     WHERE state IN ('queued', 'running', 'unknown');
-CREATE INDEX deployments_by_environment ON deployments (account_id, service, environment, seq);
-CREATE INDEX deployments_by_account ON deployments (account_id, seq);
+CREATE INDEX deployments_by_environment ON deployments (account_id, service, environment, list_seq);
+CREATE UNIQUE INDEX deployments_listed ON deployments (account_id, list_seq);
 -- what the watcher follows: rollouts the controller has, not finished
 CREATE INDEX deployments_watched ON deployments (updated_at)
     WHERE state IN ('queued', 'running') AND controller_rollout_id IS NOT NULL;

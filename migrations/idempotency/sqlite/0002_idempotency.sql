@@ -57,6 +57,8 @@ CREATE INDEX idempotency_operations_unfinished ON idempotency_operations (state,
 CREATE TABLE idempotency_approvals (
     -- creation order, for cursors
     seq             INTEGER PRIMARY KEY,
+    -- its place in the account's lists, given in commit order when a list is read
+    list_seq        INTEGER,
     approval_id     TEXT    NOT NULL UNIQUE,
     account_id      TEXT    NOT NULL,
     -- one approval per operation; it goes when the reaper removes its operation
@@ -81,8 +83,8 @@ CREATE TABLE idempotency_approvals (
 ) STRICT;
 -- the approval console's query: an account's pending approvals, oldest first
 CREATE INDEX idempotency_approvals_pending
-    ON idempotency_approvals (account_id, seq) WHERE decision IS NULL;
-CREATE INDEX idempotency_approvals_by_account ON idempotency_approvals (account_id, seq);
+    ON idempotency_approvals (account_id, list_seq) WHERE decision IS NULL;
+CREATE UNIQUE INDEX idempotency_approvals_listed ON idempotency_approvals (account_id, list_seq);
 
 -- One event per operation whose work leaves the process, written in the
 -- transaction of the effect. A worker delivers it with `external_key` as the

@@ -3,6 +3,8 @@
 -- Times are fixed-width RFC 3339 UTC text (platform::time::Timestamp).
 CREATE TABLE payment_intents (
     seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- its place in the account's lists, given in commit order when a list is read
+    list_seq       INTEGER,
     id             TEXT    NOT NULL UNIQUE,
     account_id     TEXT    NOT NULL,
     order_id       TEXT    NOT NULL,
@@ -21,8 +23,8 @@ CREATE TABLE payment_intents (
 -- A cancelled or failed intent frees the order for a new one.
 CREATE UNIQUE INDEX payment_intents_one_live_per_order ON payment_intents (account_id, order_id)
     WHERE state NOT IN ('cancelled', 'failed');
-CREATE INDEX payment_intents_by_order ON payment_intents (account_id, order_id, seq);
-CREATE INDEX payment_intents_by_account ON payment_intents (account_id, seq);
+CREATE INDEX payment_intents_by_order ON payment_intents (account_id, order_id, list_seq);
+CREATE UNIQUE INDEX payment_intents_listed ON payment_intents (account_id, list_seq);
 
 -- Captures and refunds (docs/contract.md §7 Payments): money that moves through the
 -- payment provider, by way of the outbox. Amounts are integer minor units.
@@ -32,6 +34,8 @@ CREATE INDEX payment_intents_by_account ON payment_intents (account_id, seq);
 -- `requires_capture`, and the unique intent_id makes sure of it under races.
 CREATE TABLE payment_captures (
     seq                      INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- its place in the account's lists, given in commit order when a list is read
+    list_seq                 INTEGER,
     id                       TEXT    NOT NULL UNIQUE,
     account_id               TEXT    NOT NULL,
     intent_id                TEXT    NOT NULL UNIQUE REFERENCES payment_intents (id),
@@ -50,11 +54,13 @@ CREATE TABLE payment_captures (
     CONSTRAINT payment_captures_refunds_within_capture
         CHECK (refunded_minor >= 0 AND refunded_minor <= amount_minor)
 ) STRICT;
-CREATE INDEX payment_captures_by_account ON payment_captures (account_id, seq);
+CREATE UNIQUE INDEX payment_captures_listed ON payment_captures (account_id, list_seq);
 
 -- Each refund instruction is its own operation, with its own id and key.
 CREATE TABLE payment_refunds (
     seq                      INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- its place in the account's lists, given in commit order when a list is read
+    list_seq                 INTEGER,
     id                       TEXT    NOT NULL UNIQUE,
     account_id               TEXT    NOT NULL,
     intent_id                TEXT    NOT NULL REFERENCES payment_intents (id),
@@ -70,4 +76,5 @@ CREATE TABLE payment_refunds (
     created_at               TEXT    NOT NULL,
     updated_at               TEXT    NOT NULL
 ) STRICT;
-CREATE INDEX payment_refunds_by_intent ON payment_refunds (account_id, intent_id, seq);
+CREATE INDEX payment_refunds_by_intent ON payment_refunds (account_id, intent_id, list_seq);
+CREATE UNIQUE INDEX payment_refunds_listed ON payment_refunds (account_id, list_seq);

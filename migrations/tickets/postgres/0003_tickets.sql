@@ -1,6 +1,9 @@
--- Tickets and their comments. `seq` orders lists and cursors; `id` is the public id.
+-- Tickets and their comments. `list_seq` orders lists and cursors (see
+-- platform::page); `id` is the public id.
 CREATE TABLE tickets (
     seq             BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- its place in the account's lists, given in commit order when a list is read
+    list_seq        BIGINT,
     id              TEXT        NOT NULL UNIQUE,
     account_id      TEXT        NOT NULL,
     project         TEXT        NOT NULL,
@@ -19,10 +22,12 @@ CREATE TABLE tickets (
 -- Business identity: one ticket per alert event and project, whatever key the
 -- caller used. NULLs are distinct, so tickets without a source event never collide.
 CREATE UNIQUE INDEX tickets_one_per_source_event ON tickets (account_id, project, source_event_id);
-CREATE INDEX tickets_by_account ON tickets (account_id, seq);
+CREATE UNIQUE INDEX tickets_listed ON tickets (account_id, list_seq);
 
 CREATE TABLE ticket_comments (
     seq        BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- its place in the account's lists, given in commit order when a list is read
+    list_seq   BIGINT,
     id         TEXT        NOT NULL UNIQUE,
     account_id TEXT        NOT NULL,
     ticket_id  TEXT        NOT NULL REFERENCES tickets (id),
@@ -31,4 +36,5 @@ CREATE TABLE ticket_comments (
     created_at TIMESTAMPTZ NOT NULL,
     updated_at TIMESTAMPTZ NOT NULL
 );
-CREATE INDEX ticket_comments_by_ticket ON ticket_comments (ticket_id, seq);
+CREATE INDEX ticket_comments_by_ticket ON ticket_comments (ticket_id, list_seq);
+CREATE UNIQUE INDEX ticket_comments_listed ON ticket_comments (account_id, list_seq);

@@ -398,11 +398,12 @@ pub async fn list(
     limit: i64,
 ) -> Result<Vec<(i64, Deployment)>, ApiError> {
     const SQL: &str = concat!(
-        "SELECT ",
+        "SELECT list_seq, ",
         columns!(),
-        " FROM deployments WHERE account_id = $1 AND seq > $2 AND ($3 IS NULL OR service = $3) \
-         AND ($4 IS NULL OR environment = $4) ORDER BY seq LIMIT $5"
+        " FROM deployments WHERE account_id = $1 AND list_seq > $2 AND ($3 IS NULL OR service = $3) \
+         AND ($4 IS NULL OR environment = $4) ORDER BY list_seq LIMIT $5"
     );
+    platform::page::number_new_rows(db, "deployments", account_id).await?;
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
@@ -413,7 +414,7 @@ pub async fn list(
             .fetch_all(pool)
             .await?
             .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode(row)?)))
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode(row)?)))
             .collect::<Result<Vec<_>, _>>()?
     }))
 }

@@ -27,7 +27,7 @@ macro_rules! intent_columns {
 /// An intent read with its capture's ids.
 macro_rules! select_intent {
     () => {
-        "SELECT i.seq, i.id, i.order_id, i.amount_minor, i.currency, i.payee_name, i.payee_account, i.description, \
+        "SELECT i.seq, i.list_seq, i.id, i.order_id, i.amount_minor, i.currency, i.payee_name, i.payee_account, i.description, \
          i.state, i.created_at, i.updated_at, c.id AS capture_id, c.provider_charge_id \
          FROM payment_intents i LEFT JOIN payment_captures c ON c.intent_id = i.id"
     };
@@ -168,8 +168,9 @@ pub async fn list_intents(
 ) -> Result<Vec<(i64, PaymentIntent)>, ApiError> {
     const SQL: &str = concat!(
         select_intent!(),
-        " WHERE i.account_id = $1 AND i.seq > $2 AND ($3 IS NULL OR i.order_id = $3) ORDER BY i.seq LIMIT $4"
+        " WHERE i.account_id = $1 AND i.list_seq > $2 AND ($3 IS NULL OR i.order_id = $3) ORDER BY i.list_seq LIMIT $4"
     );
+    platform::page::number_new_rows(db, "payment_intents", account_id).await?;
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
@@ -179,7 +180,7 @@ pub async fn list_intents(
             .fetch_all(pool)
             .await?
             .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_intent(row)?)))
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_intent(row)?)))
             .collect::<Result<Vec<_>, _>>()?
     }))
 }
@@ -471,10 +472,11 @@ pub async fn list_captures(
     limit: i64,
 ) -> Result<Vec<(i64, Capture)>, ApiError> {
     const SQL: &str = concat!(
-        "SELECT ",
+        "SELECT list_seq, ",
         capture_columns!(),
-        " FROM payment_captures WHERE account_id = $1 AND intent_id = $2 AND seq > $3 ORDER BY seq LIMIT $4"
+        " FROM payment_captures WHERE account_id = $1 AND intent_id = $2 AND list_seq > $3 ORDER BY list_seq LIMIT $4"
     );
+    platform::page::number_new_rows(db, "payment_captures", account_id).await?;
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
@@ -484,7 +486,7 @@ pub async fn list_captures(
             .fetch_all(pool)
             .await?
             .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_capture(row)?)))
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_capture(row)?)))
             .collect::<Result<Vec<_>, _>>()?
     }))
 }
@@ -515,10 +517,11 @@ pub async fn list_refunds(
     limit: i64,
 ) -> Result<Vec<(i64, Refund)>, ApiError> {
     const SQL: &str = concat!(
-        "SELECT ",
+        "SELECT list_seq, ",
         refund_columns!(),
-        " FROM payment_refunds WHERE account_id = $1 AND intent_id = $2 AND seq > $3 ORDER BY seq LIMIT $4"
+        " FROM payment_refunds WHERE account_id = $1 AND intent_id = $2 AND list_seq > $3 ORDER BY list_seq LIMIT $4"
     );
+    platform::page::number_new_rows(db, "payment_refunds", account_id).await?;
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
@@ -528,7 +531,7 @@ pub async fn list_refunds(
             .fetch_all(pool)
             .await?
             .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_refund(row)?)))
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_refund(row)?)))
             .collect::<Result<Vec<_>, _>>()?
     }))
 }

@@ -104,7 +104,8 @@ pub struct TicketFilter<'a> {
     pub status: Option<TicketStatus>,
 }
 
-/// One page in creation order: up to `limit` tickets after `after_seq`, each with its `seq`.
+/// One page in creation order: up to `limit` tickets after `after_seq`, each
+/// with its place in the list (see [`platform::page`]).
 pub async fn list_tickets(
     db: &Db,
     account_id: &str,
@@ -113,12 +114,13 @@ pub async fn list_tickets(
     limit: i64,
 ) -> Result<Vec<(i64, Ticket)>, ApiError> {
     const SQL: &str = concat!(
-        "SELECT ",
+        "SELECT list_seq, ",
         ticket_columns!(),
-        " FROM tickets WHERE account_id = $1 AND seq > $2 \
+        " FROM tickets WHERE account_id = $1 AND list_seq > $2 \
            AND ($3 IS NULL OR project = $3) AND ($4 IS NULL OR source_event_id = $4) AND ($5 IS NULL OR status = $5) \
-         ORDER BY seq LIMIT $6"
+         ORDER BY list_seq LIMIT $6"
     );
+    platform::page::number_new_rows(db, "tickets", account_id).await?;
     let rows = on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
@@ -130,7 +132,7 @@ pub async fn list_tickets(
             .fetch_all(pool)
             .await?
             .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_ticket(row)?)))
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_ticket(row)?)))
             .collect::<Result<Vec<_>, _>>()?
     });
     Ok(rows)
@@ -198,10 +200,11 @@ pub async fn list_comments(
     limit: i64,
 ) -> Result<Vec<(i64, Comment)>, ApiError> {
     const SQL: &str = concat!(
-        "SELECT ",
+        "SELECT list_seq, ",
         comment_columns!(),
-        " FROM ticket_comments WHERE account_id = $1 AND ticket_id = $2 AND seq > $3 ORDER BY seq LIMIT $4"
+        " FROM ticket_comments WHERE account_id = $1 AND ticket_id = $2 AND list_seq > $3 ORDER BY list_seq LIMIT $4"
     );
+    platform::page::number_new_rows(db, "ticket_comments", account_id).await?;
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(SQL)
             .bind(account_id)
@@ -211,7 +214,7 @@ pub async fn list_comments(
             .fetch_all(pool)
             .await?
             .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("seq")?, decode_comment(row)?)))
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_comment(row)?)))
             .collect::<Result<Vec<_>, _>>()?
     }))
 }

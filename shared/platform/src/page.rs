@@ -1,6 +1,22 @@
 //! Cursor pagination (docs/contract.md §10): `limit` (default 50, at most 200)
 //! and an opaque `cursor`; answers are
 //! `{"data": [...], "next_cursor": string | null}` in creation order.
+//!
+//! # Why a list has its own numbers
+//!
+//! A cursor is "after the row numbered N", so a row must never get a number
+//! below one a reader has already passed. A row's `seq` cannot promise that
+//! on PostgreSQL: it is taken at insert, and a transaction that took 10 may
+//! commit after one that took 11 and a reader that went past 11 in between.
+//! So listed rows carry a second number, `list_seq`, given in commit order:
+//! a reader first numbers the account's rows that have none
+//! ([`number_new_rows`]), under a transaction-scoped lock, in one
+//! transaction per round. A row committed after a round is numbered by a
+//! later round, above everything numbered before; and a reader that sees a
+//! round's numbers sees every earlier round's. SQLite has one writer, so
+//! the order is the same there, and the same statements run on both.
+
+use crate::db::{Db, Tx};
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use serde::Serialize;
@@ -56,6 +72,47 @@ impl<T> Page<T> {
             next_cursor,
         }
     }
+}
+
+/// Numbers, in commit order, the rows of `table` of `account_id` that have
+/// no `list_seq` yet, after the account's highest: what [`PageRequest`]'s
+/// cursors count. `table` is one of the service's listed tables (a name
+/// written in its code, never input); it has `seq`, `account_id` and
+/// `list_seq`, and a unique index on `(account_id, list_seq)`.
+pub async fn number_new_rows(db: &Db, table: &'static str, account_id: &str) -> Result<(), sqlx::Error> {
+    // most lists find nothing to number: ask the read pool before taking a writer
+    let unnumbered = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE account_id = $1 AND list_seq IS NULL)");
+    let waiting: bool = crate::on_pool!(db.read(), |pool| sqlx::query_scalar(sqlx::AssertSqlSafe(
+        unnumbered.as_str()
+    ))
+    .bind(account_id)
+    .fetch_one(pool)
+    .await?);
+    if !waiting {
+        return Ok(());
+    }
+    let number = format!(
+        "UPDATE {table} SET list_seq = numbered.list_seq \
+         FROM (SELECT seq, (SELECT COALESCE(MAX(list_seq), 0) FROM {table} WHERE account_id = $1) \
+                           + ROW_NUMBER() OVER (ORDER BY seq) AS list_seq \
+               FROM {table} WHERE account_id = $1 AND list_seq IS NULL) AS numbered \
+         WHERE {table}.seq = numbered.seq"
+    );
+    let mut tx = db.begin().await?;
+    if let Tx::Postgres(pg) = &mut tx {
+        // one round per list at a time; released at commit, so the next round sees this one's numbers
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))")
+            .bind(table)
+            .bind(account_id)
+            .execute(&mut **pg)
+            .await?;
+    }
+    crate::on_tx!(&mut tx, |conn| sqlx::query(sqlx::AssertSqlSafe(number.as_str()))
+        .bind(account_id)
+        .execute(conn)
+        .await?
+        .rows_affected());
+    tx.commit().await
 }
 
 fn encode_cursor(seq: i64) -> String {

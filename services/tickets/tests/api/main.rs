@@ -8,6 +8,7 @@ mod approvals;
 mod audit;
 mod auth_and_scoping;
 mod connections;
+mod lists;
 mod metrics;
 mod outcomes;
 mod races;

@@ -73,7 +73,9 @@ fn in_state(state: Option<ApprovalState>, now: &str) -> String {
     }
 }
 
-/// The account's approvals after `after_seq` in creation order, in `state` if given (as of `now`).
+/// The account's approvals after `after_seq` in creation order, in `state`
+/// if given (as of `now`); each record's `seq` is its place in the list
+/// (see [`platform::page`]).
 pub async fn list(
     db: &Db,
     account_id: &str,
@@ -82,11 +84,13 @@ pub async fn list(
     after_seq: i64,
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
+    platform::page::number_new_rows(db, "idempotency_approvals", account_id).await?;
     let condition = in_state(state, "$4");
+    let columns = COLUMNS.replacen("seq", "list_seq AS seq", 1);
     // `$4 IS NOT NULL` keeps the parameter bound in every variant
     let sql = format!(
-        "SELECT {COLUMNS} FROM idempotency_approvals \
-         WHERE account_id = $1 AND seq > $2 AND {condition} AND $4 IS NOT NULL ORDER BY seq LIMIT $3"
+        "SELECT {columns} FROM idempotency_approvals \
+         WHERE account_id = $1 AND list_seq > $2 AND {condition} AND $4 IS NOT NULL ORDER BY list_seq LIMIT $3"
     );
     Ok(on_pool!(db.read(), |pool| {
         sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))

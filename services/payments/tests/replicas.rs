@@ -1,0 +1,196 @@
+//! Replicas (docs/design.md §11): three `payments` processes on one
+//! PostgreSQL database, with no leader and nothing between them but the
+//! database, and a fourth killed with SIGKILL while it holds a capture's
+//! outbox event. The provider's own count of charges says "exactly once".
+//!
+//! PostgreSQL only: it is the backend replicas share (a SQLite file belongs
+//! to one host, and its single writer already orders everything).
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use futures::future::join_all;
+use platform::{
+    Backend,
+    testing::{ACME_AGENT, ACME_APPROVER, ServiceProcess, TestDb, TestResponse},
+};
+use serde_json::{Value, json};
+
+/// A running `payments` replica.
+struct Replica(ServiceProcess);
+
+impl Replica {
+    async fn start(database_url: &str, provider_url: &str, fail_point: Option<&str>) -> Replica {
+        let fail_point = fail_point.map(|point| format!("{point}=return"));
+        let mut env = vec![
+            ("PAYMENTS_DATABASE_URL", database_url),
+            ("PAYMENTS_PROVIDER_URL", provider_url),
+            // a held event is free again after 2 s; an answer is lost after 1 s
+            ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "2"),
+            ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", "1"),
+            ("RETRYSAFE_RECONCILE_AFTER_SECONDS", "0.2"),
+        ];
+        env.extend(fail_point.as_deref().map(|point| ("FAILPOINTS", point)));
+        Replica(ServiceProcess::start(env!("CARGO_BIN_EXE_payments"), "payments", &env).await)
+    }
+
+    async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {
+        self.0.client().post(path, ACME_AGENT, Some(key), body).await
+    }
+
+    async fn get(&self, path: &str, bearer: &str) -> Value {
+        self.0.client().get(path, bearer).await.json()
+    }
+}
+
+fn intent(order_id: &str) -> Value {
+    json!({"order_id": order_id, "amount": "40.00", "currency": "EUR",
+           "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"}})
+}
+
+/// The simulated provider, in the test process: it is the external system, not what dies.
+async fn provider() -> (payment_provider::Provider, String) {
+    let provider = payment_provider::Provider::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(payment_provider::serve(
+        listener,
+        provider.clone(),
+        std::future::pending(),
+    ));
+    (provider, url)
+}
+
+/// Asks `replica` until the capture has succeeded (within 30 s).
+async fn until_succeeded(replica: &Replica, capture_id: &str) -> Value {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let capture = replica.get(&format!("/v1/captures/{capture_id}"), ACME_AGENT).await;
+            if capture["state"] == "succeeded" {
+                return capture;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("capture {capture_id} never succeeded"))
+}
+
+/// Every journal entry, read through a replica as an approver, page by page.
+async fn whole_journal(replica: &Replica) -> Vec<idempotency::audit::AuditEntry> {
+    let mut entries = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let page = replica
+            .get(&format!("/v1/audit?limit=200&cursor={cursor}"), ACME_APPROVER)
+            .await;
+        entries.extend(
+            page["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| serde_json::from_value(e.clone()).expect("an entry")),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = next.to_owned(),
+            None => return entries,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_on_one_database_start_together_and_keep_every_payment_to_one_effect() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres).await;
+    let (provider, provider_url) = provider().await;
+
+    // started at the same instant against an empty database: each migrates, one at a time
+    let replicas: Vec<Replica> = join_all((0..3).map(|_| Replica::start(&db.url, &provider_url, None))).await;
+
+    // a 200-way storm of one key, round-robin over the replicas: one intent
+    let body = intent("order-1");
+    let storm = join_all((0..200).map(|i| replicas[i % 3].post("/v1/payment_intents", "storm-1", &body))).await;
+    let created: Vec<&TestResponse> = storm.iter().filter(|r| r.replayed() == Some("false")).collect();
+    assert!(
+        storm.iter().all(|r| r.status == StatusCode::CREATED),
+        "{:?}",
+        storm.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    assert_eq!(created.len(), 1, "one request ran; every other replayed its answer");
+    assert!(
+        storm.iter().all(|r| r.body == created[0].body),
+        "the same bytes from every replica"
+    );
+    let listed = replicas[2]
+        .get("/v1/payment_intents?order_id=order-1", ACME_AGENT)
+        .await;
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
+    let intent_id = created[0].str("id");
+
+    // 16 racing captures of that intent under 16 keys, spread over the replicas: one charge
+    let capture_path = format!("/v1/payment_intents/{intent_id}/capture");
+    let (keys, empty): (Vec<String>, Value) = ((0..16).map(|i| format!("cap-{i}")).collect(), json!({}));
+    let captures = join_all((0..16).map(|i| replicas[i % 3].post(&capture_path, &keys[i], &empty))).await;
+    let accepted: Vec<&TestResponse> = captures.iter().filter(|r| r.status == StatusCode::ACCEPTED).collect();
+    assert_eq!(
+        accepted.len(),
+        1,
+        "{:?}",
+        captures.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    until_succeeded(&replicas[1], &accepted[0].str("id")).await;
+    assert_eq!(
+        provider.stats().charges_made,
+        1,
+        "one charge for sixteen captures over three replicas"
+    );
+
+    // a fourth replica holds a capture's event at the delivery and dies with SIGKILL
+    let (capture_id, charges_before) = loop {
+        let mut doomed = Replica::start(&db.url, &provider_url, Some("outbox::before_delivery")).await;
+        let order = format!("order-{}", uuid::Uuid::new_v4().simple());
+        let intent = doomed
+            .post("/v1/payment_intents", &format!("i-{order}"), &intent(&order))
+            .await;
+        let charges_before = provider.stats().charges_made;
+        let capture = doomed
+            .post(
+                &format!("/v1/payment_intents/{}/capture", intent.str("id")),
+                &format!("c-{order}"),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(capture.status, StatusCode::ACCEPTED, "{:?}", capture.body);
+        // its own worker is woken at once; another replica's poll may still win the event, then try again
+        let held = tokio::time::timeout(Duration::from_secs(3), doomed.0.wait_for("fail point reached")).await;
+        doomed.0.kill().await;
+        if held.is_ok() {
+            break (capture.str("id"), charges_before);
+        }
+    };
+    let settled = until_succeeded(&replicas[0], &capture_id).await;
+    assert_eq!(
+        provider.stats().charges_made,
+        charges_before + 1,
+        "charged once, by another replica, after the kill"
+    );
+    assert!(settled["provider_charge_id"].is_string());
+
+    // one chain, and each operation's transitions in it once
+    let journal = whole_journal(&replicas[2]).await;
+    idempotency::audit::verify(&journal, None).expect("the journal verifies");
+    let mut completed: Vec<&str> = journal
+        .iter()
+        .filter(|e| e.event == idempotency::audit::AuditEvent::Completed)
+        .filter_map(|e| e.operation_id.as_deref())
+        .collect();
+    let total = completed.len();
+    completed.sort_unstable();
+    completed.dedup();
+    assert_eq!(completed.len(), total, "no operation completed twice");
+    for replica in replicas {
+        replica.0.kill().await;
+    }
+}
