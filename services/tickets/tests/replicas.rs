@@ -1,13 +1,15 @@
 //! Replicas (docs/design.md §11): three `tickets` processes on one
 //! PostgreSQL database, started at the same instant against an empty one, and
-//! a storm of one key spread over them. Nothing but the database is between
-//! them. PostgreSQL only: it is the backend replicas share.
+//! a storm of one key spread over them; and a replica whose clock is an hour
+//! off, which must still keep to another's lease. Nothing but the database is
+//! between them. PostgreSQL only: it is the backend replicas share, and the
+//! clock they share.
 
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use futures::future::join_all;
 use platform::{
     Backend, on_pool,
-    testing::{ACME_AGENT, ServiceProcess, TestDb, TestResponse},
+    testing::{ACME_AGENT, ServiceProcess, TestDb, TestResponse, json_request},
 };
 
 const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
@@ -64,4 +66,56 @@ async fn three_replicas_start_together_on_an_empty_database_and_a_200_way_storm_
     for replica in replicas {
         replica.kill().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_clock_is_an_hour_ahead_still_keeps_to_another_replica_s_lease() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres).await;
+    let leased = [
+        ("TICKETS_DATABASE_URL", db.url.as_str()),
+        ("RETRYSAFE_CLAIM", "leased"),
+        ("RETRYSAFE_LEASE_SECONDS", "30"),
+    ];
+    // one replica claims the key and holds it, working, for as long as its lease lasts
+    let holding = [leased.as_slice(), &[("FAILPOINTS", "idempotency::after_claim=return")]].concat();
+    let mut holder = ServiceProcess::start(env!("CARGO_BIN_EXE_tickets"), "tickets", &holding).await;
+    let client = holder.client();
+    let held = tokio::spawn(async move {
+        client
+            .try_send(json_request(
+                Method::POST,
+                "/v1/tickets",
+                ACME_AGENT,
+                Some("key-1"),
+                BODY,
+            ))
+            .await
+    });
+    holder.wait_for("fail point reached").await;
+    // another replica's own clock is an hour ahead: by it, that lease ran out long ago
+    let skewed = [leased.as_slice(), &[("FAILPOINTS_CLOCK_SKEW_SECONDS", "3600")]].concat();
+    let other = ServiceProcess::start(env!("CARGO_BIN_EXE_tickets"), "tickets", &skewed).await;
+
+    let retry = other
+        .client()
+        .post("/v1/tickets", ACME_AGENT, Some("key-1"), BODY)
+        .await;
+    let tickets: i64 = on_pool!(db.db.read(), |pool| sqlx::query_scalar("SELECT COUNT(*) FROM tickets")
+        .fetch_one(pool)
+        .await
+        .unwrap());
+
+    retry.assert_problem(409, "request_in_progress");
+    let retry_after: u64 = retry.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        retry_after <= 30,
+        "the lease ends by the database's clock, not in an hour: {retry_after}"
+    );
+    assert_eq!(tickets, 0, "the lease was kept: nothing ran twice");
+    holder.kill().await;
+    assert!(held.await.unwrap().is_err(), "the held request died with its replica");
+    other.kill().await;
 }

@@ -308,8 +308,23 @@ impl Idempotency {
                 self.spawn_attempt_writer(),
                 self.spawn_journal_chainer(),
                 self.spawn_metrics_upkeep(),
+                self.spawn_clock_sync(),
             ],
         }
+    }
+
+    /// Measures the database's clock every minute: clocks drift apart, and
+    /// leases and retention are measured on it (see [`platform::time`]).
+    fn spawn_clock_sync(&self) -> tokio::task::JoinHandle<()> {
+        let db = self.db.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                if let Err(e) = db.sync_clock().await {
+                    tracing::warn!(error = %e, "could not read the database's clock; keeping the last offset");
+                }
+            }
+        })
     }
 
     /// Drains the histograms every few seconds, between scrapes.

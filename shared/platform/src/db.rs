@@ -200,6 +200,25 @@ impl Db {
         })
     }
 
+    /// Measures how far the database server's clock is from this process's
+    /// and makes [`Timestamp::now`](crate::Timestamp::now) follow the
+    /// server's, so that replicas agree on when leases and retention end. The
+    /// server's time is taken as having been read halfway through the round
+    /// trip. SQLite's clock is the process's: nothing to measure.
+    pub async fn sync_clock(&self) -> Result<(), sqlx::Error> {
+        let Db::Postgres(pg) = self else {
+            return Ok(());
+        };
+        let sent = crate::time::local_now();
+        let server: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&pg.main)
+            .await?;
+        let received = crate::time::local_now();
+        let halfway = sent + (received - sent) / 2;
+        crate::time::set_database_offset(server - halfway);
+        Ok(())
+    }
+
     /// Each pool's connections, for the metrics.
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         fn stats<D: sqlx::Database>(name: &'static str, pool: &sqlx::Pool<D>) -> PoolStats {

@@ -35,6 +35,8 @@ where
 {
     crate::prepare_sqlite_dir(url)?;
     let db = Db::connect(url, max_connections).await?;
+    // on the database's clock before the first lease is taken
+    db.sync_clock().await?;
     migrate(&db).await?;
     Ok(db)
 }

@@ -1,11 +1,22 @@
 //! One timestamp type for responses and both databases.
 //!
-//! Times are made in the service (never by the database) and truncated to
-//! microseconds, the precision PostgreSQL keeps, so a value read back equals the
-//! one that went into the first answer. SQLite stores them as fixed-width
-//! RFC 3339 text, so that comparing two of them as text compares them as times.
+//! Times are made in the service and truncated to microseconds, the
+//! precision PostgreSQL keeps, so a value read back equals the one that went
+//! into the first answer. SQLite stores them as fixed-width RFC 3339 text, so
+//! that comparing two of them as text compares them as times.
+//!
+//! # Whose clock
+//!
+//! [`Timestamp::now`] is the **database server's** time, as this process last
+//! measured it ([`Db::sync_clock`](crate::Db::sync_clock)): replicas on one
+//! PostgreSQL server then agree on when a lease or a retention period ends,
+//! whatever their own clocks say. The offset is measured at start-up and
+//! every minute; SQLite runs in the process, so its clock is the process's.
 
-use std::fmt;
+use std::{
+    fmt,
+    sync::atomic::{AtomicI64, Ordering},
+};
 
 use chrono::{DateTime, SecondsFormat, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
@@ -21,9 +32,42 @@ use sqlx::{
 #[serde(transparent)]
 pub struct Timestamp(#[serde(with = "rfc3339_micros")] DateTime<Utc>);
 
+/// The database server's clock minus this process's, in microseconds.
+static DATABASE_OFFSET_MICROS: AtomicI64 = AtomicI64::new(0);
+
+/// This process's clock, as the database's offset is measured against.
+pub(crate) fn local_now() -> DateTime<Utc> {
+    let now = Utc::now();
+    #[cfg(feature = "failpoints")]
+    let now = now + local_skew();
+    now
+}
+
+/// A crash test's wrong clock: `FAILPOINTS_CLOCK_SKEW_SECONDS` moves this
+/// process's clock, as a replica whose clock is off would have it.
+#[cfg(feature = "failpoints")]
+fn local_skew() -> chrono::Duration {
+    static SKEW: std::sync::OnceLock<chrono::Duration> = std::sync::OnceLock::new();
+    *SKEW.get_or_init(|| {
+        let seconds: f64 = std::env::var("FAILPOINTS_CLOCK_SKEW_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0.0);
+        chrono::Duration::microseconds((seconds * 1e6) as i64)
+    })
+}
+
+/// Sets how far the database server's clock is from this process's.
+pub(crate) fn set_database_offset(offset: chrono::Duration) {
+    let micros = offset.num_microseconds().unwrap_or(0);
+    DATABASE_OFFSET_MICROS.store(micros, Ordering::Relaxed);
+}
+
 impl Timestamp {
+    /// Now, by the database server's clock (see the module's doc).
     pub fn now() -> Self {
-        Timestamp(Utc::now().trunc_subsecs(6))
+        let offset = chrono::Duration::microseconds(DATABASE_OFFSET_MICROS.load(Ordering::Relaxed));
+        Timestamp((local_now() + offset).trunc_subsecs(6))
     }
 
     pub fn from_datetime(at: DateTime<Utc>) -> Self {
@@ -46,7 +90,7 @@ impl Timestamp {
 
     /// Whole seconds from now until `self`, at least zero.
     pub fn seconds_from_now(self) -> u64 {
-        (self.0 - Utc::now()).num_seconds().max(0) as u64
+        (self.0 - Timestamp::now().0).num_seconds().max(0) as u64
     }
 
     /// `2026-12-02T14:25:10.123456Z`: always six fraction digits.
