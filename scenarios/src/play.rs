@@ -93,7 +93,8 @@ fn now() -> String {
 }
 
 pub async fn play(story: Story, backend: Backend, binaries: &Path) -> Played {
-    let mut world = match World::start(backend, binaries, &story.sandbox.env).await {
+    let replicas = story.sandbox.replicas.unwrap_or(1);
+    let mut world = match World::start(backend, binaries, &story.sandbox.env, replicas).await {
         Ok(world) => world,
         Err(error) => {
             return Played {
@@ -832,6 +833,28 @@ impl Stage<'_> {
                 pending.count.to_string(),
                 got.to_string(),
                 got == pending.count,
+            );
+        }
+        for spread in &expect.spread {
+            let service = self.world.service(&spread.service)?;
+            let key = self
+                .known
+                .get(&spread.operation)
+                .map(|k| k.key.clone())
+                .ok_or_else(|| format!("no operation `{}`", spread.operation))?;
+            let mut reached: Vec<usize> = self.world.proxies[service]
+                .passed()
+                .iter()
+                .filter(|p| p.idempotency_key.as_deref() == Some(key.as_str()))
+                .filter_map(|p| p.replica)
+                .collect();
+            reached.sort_unstable();
+            reached.dedup();
+            self.check(
+                format!("replicas of {service} that `{}`'s requests reached", spread.operation),
+                spread.replicas.to_string(),
+                reached.len().to_string(),
+                reached.len() == spread.replicas,
             );
         }
         for journal in &expect.journal {

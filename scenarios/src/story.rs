@@ -44,6 +44,10 @@ pub struct Cell {
 pub struct Sandbox {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// How many sandbox processes serve the services, on the same databases
+    /// (1): with more, the network spreads requests over them, and a retry
+    /// lands on another replica than its first attempt.
+    pub replicas: Option<usize>,
 }
 
 /// One step: what happens, in words, and the one thing it does.
@@ -258,6 +262,9 @@ pub struct Expectations {
     /// Events in a service's audit journal for an agent operation.
     #[serde(default)]
     pub journal: Vec<JournalExpect>,
+    /// How many replicas an operation's requests (those with its key) reached.
+    #[serde(default)]
+    pub spread: Vec<SpreadExpect>,
 }
 
 /// How many items a list (`GET path`, its `data`) holds, counting only those
@@ -342,6 +349,7 @@ impl Expectations {
             count: self.count.into_iter().chain(more.count).collect(),
             pending_approvals: self.pending_approvals.or(more.pending_approvals),
             journal: self.journal.into_iter().chain(more.journal).collect(),
+            spread: self.spread.into_iter().chain(more.spread).collect(),
         }
     }
 }
@@ -367,4 +375,13 @@ pub fn load_all(dir: &Path) -> Result<Vec<Story>, String> {
         stories.push(story);
     }
     Ok(stories)
+}
+
+/// An operation's requests reached this many replicas.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpreadExpect {
+    pub operation: String,
+    pub service: String,
+    pub replicas: usize,
 }

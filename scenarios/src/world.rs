@@ -6,6 +6,11 @@
 //! tool — the MCP server as a process of its own, reaching the services
 //! through the proxies. The sandbox and the MCP server are killed and started
 //! again when a story says so; everything is cleaned up after.
+//!
+//! A story may ask for replicas: more sandbox processes on the same
+//! databases, each proxy spreading its service's requests over them (a retry
+//! goes to another replica than the one its key last reached). A restart
+//! restarts the first; the others run on.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -56,6 +61,8 @@ pub struct World {
     binaries: PathBuf,
     pub agent_binary: PathBuf,
     sandbox: Option<Child>,
+    /// Replicas beyond the first, on the same databases.
+    replicas: Vec<Child>,
     /// The payment provider and the deployment controller, never killed by a story.
     _external: Vec<Child>,
     /// The MCP server, once a story calls a tool.
@@ -79,8 +86,13 @@ pub struct World {
 }
 
 impl World {
-    /// Starts a fresh sandbox with the story's `env`.
-    pub async fn start(backend: Backend, binaries: &Path, env: &BTreeMap<String, String>) -> Result<World, String> {
+    /// Starts a fresh sandbox with the story's `env`, as `replicas` processes.
+    pub async fn start(
+        backend: Backend,
+        binaries: &Path,
+        env: &BTreeMap<String, String>,
+        replicas: usize,
+    ) -> Result<World, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let mut ports = Vec::new();
         for _ in 0..10 {
@@ -122,11 +134,30 @@ impl World {
             .zip(&ports)
             .map(|(service, port)| (*service, format!("http://{}", address(*port))))
             .collect();
+        // every replica beyond the first: its own ports, the same databases and simulators
+        let mut replica_settings = Vec::new();
+        for _ in 1..replicas.max(1) {
+            let mut replica = settings.clone();
+            for name in [
+                "TICKETS_ADDR",
+                "PAYMENTS_ADDR",
+                "DEPLOYMENTS_ADDR",
+                "CONSOLE_ADDR",
+                "PAYMENT_PROVIDER_ADDR",
+                "DEPLOY_CONTROLLER_ADDR",
+                "MCP_ADDR",
+            ] {
+                replica.insert(name.to_owned(), address(free_port()?));
+            }
+            replica_settings.push(replica);
+        }
         let mut proxies = HashMap::new();
         for service in SERVICES {
-            let proxy = FaultProxy::start(services[service].clone())
-                .await
-                .map_err(|e| e.to_string())?;
+            let variable = format!("{}_ADDR", service.to_ascii_uppercase());
+            let behind: Vec<String> = std::iter::once(services[service].clone())
+                .chain(replica_settings.iter().map(|r| format!("http://{}", r[&variable])))
+                .collect();
+            let proxy = FaultProxy::spread(behind).await.map_err(|e| e.to_string())?;
             proxies.insert(service, proxy);
         }
         let external = vec![
@@ -155,6 +186,7 @@ impl World {
             binaries: binaries.to_owned(),
             agent_binary: binaries.join("agent"),
             sandbox: None,
+            replicas: Vec::new(),
             _external: external,
             mcp: None,
             mcp_url: format!("http://{}/mcp", address(ports[9])),
@@ -173,7 +205,37 @@ impl World {
                 .map_err(|e| e.to_string())?,
         };
         world.launch().await?;
+        for (n, settings) in replica_settings.iter().enumerate() {
+            world.launch_replica(n + 2, settings).await?;
+        }
         Ok(world)
+    }
+
+    /// Starts replica `n` (2 and up) with `settings`, once the first has
+    /// migrated the databases, and waits until its services answer.
+    async fn launch_replica(&mut self, n: usize, settings: &BTreeMap<String, String>) -> Result<(), String> {
+        let env: Vec<(&str, String)> = settings
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        let log = format!("sandbox-{n}.log");
+        self.replicas
+            .push(spawn(&self.binaries.join("sandbox"), &[], &env, self.dir.path(), &log)?);
+        let ready = async {
+            for service in SERVICES {
+                let url = format!(
+                    "http://{}/healthz",
+                    settings[&format!("{}_ADDR", service.to_ascii_uppercase())]
+                );
+                while !self.http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), ready)
+            .await
+            .map_err(|_| format!("replica {n} did not answer within a minute: see {log}"))
     }
 
     fn log_path(&self) -> PathBuf {
@@ -367,6 +429,10 @@ impl World {
     /// Stops the sandbox (the external systems die with the world) and drops the story's PostgreSQL databases.
     pub async fn finish(mut self) {
         self.kill().await;
+        for mut replica in std::mem::take(&mut self.replicas) {
+            let _ = replica.start_kill();
+            let _ = replica.wait().await;
+        }
         self.kill_mcp().await;
         if let Some((admin, name)) = &self.postgres {
             let drop = async {

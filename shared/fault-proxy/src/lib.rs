@@ -4,8 +4,15 @@
 //! agent times out not knowing that its write happened. Faults are switched
 //! at run time ([`FaultProxy::set_faults`]); every request that passes is
 //! noted ([`FaultProxy::passed`]) with its key and what became of it.
+//!
+//! In front of several replicas of a service ([`FaultProxy::spread`]) it is
+//! the load balancer a service must survive: a request with an
+//! `Idempotency-Key` goes to another replica than the one that last served
+//! that key, so a retry never lands where the first attempt did; other
+//! requests go round the replicas in turn.
 
 use std::{
+    collections::HashMap,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -43,12 +50,18 @@ pub struct Passed {
     pub status: Option<u16>,
     /// What the proxy did: `forwarded`, `answer dropped`, `502 before the service`.
     pub fate: String,
+    /// Which replica it was sent to (0 is the first), if it was sent.
+    pub replica: Option<usize>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     faults: ProxyFaults,
     passed: Vec<Passed>,
+    /// The replica the next request without a key goes to.
+    next: usize,
+    /// The replica that last served each key.
+    last_for_key: HashMap<String, usize>,
 }
 
 /// A running proxy.
@@ -56,7 +69,8 @@ struct Inner {
 pub struct FaultProxy {
     /// Where the agent sends: `http://127.0.0.1:<port>`.
     pub url: String,
-    upstream: String,
+    /// The replicas it spreads requests over; one, for a single service.
+    upstreams: Vec<String>,
     inner: Arc<Mutex<Inner>>,
     http: reqwest::Client,
 }
@@ -68,10 +82,16 @@ const DROPPED_ANSWER_HOLD: Duration = Duration::from_secs(120);
 impl FaultProxy {
     /// Starts a proxy to `upstream` (`http://127.0.0.1:7001`) on a free loopback port.
     pub async fn start(upstream: impl Into<String>) -> std::io::Result<FaultProxy> {
+        FaultProxy::spread(vec![upstream.into()]).await
+    }
+
+    /// Starts a proxy in front of `replicas` of one service (see the module's doc).
+    pub async fn spread(replicas: Vec<String>) -> std::io::Result<FaultProxy> {
+        assert!(!replicas.is_empty(), "a proxy needs a service behind it");
         let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let proxy = FaultProxy {
             url: format!("http://{}", listener.local_addr()?),
-            upstream: upstream.into().trim_end_matches('/').to_owned(),
+            upstreams: replicas.iter().map(|u| u.trim_end_matches('/').to_owned()).collect(),
             inner: Arc::default(),
             http: reqwest::Client::new(),
         };
@@ -93,7 +113,36 @@ impl FaultProxy {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn note(&self, method: &Method, path: &str, headers: &HeaderMap, status: Option<u16>, fate: &str) {
+    /// The replica a request goes to: for a key, another than the one that
+    /// last served it; otherwise the next in turn.
+    fn pick(&self, headers: &HeaderMap) -> usize {
+        let replicas = self.upstreams.len();
+        let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+        let mut inner = self.lock();
+        let replica = match key.and_then(|k| inner.last_for_key.get(k)) {
+            Some(last) => (last + 1) % replicas,
+            None => {
+                let next = inner.next;
+                inner.next = (next + 1) % replicas;
+                next
+            }
+        };
+        if let Some(key) = key {
+            inner.last_for_key.insert(key.to_owned(), replica);
+        }
+        replica
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn note(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        replica: Option<usize>,
+        status: Option<u16>,
+        fate: &str,
+    ) {
         self.lock().passed.push(Passed {
             at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
             method: method.to_string(),
@@ -104,6 +153,7 @@ impl FaultProxy {
                 .map(str::to_owned),
             status,
             fate: fate.to_owned(),
+            replica,
         });
     }
 }
@@ -139,7 +189,14 @@ async fn pass(proxy: FaultProxy, request: Request) -> Response {
         (fail, drop_answer, faults.delay_ms)
     };
     if fail {
-        proxy.note(&parts.method, &path, &parts.headers, None, "502 before the service");
+        proxy.note(
+            &parts.method,
+            &path,
+            &parts.headers,
+            None,
+            None,
+            "502 before the service",
+        );
         return (StatusCode::BAD_GATEWAY, "fault: the proxy failed before the service").into_response();
     }
     tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -147,9 +204,10 @@ async fn pass(proxy: FaultProxy, request: Request) -> Response {
         Ok(body) => body,
         Err(_) => return StatusCode::BAD_REQUEST.into_response(),
     };
+    let replica = proxy.pick(&parts.headers);
     let mut upstream = proxy
         .http
-        .request(parts.method.clone(), format!("{}{path}", proxy.upstream))
+        .request(parts.method.clone(), format!("{}{path}", proxy.upstreams[replica]))
         .body(body);
     for (name, value) in &parts.headers {
         if name != "host" {
@@ -163,6 +221,7 @@ async fn pass(proxy: FaultProxy, request: Request) -> Response {
                 &parts.method,
                 &path,
                 &parts.headers,
+                Some(replica),
                 None,
                 "the service could not be reached",
             );
@@ -177,6 +236,7 @@ async fn pass(proxy: FaultProxy, request: Request) -> Response {
             &parts.method,
             &path,
             &parts.headers,
+            Some(replica),
             Some(status.as_u16()),
             "answer dropped",
         );
@@ -185,7 +245,14 @@ async fn pass(proxy: FaultProxy, request: Request) -> Response {
         tokio::time::sleep(DROPPED_ANSWER_HOLD).await;
         return StatusCode::GATEWAY_TIMEOUT.into_response();
     }
-    proxy.note(&parts.method, &path, &parts.headers, Some(status.as_u16()), "forwarded");
+    proxy.note(
+        &parts.method,
+        &path,
+        &parts.headers,
+        Some(replica),
+        Some(status.as_u16()),
+        "forwarded",
+    );
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     for (name, value) in &headers {
