@@ -76,6 +76,16 @@ async fn until_succeeded(replica: &Replica, capture_id: &str) -> Value {
     .unwrap_or_else(|_| panic!("capture {capture_id} never succeeded"))
 }
 
+/// `retrysafe_idempotency_requests_total` for `route` and `outcome` in a
+/// replica's `/metrics` (0 when it has no such series).
+fn requests_counted(text: &str, route: &str, outcome: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with("retrysafe_idempotency_requests_total{"))
+        .filter(|line| line.contains(&format!("route=\"{route}\"")) && line.contains(&format!("outcome=\"{outcome}\"")))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Every journal entry, read through a replica as an approver, page by page.
 async fn whole_journal(replica: &Replica) -> Vec<idempotency::audit::AuditEntry> {
     let mut entries = Vec::new();
@@ -128,6 +138,20 @@ async fn three_replicas_on_one_database_start_together_and_keep_every_payment_to
         .await;
     assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
     let intent_id = created[0].str("id");
+    // each replica counts what it answered; together, the storm
+    let mut counted = [0.0, 0.0];
+    for replica in &replicas {
+        let text = replica.0.client().get("/metrics", "").await.body;
+        let text = String::from_utf8(text.to_vec()).unwrap();
+        for (i, outcome) in ["executed", "replayed"].into_iter().enumerate() {
+            counted[i] += requests_counted(&text, "/v1/payment_intents", outcome);
+        }
+    }
+    assert_eq!(
+        counted,
+        [1.0, 199.0],
+        "one executed and 199 replayed, over three replicas"
+    );
 
     // 16 racing captures of that intent under 16 keys, spread over the replicas: one charge
     let capture_path = format!("/v1/payment_intents/{intent_id}/capture");

@@ -119,3 +119,64 @@ async fn a_replica_whose_clock_is_an_hour_ahead_still_keeps_to_another_replica_s
     assert!(held.await.unwrap().is_err(), "the held request died with its replica");
     other.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_never_answers_from_memory_for_an_operation_the_reaper_removed() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres).await;
+    // finished operations kept 1.8 s, reaped every 0.3 s, by either replica
+    let short = [
+        ("TICKETS_DATABASE_URL", db.url.as_str()),
+        ("RETRYSAFE_RETENTION_HOURS", "0.0005"),
+        ("RETRYSAFE_REAP_EVERY_SECONDS", "0.3"),
+    ];
+    let replicas: Vec<ServiceProcess> =
+        join_all((0..2).map(|_| ServiceProcess::start(env!("CARGO_BIN_EXE_tickets"), "tickets", &short))).await;
+    let first = replicas[0]
+        .client()
+        .post("/v1/tickets", ACME_AGENT, Some("key-1"), BODY)
+        .await;
+    let replay = replicas[0]
+        .client()
+        .post("/v1/tickets", ACME_AGENT, Some("key-1"), BODY)
+        .await;
+    assert_eq!(
+        replay.replayed(),
+        Some("true"),
+        "answered from the replica's memory, or the database"
+    );
+    let operations = || async {
+        on_pool!(db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM idempotency_operations WHERE idempotency_key = 'key-1'"
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while operations().await > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a reaper removes the finished operation after its retention");
+
+    let after = replicas[0]
+        .client()
+        .post("/v1/tickets", ACME_AGENT, Some("key-1"), BODY)
+        .await;
+
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(after.status, StatusCode::CREATED);
+    assert_eq!(
+        after.replayed(),
+        Some("false"),
+        "the key is free again: a new operation, not a memory of the old"
+    );
+    assert_ne!(after.operation_id(), first.operation_id());
+    for replica in replicas {
+        replica.kill().await;
+    }
+}
