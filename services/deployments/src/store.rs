@@ -303,6 +303,10 @@ pub async fn settle_rollout(
                 record_state(tx, deployment_id, DeploymentState::Queued, &note, now).await?;
             }
         }
+        Settlement::FailedByHand => {
+            let note = "a person found the controller never took it";
+            change_state(tx, account_id, deployment_id, &handing, DeploymentState::Failed, note).await?;
+        }
         Settlement::Refused { reason } => {
             let note = format!("the controller refused it: {reason}");
             change_state(tx, account_id, deployment_id, &handing, DeploymentState::Failed, &note).await?;

@@ -275,7 +275,7 @@ pub async fn settle_capture(
 ) -> Result<(), sqlx::Error> {
     let (state, intent_state, charge_id) = match settlement {
         Settlement::Accepted { external_ref } => (TransferState::Succeeded, IntentState::Succeeded, Some(external_ref)),
-        Settlement::Refused { .. } => (TransferState::Failed, IntentState::Failed, None),
+        Settlement::Refused { .. } | Settlement::FailedByHand => (TransferState::Failed, IntentState::Failed, None),
         Settlement::Unknown => (TransferState::Unknown, IntentState::Unknown, None),
     };
     let now = Timestamp::now();
@@ -413,7 +413,7 @@ pub async fn settle_refund(
 ) -> Result<(), sqlx::Error> {
     let (state, refund_ref) = match settlement {
         Settlement::Accepted { external_ref } => (TransferState::Succeeded, Some(external_ref)),
-        Settlement::Refused { .. } => (TransferState::Failed, None),
+        Settlement::Refused { .. } | Settlement::FailedByHand => (TransferState::Failed, None),
         Settlement::Unknown => (TransferState::Unknown, None),
     };
     let now = Timestamp::now();

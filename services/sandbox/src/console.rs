@@ -283,9 +283,12 @@ async fn resolve(
             .with_problem(&session, &PageQuery::of(&service.name), problem)
             .await);
     };
-    // an empty reference is no reference: the service requires one with `completed` and refuses one with `failed`
-    let external_ref = Some(form.external_ref.trim()).filter(|r| !r.is_empty());
-    let body = serde_json::json!({"outcome": outcome, "evidence": form.evidence, "external_ref": external_ref});
+    // an empty reference is no reference, and then no member: the service requires
+    // one with `completed` and refuses one with `failed`
+    let mut body = serde_json::json!({"outcome": outcome, "evidence": form.evidence});
+    if let Some(external_ref) = Some(form.external_ref.trim()).filter(|r| !r.is_empty()) {
+        body["external_ref"] = external_ref.into();
+    }
     let path = format!("/v1/operations/{}/resolution", form.operation_id);
     Ok(console
         .settle(&session, service, &path, &body, outcome, &form.operation_id)

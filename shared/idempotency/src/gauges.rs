@@ -1,8 +1,10 @@
 //! What `GET /metrics` reads from the database at each scrape: the outbox's
 //! backlog, approvals, unfinished operations, the journal's inbox and the
 //! connection pools. Counts over the whole service database, for its
-//! operator: never an account's rows, and no account in any label. Each
-//! replica reports the same database-wide values; aggregate them with `max`.
+//! operator: never an account's rows, and no account in any label. Every
+//! replica reports the same database-wide values for these (aggregate them
+//! with `max`); the journal's backlog adds what waits in this process's
+//! memory, and the pools are this process's own.
 
 use platform::{
     Db, Timestamp,
@@ -16,8 +18,24 @@ const OUTBOX_STATES: [&str; 4] = ["pending", "sending", "unknown", "dead"];
 const UNFINISHED: [&str; 3] = ["in_progress", "awaiting_approval", "unknown"];
 const APPROVAL_STATES: [&str; 4] = ["pending", "approved", "rejected", "expired"];
 
+/// How stale the gauges may be: `/metrics` needs no key, so a flood of
+/// scrapes must not become a flood of aggregate queries.
+const READ_AT_MOST_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Sets the gauges from the database unless they were read in the last few
+/// seconds; one read at a time, the others wait for it.
+pub(crate) async fn refresh_if_stale(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
+    let mut read_at = idempotency.gauges_read.lock().await;
+    if read_at.is_some_and(|at| at.elapsed() < READ_AT_MOST_EVERY) {
+        return Ok(());
+    }
+    refresh(idempotency).await?;
+    *read_at = Some(std::time::Instant::now());
+    Ok(())
+}
+
 /// Sets every gauge from the database, as of now.
-pub(crate) async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
+async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     let (db, metrics) = (&idempotency.db, &idempotency.metrics);
     let now = Timestamp::now();
 

@@ -202,6 +202,8 @@ pub struct Idempotency {
     ledger: Option<std::sync::Arc<dyn outbox::Ledger>>,
     /// The service's metrics registry.
     metrics: platform::metrics::Metrics,
+    /// When `/metrics` last read its gauges from the database.
+    gauges_read: std::sync::Arc<tokio::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl Idempotency {
@@ -217,6 +219,7 @@ impl Idempotency {
             outbox_wake: Default::default(),
             ledger: None,
             metrics: platform::metrics::Metrics::new("unnamed"),
+            gauges_read: Default::default(),
         }
     }
 

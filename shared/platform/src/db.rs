@@ -209,9 +209,11 @@ impl Db {
         let Db::Postgres(pg) = self else {
             return Ok(());
         };
+        // the connection first: only the query's round trip is timed
+        let mut connection = pg.main.acquire().await?;
         let sent = crate::time::local_now();
         let server: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-            .fetch_one(&pg.main)
+            .fetch_one(&mut *connection)
             .await?;
         let received = crate::time::local_now();
         let halfway = sent + (received - sent) / 2;

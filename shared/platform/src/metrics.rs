@@ -1,5 +1,5 @@
 //! Prometheus metrics: what every service counts and how it serves them at
-//! `GET /metrics` (docs/contract.md §5; the list is in docs/operations.md).
+//! `GET /metrics` (docs/contract.md §5; the list is in the README).
 //!
 //! Each service records into a registry of its own, every series of which
 //! carries its `service` label, rather than into the process's global one:
@@ -77,7 +77,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
     (
         names::DB_ACQUIRE,
         Kind::Histogram,
-        "Waiting for a connection to begin a transaction.",
+        "A request's wait for a connection to begin its transaction.",
     ),
     (
         names::DB_CONNECTIONS,
@@ -268,10 +268,14 @@ pub async fn track(State(metrics): State<Metrics>, request: Request, next: Next)
         &[("route", &route), ("method", &method), ("status", class)],
         started.elapsed(),
     );
-    if keyed {
-        let outcome = outcome
-            .map(outcome_label)
-            .unwrap_or(if status.is_server_error() { "error" } else { "invalid" });
+    // a keyed write the layer never saw was refused before any claim, or failed;
+    // one that succeeded without it (a settlement by hand) is no operation to count
+    let outcome = outcome.map(outcome_label).or(match status.as_u16() {
+        400..=499 => Some("invalid"),
+        500.. => Some("error"),
+        _ => None,
+    });
+    if let (true, Some(outcome)) = (keyed, outcome) {
         metrics.count(names::REQUESTS, &[("route", &route), ("outcome", outcome)]);
     }
     response

@@ -62,6 +62,11 @@ pub struct Page<T> {
 }
 
 impl<T> Page<T> {
+    /// The cursor that continues after the row numbered `seq`.
+    pub fn cursor_after(seq: i64) -> String {
+        encode_cursor(seq)
+    }
+
     /// Builds a page from rows fetched with [`PageRequest::fetch_limit`], each with its sequence number.
     pub fn from_rows(mut rows: Vec<(i64, T)>, request: PageRequest) -> Self {
         let more = rows.len() as i64 > request.limit;

@@ -11,7 +11,10 @@
 //! measured it ([`Db::sync_clock`](crate::Db::sync_clock)): replicas on one
 //! PostgreSQL server then agree on when a lease or a retention period ends,
 //! whatever their own clocks say. The offset is measured at start-up and
-//! every minute; SQLite runs in the process, so its clock is the process's.
+//! every minute. It is one offset for the whole process: a process with
+//! only SQLite databases keeps its own clock (SQLite runs in it), and one
+//! that also has a PostgreSQL database (the sandbox on mixed URLs, a test
+//! binary) puts them all on that server's clock.
 
 use std::{
     fmt,

@@ -76,7 +76,11 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
         assert_eq!(outbox.deliver_due().await.unwrap(), 1);
         outbox.reconcile_due().await.unwrap();
     }
-    let dead = app.operation(&operation_id).await;
+    let dead = app
+        .get(&format!("/v1/operations/{operation_id}"), ACME_APPROVER)
+        .await
+        .json();
+    let dead_for_the_agent = app.operation(&operation_id).await;
     let taken_while_dead = (
         outbox.deliver_due().await.unwrap(),
         outbox.reconcile_due().await.unwrap(),
@@ -84,6 +88,11 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     let requests_while_dead = app.provider.stats().requests;
     let listed = app.get("/v1/operations?outbox=dead", ACME_APPROVER).await;
     let listed_for_an_agent = app.get("/v1/operations?outbox=dead", ACME_AGENT).await;
+    let waiting = app.get("/v1/operations", ACME_APPROVER).await.json();
+    let its_key_while_dead = app
+        .get("/v1/operations?idempotency_key=cap-1&outbox=dead", ACME_AGENT)
+        .await
+        .json();
     let by_an_approver = redeliver(&app, ACME_APPROVER, &operation_id).await;
     let from_another_account = redeliver(
         &app,
@@ -98,6 +107,10 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     outbox.reconcile_due().await.unwrap();
     outbox.deliver_due().await.unwrap();
     let settled = app.operation(&operation_id).await;
+    let its_key_once_delivered = app
+        .get("/v1/operations?idempotency_key=cap-1&outbox=dead", ACME_AGENT)
+        .await
+        .json();
 
     assert_eq!(
         dead["state"], "unknown",
@@ -105,6 +118,12 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     );
     assert_eq!(dead["outbox"], "dead", "{dead}");
     assert!(dead["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{dead}");
+    assert_eq!(dead_for_the_agent["outbox"], "dead");
+    assert_eq!(
+        dead_for_the_agent["last_error"],
+        Value::Null,
+        "the external system's words are for people"
+    );
     assert_eq!(taken_while_dead, (0, 0), "a dead event is tried no more");
     assert_eq!(requests_while_dead, 3);
     assert_eq!(listed.status, StatusCode::OK);
@@ -116,12 +135,30 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     );
     assert_eq!(listed.json()["data"].as_array().unwrap().len(), 1);
     assert_eq!(listed_for_an_agent.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        waiting["data"][0]["operation_id"],
+        operation_id.as_str(),
+        "without a filter: what waits for a person"
+    );
+    assert_eq!(
+        its_key_while_dead["data"].as_array().unwrap().len(),
+        1,
+        "the key's operation, dead"
+    );
+    assert_eq!(
+        its_key_once_delivered["data"].as_array().unwrap().len(),
+        0,
+        "no longer dead"
+    );
     assert_eq!(by_an_approver.status, StatusCode::FORBIDDEN);
     assert_eq!(from_another_account.status, StatusCode::NOT_FOUND);
     assert_eq!(given_back.status, StatusCode::OK, "{:?}", given_back.body);
     assert_eq!(given_back.json()["outbox"], "unknown", "the reconciler asks first");
-    assert_eq!(again.status, StatusCode::CONFLICT);
-    assert_eq!(again.json()["code"], "invalid_state");
+    assert_eq!(
+        again.status,
+        StatusCode::OK,
+        "sent again while it is on its way: the same answer"
+    );
     assert_eq!(again.json()["outbox"], "unknown");
     assert_eq!(settled["state"], "completed", "{settled}");
     assert_eq!(settled["outbox"], "delivered");
@@ -148,6 +185,13 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
     });
     let resolved = resolve(&app, &admin, &operation_id, &resolution).await;
     let twice = resolve(&app, &admin, &operation_id, &resolution).await;
+    let otherwise = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "failed", "evidence": "no"}),
+    )
+    .await;
     let retry = app.capture(&intent_id, "cap-order-1", &json!({})).await;
     let capture = app
         .get(
@@ -170,11 +214,17 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
     assert_eq!(resolved.json()["outbox"], "delivered");
     assert_eq!(
         twice.status,
+        StatusCode::OK,
+        "sent again once it holds: the same answer"
+    );
+    assert_eq!(twice.json()["state"], "completed");
+    assert_eq!(
+        otherwise.status,
         StatusCode::CONFLICT,
         "a compare-and-set from unknown only"
     );
     assert_eq!(
-        (twice.json()["code"].clone(), twice.json()["state"].clone()),
+        (otherwise.json()["code"].clone(), otherwise.json()["state"].clone()),
         (json!("invalid_state"), json!("completed"))
     );
     assert_eq!(retry.status, StatusCode::ACCEPTED);
@@ -205,6 +255,11 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
         &events[events.len() - 3..],
         ["resolved", "completed", "replayed"],
         "{events:?}"
+    );
+    assert_eq!(
+        events.iter().filter(|e| **e == "resolved").count(),
+        1,
+        "the repeat changed nothing"
     );
 }
 
@@ -327,7 +382,10 @@ async fn a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_ne
     .rows_affected());
 
     outbox.deliver_due().await.unwrap();
-    let operation = app.operation(&operation_id).await;
+    let operation = app
+        .get(&format!("/v1/operations/{operation_id}"), ACME_APPROVER)
+        .await
+        .json();
     let taken_again = outbox.reconcile_due().await.unwrap();
 
     assert_eq!(operation["outbox"], "dead", "{operation}");
@@ -343,7 +401,48 @@ async fn a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_ne
     );
 }
 
+async fn while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    // as the reconciler holds an event it is asking about
+    let hold = |until: platform::Timestamp| {
+        let (db, operation_id) = (app.db.db.clone(), operation_id.clone());
+        async move {
+            on_pool!(db.write(), |pool| sqlx::query(
+                "UPDATE idempotency_outbox SET lease_token = 'asking', next_attempt_at = $2 WHERE operation_id = $1"
+            )
+            .bind(&operation_id)
+            .bind(until)
+            .execute(pool)
+            .await
+            .unwrap()
+            .rows_affected())
+        }
+    };
+    hold(platform::Timestamp::now().plus(std::time::Duration::from_secs(30))).await;
+    let failed = json!({"outcome": "failed", "evidence": "no charge at the provider"});
+
+    let while_held = resolve(&app, &admin, &operation_id, &failed).await;
+    let still = app.operation(&operation_id).await;
+    // its lease ends: the reconciler has gone
+    hold(platform::Timestamp::now()).await;
+    let once_let_go = resolve(&app, &admin, &operation_id, &failed).await;
+
+    assert_eq!(while_held.status, StatusCode::CONFLICT, "{:?}", while_held.body);
+    assert_eq!(while_held.json()["code"], "invalid_state");
+    let retry_after: u64 = while_held.header("retry-after").expect("Retry-After").parse().unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    assert_eq!(
+        (still["state"].clone(), still["outbox"].clone()),
+        (json!("unknown"), json!("unknown"))
+    );
+    assert_eq!(once_let_go.status, StatusCode::OK, "{:?}", once_let_go.body);
+    assert_eq!(once_let_go.json()["state"], "failed");
+}
+
 platform::both_backends!(
+    while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_changes_nothing,
     a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_never_reaches_the_caller,
     an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_again_only_when_an_admin_says_so,
     an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_every_later_retry_replays_its_answer,

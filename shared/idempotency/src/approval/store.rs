@@ -19,8 +19,17 @@ pub enum ExecutionCheck {
     Expired,
 }
 
-const COLUMNS: &str = "seq, approval_id, account_id, operation_id, idempotency_key, route, fingerprint, summary, \
-     requested_by, created_at, expires_at, decision, decided_by, decided_at";
+/// Every column but the row's number: `seq` in most reads, a list's place
+/// (`list_seq AS seq`) in a list.
+macro_rules! fields {
+    () => {
+        "approval_id, account_id, operation_id, idempotency_key, route, fingerprint, summary, \
+         requested_by, created_at, expires_at, decision, decided_by, decided_at"
+    };
+}
+
+const COLUMNS: &str = concat!("seq, ", fields!());
+const LISTED_COLUMNS: &str = concat!("list_seq AS seq, ", fields!());
 
 pub(crate) async fn insert(tx: &mut Tx, approval: &ApprovalRecord) -> Result<(), sqlx::Error> {
     let summary = serde_json::to_string(&approval.summary).map_err(|e| sqlx::Error::Encode(e.into()))?;
@@ -86,10 +95,9 @@ pub async fn list(
 ) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
     platform::page::number_new_rows(db, "idempotency_approvals", account_id).await?;
     let condition = in_state(state, "$4");
-    let columns = COLUMNS.replacen("seq", "list_seq AS seq", 1);
     // `$4 IS NOT NULL` keeps the parameter bound in every variant
     let sql = format!(
-        "SELECT {columns} FROM idempotency_approvals \
+        "SELECT {LISTED_COLUMNS} FROM idempotency_approvals \
          WHERE account_id = $1 AND list_seq > $2 AND {condition} AND $4 IS NOT NULL ORDER BY list_seq LIMIT $3"
     );
     Ok(on_pool!(db.read(), |pool| {

@@ -6,11 +6,7 @@
 
 use platform::{Principal, Timestamp};
 
-use super::{
-    EventState,
-    plan::{self, Plan},
-    store,
-};
+use super::{EventState, plan, store};
 use crate::{
     Idempotency, OperationState,
     audit::{self, AuditEvent, Record},
@@ -61,16 +57,23 @@ pub enum ByHandError {
     /// its event's if it has one.
     #[error("the operation is {0:?}, its event {1:?}")]
     InvalidState(OperationState, Option<EventState>),
+    /// A worker or the reconciler holds the event until then, and may be
+    /// hearing from the external system: ask again after.
+    #[error("the event is held until {0}")]
+    Held(Timestamp),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
 
 /// Settles `operation_id`, whose outcome is unknown, as `resolution` says,
-/// in one transaction: its event (whoever holds it, whatever its state short
-/// of settled), the operation (compare-and-set from `unknown`), the service's
+/// in one transaction: its event (unless a worker or the reconciler holds it
+/// right now), the operation (compare-and-set from `unknown`), the service's
 /// rows through its [`Ledger`](super::Ledger) — the writes the reconciler
 /// makes — and the journal: `resolved` by `by`, with the evidence, then the
 /// outcome. The stored answer stays, replayed to every later attempt.
+///
+/// Sent again once it is settled that way, it changes nothing and succeeds:
+/// a person whose answer was lost may repeat it.
 pub async fn resolve(
     idempotency: &Idempotency,
     by: &Principal,
@@ -79,6 +82,7 @@ pub async fn resolve(
 ) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
     let now = Timestamp::now();
+    let failed_by_hand = matches!(resolution.outcome, Resolved::Failed).then_some(plan::FAILED_BY_HAND);
     let mut tx = idempotency.db.begin().await?;
     // the event first, as the worker and the reconciler lock it first
     let event = store::settle_by_hand(
@@ -87,10 +91,19 @@ pub async fn resolve(
         operation_id,
         resolution.event_state(),
         resolution.external_ref(),
-        matches!(resolution.outcome, Resolved::Failed).then_some(resolution.evidence.as_str()),
+        failed_by_hand,
         now,
     )
     .await?;
+    if event.is_none()
+        && store::delivery_of(&idempotency.db, account_id, operation_id)
+            .await?
+            .is_some()
+    {
+        // an event it could not take: held, or settled already
+        tx.rollback().await?;
+        return settled_already(idempotency, account_id, operation_id, resolution).await;
+    }
     let completes = match (&event, idempotency.ledger()) {
         (Some(event), Some(ledger)) => ledger.completes_on_acceptance(event),
         _ => true,
@@ -108,7 +121,7 @@ pub async fn resolve(
     .await?
     else {
         tx.rollback().await?;
-        return Err(why_not(idempotency, account_id, operation_id).await?);
+        return settled_already(idempotency, account_id, operation_id, resolution).await;
     };
     if let Some(event) = &event {
         let ledger = idempotency
@@ -116,21 +129,20 @@ pub async fn resolve(
             .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
         ledger.settle(&mut tx, event, settles.business).await?;
     }
-    let identity = Identity {
+    let named = Named {
         account_id,
         operation_id,
         idempotency_key: &idempotency_key,
         fingerprint: &fingerprint,
         route: &route,
     };
-    let journaled: Vec<Record> = journal(&plan, &identity, now)
-        .into_iter()
-        .map(|record| match record.event {
-            AuditEvent::Resolved => Record {
-                evidence: Some(resolution.evidence.clone()),
-                ..record
-            },
-            _ => record,
+    let journaled: Vec<Record> = plan
+        .settles
+        .iter()
+        .flat_map(|settles| settles.journal.iter())
+        .map(|&(what, who)| Record {
+            evidence: (what == AuditEvent::Resolved).then(|| resolution.evidence.clone()),
+            ..named.record(what, who, plan.external_ref, now)
         })
         .collect();
     audit::record(&mut tx, &journaled).await?;
@@ -140,10 +152,44 @@ pub async fn resolve(
     Ok(())
 }
 
+/// Whether `resolution` holds already (sent again, or the reconciler found
+/// the same): then nothing is to be done. Otherwise why it cannot be made.
+async fn settled_already(
+    idempotency: &Idempotency,
+    account_id: &str,
+    operation_id: &str,
+    resolution: &Resolution,
+) -> Result<(), ByHandError> {
+    let Some(operation) = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await? else {
+        return Err(ByHandError::NotFound);
+    };
+    let delivery = store::delivery_of(&idempotency.db, account_id, operation_id).await?;
+    let event = delivery.as_ref().map(|d| d.state);
+    let holds = match (&resolution.outcome, &delivery) {
+        (Resolved::Completed { external_ref }, Some(d)) => {
+            d.state == EventState::Delivered && d.external_ref.as_deref() == Some(external_ref)
+        }
+        (Resolved::Failed, Some(d)) => d.state == EventState::Failed && operation.state == OperationState::Failed,
+        (Resolved::Completed { .. }, None) => operation.state == OperationState::Completed,
+        (Resolved::Failed, None) => operation.state == OperationState::Failed,
+    };
+    if holds {
+        return Ok(());
+    }
+    match delivery.and_then(|d| d.held_until) {
+        Some(until) if operation.state == OperationState::Unknown && until > Timestamp::now() => {
+            Err(ByHandError::Held(until))
+        }
+        _ => Err(ByHandError::InvalidState(operation.state, event)),
+    }
+}
+
 /// Gives `operation_id`'s dead event back to the reconciler, its failures
 /// forgiven, journaled `redelivered` by `by`. The reconciler asks the
 /// external system first and sends it again, with the same key, only if
-/// there is no trace of it there: an effect that did happen is never made twice.
+/// there is no trace of it there: an effect that did happen is never made
+/// twice. Sent again while the event is on its way, it changes nothing and
+/// succeeds.
 pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: &str) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
     let now = Timestamp::now();
@@ -151,34 +197,33 @@ pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: 
     let Some((idempotency_key, fingerprint, route)) = store::revive(&mut tx, account_id, operation_id, now).await?
     else {
         tx.rollback().await?;
-        return Err(why_not(idempotency, account_id, operation_id).await?);
+        let Some(operation) = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await? else {
+            return Err(ByHandError::NotFound);
+        };
+        let event = store::delivery_of(&idempotency.db, account_id, operation_id)
+            .await?
+            .map(|d| d.state);
+        return match event {
+            Some(EventState::Pending | EventState::Sending | EventState::Unknown) => Ok(()),
+            _ => Err(ByHandError::InvalidState(operation.state, event)),
+        };
     };
-    let identity = Identity {
+    let named = Named {
         account_id,
         operation_id,
         idempotency_key: &idempotency_key,
         fingerprint: &fingerprint,
         route: &route,
     };
-    let entry = identity.record(AuditEvent::Redelivered, &by.principal_id, None, now);
+    let entry = named.record(AuditEvent::Redelivered, &by.principal_id, None, now);
     audit::record(&mut tx, &[entry]).await?;
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, "a dead event was given back to the reconciler");
     Ok(())
 }
 
-/// Why an action found nothing to change: the operation is not there, or
-/// not in the state it is for.
-async fn why_not(idempotency: &Idempotency, account_id: &str, operation_id: &str) -> Result<ByHandError, sqlx::Error> {
-    let Some(operation) = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await? else {
-        return Ok(ByHandError::NotFound);
-    };
-    let event = store::delivery_of(&idempotency.db, account_id, operation_id).await?;
-    Ok(ByHandError::InvalidState(operation.state, event.map(|e| e.state)))
-}
-
 /// The operation a person acted on, as the journal names it.
-struct Identity<'a> {
+struct Named<'a> {
     account_id: &'a str,
     operation_id: &'a str,
     idempotency_key: &'a str,
@@ -186,7 +231,7 @@ struct Identity<'a> {
     route: &'a str,
 }
 
-impl Identity<'_> {
+impl Named<'_> {
     fn record(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
         Record {
             account_id: self.account_id.to_owned(),
@@ -203,12 +248,4 @@ impl Identity<'_> {
             evidence: None,
         }
     }
-}
-
-fn journal(plan: &Plan<'_>, operation: &Identity<'_>, at: Timestamp) -> Vec<Record> {
-    plan.settles
-        .iter()
-        .flat_map(|settles| settles.journal.iter())
-        .map(|&(what, by)| operation.record(what, by, plan.external_ref, at))
-        .collect()
 }

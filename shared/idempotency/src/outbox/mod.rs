@@ -125,7 +125,8 @@ impl Message {
 }
 
 /// Where an event is in its delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum EventState {
     /// To be sent (first, or again).
     Pending,
@@ -137,7 +138,8 @@ pub enum EventState {
     Failed,
     /// Failed too often ([`OutboxConfig::max_failures`]): no longer tried,
     /// its operation left as it was, until an admin sends it again
-    /// ([`redeliver`]) or settles the operation by hand ([`resolve`]).
+    /// ([`redeliver`]) or, if its operation is `unknown`, settles that by
+    /// hand ([`resolve`]).
     Dead,
 }
 
@@ -219,6 +221,9 @@ pub enum Settlement<'a> {
     Refused {
         reason: &'a str,
     },
+    /// A person found that it did not take effect (see [`resolve`]): an end
+    /// like a refusal, but nobody at the external system said so.
+    FailedByHand,
     /// Sent, and nobody knows yet whether it took effect.
     Unknown,
 }

@@ -161,6 +161,10 @@ pub(super) fn plan(outcome: &Outcome, completes_on_acceptance: bool) -> Plan<'_>
     }
 }
 
+/// The event's `last_error` once a person settled it as failed: their
+/// evidence is in the journal, for those who may read it.
+pub(super) const FAILED_BY_HAND: &str = "settled as failed by a person";
+
 /// What a person's settling of an operation whose outcome was unknown writes
 /// ([`resolve`](super::resolve)): what the reconciler writes when it finds the
 /// work done (`external_ref`) or refused, journaled `resolved` by `by` first.
@@ -172,11 +176,9 @@ pub(super) fn resolved<'a>(resolution: &'a Resolution, by: &'a str, completes_on
         Resolved::Failed => {
             let mut failed = settled(
                 EventState::Failed,
-                &resolution.evidence,
+                FAILED_BY_HAND,
                 OperationState::Failed,
-                Settlement::Refused {
-                    reason: &resolution.evidence,
-                },
+                Settlement::FailedByHand,
                 (AuditEvent::Resolved, by),
             );
             if let Some(settles) = &mut failed.settles {
@@ -458,14 +460,14 @@ mod tests {
         };
         let by_hand = resolved(&failed, by, true);
         assert_eq!(by_hand.event, E::Failed);
+        assert_eq!(
+            by_hand.last_error,
+            Some(FAILED_BY_HAND),
+            "the evidence stays in the journal"
+        );
         let settles = by_hand.settles.unwrap();
         assert_eq!(settles.operation, O::Failed);
-        assert_eq!(
-            settles.business,
-            Settlement::Refused {
-                reason: "no charge at the provider"
-            }
-        );
+        assert_eq!(settles.business, Settlement::FailedByHand);
         assert_eq!(settles.journal, vec![(A::Resolved, by), (A::Failed, by)]);
     }
 }

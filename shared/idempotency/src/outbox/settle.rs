@@ -43,7 +43,8 @@ impl<D: Destination> Outbox<D> {
     async fn write(&self, event: &OutboxEvent, plan: &Plan<'_>, by: &str) -> Result<Option<EventState>, sqlx::Error> {
         let wait = match plan.due {
             Due::Now => Duration::ZERO,
-            Due::AfterBackoff => self.config.backoff_after(event.deliveries),
+            // lookups that fail count too, so an outage is asked about less and less often
+            Due::AfterBackoff => self.config.backoff_after(event.deliveries.max(event.failures + 1)),
             Due::AfterReconcileWait => self.config.reconcile_after,
         };
         let (state, failures) = plan.event_after(event.failures, self.config.max_failures);

@@ -175,10 +175,12 @@ pub(super) async fn count_failed_settlement(
     Ok(counted.map(|state| state == EventState::Dead.as_str()))
 }
 
-/// Settles the event of an operation a person settled by hand, whoever holds
-/// it: from any state but a final one, to `state`, its lease ended (a holder
-/// that tries to settle it later finds its lease gone). `None`: the operation
-/// has no event, or it was settled already.
+/// Settles the event of an operation a person settled by hand: from any
+/// state but a final one, to `state`, provided no worker or reconciler holds
+/// it under a live lease (one that may be hearing from the external system
+/// right now). `None`: the operation has no event, it is held, or it was
+/// settled already.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn settle_by_hand(
     tx: &mut Tx,
     account_id: &str,
@@ -190,8 +192,9 @@ pub(super) async fn settle_by_hand(
 ) -> Result<Option<OutboxEvent>, sqlx::Error> {
     const SQL: &str = concat!(
         "UPDATE idempotency_outbox SET state = $3, lease_token = NULL, external_ref = COALESCE($4, external_ref), \
-         last_error = COALESCE($5, last_error), updated_at = $6 \
+         last_error = $5, updated_at = $6 \
          WHERE account_id = $1 AND operation_id = $2 AND state IN ('pending', 'sending', 'unknown', 'dead') \
+           AND (lease_token IS NULL OR next_attempt_at <= $6) \
          RETURNING ",
         event_columns!()
     );
@@ -305,12 +308,15 @@ pub async fn event_of(
     Ok(row.and_then(|(state, deliveries)| Some((EventState::parse(&state)?, deliveries))))
 }
 
-/// An operation's delivery as its status shows it: the event's state, and
-/// why its last try came to nothing, if it did.
+/// An operation's delivery as its status shows it: the event's state, why
+/// its last try came to nothing (if it did), the external reference, and
+/// until when a worker or the reconciler holds it (if one does).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryStatus {
     pub state: EventState,
     pub last_error: Option<String>,
+    pub external_ref: Option<String>,
+    pub held_until: Option<Timestamp>,
 }
 
 pub(crate) async fn delivery_of(
@@ -318,27 +324,36 @@ pub(crate) async fn delivery_of(
     account_id: &str,
     operation_id: &str,
 ) -> Result<Option<DeliveryStatus>, sqlx::Error> {
-    let row: Option<(String, Option<String>)> = platform::on_pool!(db.read(), |pool| {
-        sqlx::query_as("SELECT state, last_error FROM idempotency_outbox WHERE account_id = $1 AND operation_id = $2")
-            .bind(account_id)
-            .bind(operation_id)
-            .fetch_optional(pool)
-            .await?
+    type Row = (String, Option<String>, Option<String>, Option<String>, Timestamp);
+    let row: Option<Row> = platform::on_pool!(db.read(), |pool| {
+        sqlx::query_as(
+            "SELECT state, last_error, external_ref, lease_token, next_attempt_at FROM idempotency_outbox \
+             WHERE account_id = $1 AND operation_id = $2",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .fetch_optional(pool)
+        .await?
     });
-    Ok(row.and_then(|(state, last_error)| {
-        Some(DeliveryStatus {
-            state: EventState::parse(&state)?,
-            last_error,
-        })
-    }))
+    Ok(
+        row.and_then(|(state, last_error, external_ref, lease_token, next_attempt_at)| {
+            Some(DeliveryStatus {
+                state: EventState::parse(&state)?,
+                last_error,
+                external_ref,
+                held_until: lease_token.map(|_| next_attempt_at),
+            })
+        }),
+    )
 }
 
-/// Which operations a person must look at: those whose outcome is unknown,
-/// or those whose event is dead.
+/// Which operations a person must look at: with neither, those whose
+/// outcome is unknown or whose event is dead; with one or both, those that
+/// are so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NeedsAPerson {
-    Unknown,
-    DeadEvent,
+pub struct NeedsAPerson {
+    pub unknown: bool,
+    pub dead: bool,
 }
 
 /// A page of the account's operations that need a person, by their event's
@@ -350,19 +365,21 @@ pub(crate) async fn needing_a_person(
     after_seq: i64,
     limit: i64,
 ) -> Result<Vec<(i64, String)>, sqlx::Error> {
-    let sql = match which {
-        NeedsAPerson::Unknown => {
-            "SELECT o.seq, o.operation_id FROM idempotency_outbox o \
-             JOIN idempotency_operations op ON op.account_id = o.account_id AND op.operation_id = o.operation_id \
-             WHERE o.account_id = $1 AND o.seq > $2 AND op.state = 'unknown' ORDER BY o.seq LIMIT $3"
-        }
-        NeedsAPerson::DeadEvent => {
-            "SELECT seq, operation_id FROM idempotency_outbox \
-             WHERE account_id = $1 AND seq > $2 AND state = 'dead' ORDER BY seq LIMIT $3"
-        }
+    let condition = match (which.unknown, which.dead) {
+        (false, false) => "(op.state = 'unknown' OR o.state = 'dead')",
+        (true, false) => "op.state = 'unknown'",
+        (false, true) => "o.state = 'dead'",
+        (true, true) => "op.state = 'unknown' AND o.state = 'dead'",
     };
+    // an unknown operation's event is never delivered or failed: the index's condition
+    let sql = format!(
+        "SELECT o.seq, o.operation_id FROM idempotency_outbox o \
+         JOIN idempotency_operations op ON op.account_id = o.account_id AND op.operation_id = o.operation_id \
+         WHERE o.account_id = $1 AND o.seq > $2 AND o.state NOT IN ('delivered', 'failed') AND {condition} \
+         ORDER BY o.seq LIMIT $3"
+    );
     Ok(platform::on_pool!(db.read(), |pool| {
-        sqlx::query_as(sql)
+        sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(account_id)
             .bind(after_seq)
             .bind(limit)

@@ -31,7 +31,7 @@ pub use audit::{AuditList, AuditQuery, read_audit, read_audit_head};
 pub use operations::{
     OperationApproval, OperationList, OperationQuery, OperationView, find_operation_by_key, get_operation,
 };
-pub use settling::{ResolutionBody, ResolutionOutcome, redeliver_operation, resolve_operation};
+pub use settling::{ResolutionBody, redeliver_operation, resolve_operation};
 
 /// The operation status, settling by hand, approvals and the journal.
 pub fn routes<S>() -> Router<S>
@@ -54,11 +54,11 @@ where
 }
 
 /// `GET /metrics`: the service's registry in Prometheus's text format, its
-/// gauges read from the database first. No key: it names no account, key or
+/// gauges read from the database first (at most every few seconds). No key: it names no account, key or
 /// fingerprint. Gauges that could not be read keep their last values, and
 /// the counters are served all the same.
 async fn metrics(axum::extract::State(idempotency): axum::extract::State<Idempotency>) -> axum::response::Response {
-    if let Err(e) = crate::gauges::refresh(&idempotency).await {
+    if let Err(e) = crate::gauges::refresh_if_stale(&idempotency).await {
         tracing::warn!(error = %e, "metrics: could not read the gauges from the database");
     }
     platform::metrics::exposition(idempotency.metrics().render())
@@ -93,8 +93,10 @@ fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
         OperationList,
         OperationState,
         OperationApproval,
+        operations::UnknownState,
+        operations::DeadEvent,
+        crate::outbox::EventState,
         ResolutionBody,
-        ResolutionOutcome,
         ResourceRef,
         ApprovalView,
         ApprovalList,

@@ -4,7 +4,7 @@
 
 use axum::{Json, extract::State};
 use platform::{
-    ApiError, ApiPath, ApiQuery, Principal, Timestamp,
+    ApiError, ApiPath, ApiQuery, Principal, Role, Timestamp,
     page::{Page, PageRequest},
 };
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use super::may_read_approvals;
 use crate::{
     Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef,
     approval::{self, ApprovalState},
-    outbox::{self, NeedsAPerson},
+    outbox::{self, EventState, NeedsAPerson},
     store,
 };
 
@@ -44,13 +44,13 @@ pub struct OperationView {
     pub approval: Option<OperationApproval>,
     /// The external system's reference, when one was involved.
     pub external_ref: Option<String>,
-    /// Where its outbox event is, when its work left the process: `pending`,
-    /// `sending`, `unknown`, `delivered`, `failed`, or `dead` (failed too
-    /// often: no longer tried until an admin sends it again, the operation's
-    /// `state` left as it was).
-    #[schema(example = "dead")]
-    pub outbox: Option<String>,
-    /// Why the event's last delivery or lookup came to nothing, if it did.
+    /// Where its outbox event is, when its work left the process: `dead`
+    /// means it failed too often and is no longer tried until an admin sends
+    /// it again, the operation's `state` left as it was.
+    pub outbox: Option<EventState>,
+    /// Why the event's last delivery or lookup came to nothing, if it did:
+    /// for an `approver` or `admin` only (it can name the external system's
+    /// addresses and references).
     pub last_error: Option<String>,
 }
 
@@ -93,9 +93,13 @@ pub struct OperationApproval {
 }
 
 impl OperationView {
-    /// The view of `operation`, with its approval and its outbox event read
-    /// if it has them.
-    pub(crate) async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
+    /// The view of `operation` for `reader`, with its approval and its outbox
+    /// event read if it has them.
+    pub(crate) async fn read(
+        idempotency: &Idempotency,
+        operation: OperationRecord,
+        reader: &Principal,
+    ) -> Result<Self, ApiError> {
         let approval = match &operation.approval_id {
             Some(id) => approval::find(&idempotency.db, &operation.account_id, id).await?,
             None => None,
@@ -103,8 +107,8 @@ impl OperationView {
         let delivery = outbox::delivery_of(&idempotency.db, &operation.account_id, &operation.operation_id).await?;
         let mut view = OperationView::from(operation);
         if let Some(delivery) = delivery {
-            view.outbox = Some(delivery.state.as_str().to_owned());
-            view.last_error = delivery.last_error;
+            view.outbox = Some(delivery.state);
+            view.last_error = delivery.last_error.filter(|_| may_read_approvals(reader).is_ok());
         }
         view.approval = approval.map(|a| OperationApproval {
             state: a.state(Timestamp::now()),
@@ -124,7 +128,8 @@ pub struct OperationList {
     pub next_cursor: Option<String>,
 }
 
-/// Exactly one of `idempotency_key`, `state` and `outbox`.
+/// A key names one operation; without one, the account's operations that
+/// need a person. `state` and `outbox` narrow either.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -133,18 +138,31 @@ pub struct OperationQuery {
     /// an RFC 8941 sf-string (`"k"`), read the same way — percent-encoded
     /// (`%22k%22` for `"k"`; `%20`, `%25`, `%26`, `%2B`, `%23` wherever those
     /// characters occur). An invalid key is 400 `idempotency_key_invalid`.
+    /// Without it, the list is of the operations that need a person, for an
+    /// `approver` or `admin`: those whose outcome is unknown or whose outbox
+    /// event is dead.
     pub idempotency_key: Option<String>,
-    /// `unknown`: the operations a person may have to settle
-    /// (`POST …/resolution`). For an `approver` or `admin`.
-    #[param(example = "unknown")]
-    pub state: Option<String>,
-    /// `dead`: the operations whose outbox event is dead, which an `admin`
-    /// may send again (`POST …/redelivery`). For an `approver` or `admin`.
-    #[param(example = "dead")]
-    pub outbox: Option<String>,
+    /// Only operations whose outcome is unknown (`POST …/resolution` settles them).
+    pub state: Option<UnknownState>,
+    /// Only operations whose outbox event is dead (`POST …/redelivery` sends it again).
+    pub outbox: Option<DeadEvent>,
     /// 1–200, default 50 (a key names at most one operation).
     pub limit: Option<i64>,
     pub cursor: Option<String>,
+}
+
+/// The one operation state the lookup filters on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownState {
+    Unknown,
+}
+
+/// The one outbox state the lookup filters on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadEvent {
+    Dead,
 }
 
 /// What a list of operations is of.
@@ -155,27 +173,26 @@ enum Listing {
 
 impl OperationQuery {
     fn listing(&self, principal: &Principal) -> Result<Listing, ApiError> {
-        let one_of = "give exactly one of `idempotency_key`, `state=unknown` and `outbox=dead`";
-        let which = match (&self.idempotency_key, self.state.as_deref(), self.outbox.as_deref()) {
-            (Some(key), None, None) => {
-                // read as the header is: a quoted key names the same operation as its bare form
-                let key = IdempotencyKey::parse(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
-                return Ok(Listing::Key(key));
-            }
-            (None, Some("unknown"), None) => NeedsAPerson::Unknown,
-            (None, Some(_), None) => return Err(ApiError::invalid_field("state", "must be `unknown`")),
-            (None, None, Some("dead")) => NeedsAPerson::DeadEvent,
-            (None, None, Some(_)) => return Err(ApiError::invalid_field("outbox", "must be `dead`")),
-            (None, None, None) => {
-                return Err(ApiError::invalid_field(
-                    "idempotency_key",
-                    format!("is required: {one_of}"),
-                ));
-            }
-            _ => return Err(ApiError::invalid_request(one_of, Vec::new())),
-        };
-        may_read_approvals(principal)?;
-        Ok(Listing::NeedingAPerson(which))
+        if let Some(key) = &self.idempotency_key {
+            // read as the header is: a quoted key names the same operation as its bare form
+            let key = IdempotencyKey::parse(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
+            return Ok(Listing::Key(key));
+        }
+        if principal.role == Role::Agent {
+            return Err(ApiError::forbidden(
+                "the operations that need a person are for approvers and admins; an agent asks for its own by `idempotency_key`",
+            ));
+        }
+        Ok(Listing::NeedingAPerson(NeedsAPerson {
+            unknown: self.state.is_some(),
+            dead: self.outbox.is_some(),
+        }))
+    }
+
+    /// Whether `view` passes the filters given with a key.
+    fn admits(&self, view: &OperationView) -> bool {
+        (self.state.is_none() || view.state == OperationState::Unknown)
+            && (self.outbox.is_none() || view.outbox == Some(EventState::Dead))
     }
 }
 
@@ -200,13 +217,14 @@ pub async fn get_operation(
     let operation = store::find_by_id(&idempotency.db, &principal.account_id, &operation_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("operation `{operation_id}`")))?;
-    Ok(Json(OperationView::read(&idempotency, operation).await?))
+    Ok(Json(OperationView::read(&idempotency, operation, &principal).await?))
 }
 
 /// Find the caller's operation by the key it was sent with: after a timeout,
-/// an empty list means the server never claimed the key. Or, for an
-/// `approver` or `admin`, list the account's operations that need a person:
-/// `state=unknown` or `outbox=dead`, oldest first.
+/// an empty list means the server never claimed the key. Without a key, for
+/// an `approver` or `admin`, the account's operations that need a person,
+/// oldest first: those whose outcome is unknown or whose outbox event is
+/// dead (`state=unknown`, `outbox=dead`: only those).
 ///
 /// `idempotency_key` is read as the `Idempotency-Key` header is (a bare token
 /// or a quoted sf-string, the same rules and errors) and must be
@@ -219,8 +237,8 @@ pub async fn get_operation(
     params(OperationQuery),
     responses(
         (status = 200, description = "The operation with this key, if there is one; or a page of those that need a person", body = OperationList),
-        (status = 400, description = "Not exactly one of the filters (`invalid_request`), or an invalid key (`idempotency_key_invalid`)", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`state` or `outbox` asked by an agent", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "An invalid key (`idempotency_key_invalid`)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No key, from an agent: the operations that need a person are for approvers and admins", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -235,9 +253,10 @@ pub async fn find_operation_by_key(
     let which = match listing {
         Listing::Key(key) => {
             let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
-                Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
+                Some(operation) => vec![OperationView::read(&idempotency, operation, &principal).await?],
                 None => Vec::new(),
             };
+            let data = data.into_iter().filter(|view| query.admits(view)).collect();
             return Ok(Json(OperationList {
                 data,
                 next_cursor: None,
@@ -245,7 +264,7 @@ pub async fn find_operation_by_key(
         }
         Listing::NeedingAPerson(which) => which,
     };
-    let ids = outbox::needing_a_person(
+    let mut ids = outbox::needing_a_person(
         &idempotency.db,
         &principal.account_id,
         which,
@@ -253,16 +272,17 @@ pub async fn find_operation_by_key(
         page.fetch_limit(),
     )
     .await?;
-    let mut rows = Vec::with_capacity(ids.len());
-    for (seq, operation_id) in ids {
-        // settled or reaped since the list was read: left out
+    let more = ids.len() as i64 > page.limit;
+    ids.truncate(page.limit as usize);
+    let next_cursor = more
+        .then(|| ids.last().map(|(seq, _)| Page::<()>::cursor_after(*seq)))
+        .flatten();
+    let mut data = Vec::with_capacity(ids.len());
+    for (_, operation_id) in ids {
+        // never reaped while unknown or waiting on its event; a missing one is simply not shown
         if let Some(operation) = store::find_by_id(&idempotency.db, &principal.account_id, &operation_id).await? {
-            rows.push((seq, OperationView::read(&idempotency, operation).await?));
+            data.push(OperationView::read(&idempotency, operation, &principal).await?);
         }
     }
-    let page = Page::from_rows(rows, page);
-    Ok(Json(OperationList {
-        data: page.data,
-        next_cursor: page.next_cursor,
-    }))
+    Ok(Json(OperationList { data, next_cursor }))
 }

@@ -5,77 +5,99 @@
 use axum::{Json, extract::State};
 use platform::{ApiError, ApiJson, ApiPath, Principal, Role};
 use serde::Deserialize;
-use validator::{Validate, ValidationError};
+use validator::{Validate, ValidationError, ValidationErrors};
 
 use super::operations::OperationView;
 use crate::{
-    Idempotency,
+    Idempotency, OperationState,
     outbox::{self, ByHandError, Resolution, Resolved},
     store,
 };
 
-/// How the work ended at the external system, as a person found it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ResolutionOutcome {
+/// How the work ended at the external system, as a person found it, and
+/// what they saw. The shape follows the outcome: work that took effect has
+/// a reference there, work that did not has none.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResolutionBody {
     /// It took effect there: settled as the reconciler settles what it finds.
-    Completed,
-    /// It did not take effect: settled as a refusal.
-    Failed,
+    // no member beyond these (an object schema's way of saying deny_unknown_fields);
+    // each text has a character that is not a space, and none is NUL
+    #[schema(max_properties = 3)]
+    Completed {
+        /// What the person saw, in their words; journaled with the resolution.
+        #[schema(
+            min_length = 1,
+            max_length = 2000,
+            pattern = r"^[^\u0000]*[^\s\u0000\u0085][^\u0000]*$",
+            example = "ch_1 is this capture's charge in the provider's dashboard"
+        )]
+        evidence: String,
+        /// The external system's reference for the work (the charge, the
+        /// rollout): the service's rows record it, as they record what the
+        /// reconciler finds.
+        #[schema(
+            min_length = 1,
+            max_length = 200,
+            pattern = r"^[^\u0000]*[^\s\u0000\u0085][^\u0000]*$"
+        )]
+        external_ref: String,
+    },
+    /// It did not take effect: settled as failed.
+    #[schema(max_properties = 2)]
+    Failed {
+        /// What the person saw, in their words; journaled with the resolution.
+        #[schema(
+            min_length = 1,
+            max_length = 2000,
+            pattern = r"^[^\u0000]*[^\s\u0000\u0085][^\u0000]*$",
+            example = "no charge under this key in the provider's dashboard"
+        )]
+        evidence: String,
+    },
 }
 
-#[derive(Debug, Deserialize, Validate, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ResolutionBody {
-    pub outcome: ResolutionOutcome,
-    /// What the person saw, in their words; journaled with the resolution.
-    #[validate(
-        length(max = 2000, message = "must be at most 2000 characters"),
-        custom(function = not_blank)
-    )]
-    #[schema(example = "no charge under this key in the provider's dashboard")]
-    pub evidence: String,
-    /// The external system's reference for the work (the charge, the
-    /// rollout). Required with `completed`: the service's rows record it, as
-    /// they record what the reconciler finds.
-    #[validate(
-        length(max = 200, message = "must be at most 200 characters"),
-        custom(function = not_blank)
-    )]
-    pub external_ref: Option<String>,
+impl Validate for ResolutionBody {
+    fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut errors = ValidationErrors::new();
+        let (evidence, external_ref) = match self {
+            ResolutionBody::Completed { evidence, external_ref } => (evidence, Some(external_ref)),
+            ResolutionBody::Failed { evidence } => (evidence, None),
+        };
+        if let Err(e) = text(evidence, 2000) {
+            errors.add("evidence", e);
+        }
+        if let Some(Err(e)) = external_ref.map(|r| text(r, 200)) {
+            errors.add("external_ref", e);
+        }
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
 }
 
-fn not_blank(value: &str) -> Result<(), ValidationError> {
-    if value.trim().is_empty() {
+/// Words a person wrote: not blank, at most `max` characters.
+fn text(value: &str, max: usize) -> Result<(), ValidationError> {
+    // blank as the schema's pattern has it: ECMAScript's `\s` and U+0085, which are Rust's whitespace and U+FEFF
+    if value.chars().all(|c| c.is_whitespace() || c == '\u{feff}') {
         return Err(ValidationError::new("blank").with_message("must not be blank".into()));
+    }
+    if value.chars().count() > max {
+        return Err(ValidationError::new("length").with_message(format!("must be at most {max} characters").into()));
     }
     Ok(())
 }
 
-impl TryFrom<ResolutionBody> for Resolution {
-    type Error = ApiError;
-
-    fn try_from(body: ResolutionBody) -> Result<Self, ApiError> {
-        let outcome = match (body.outcome, body.external_ref) {
-            (ResolutionOutcome::Completed, Some(external_ref)) => Resolved::Completed { external_ref },
-            (ResolutionOutcome::Completed, None) => {
-                return Err(ApiError::invalid_field(
-                    "external_ref",
-                    "is required with `completed`: the external system's reference for the work",
-                ));
-            }
-            (ResolutionOutcome::Failed, None) => Resolved::Failed,
-            (ResolutionOutcome::Failed, Some(_)) => {
-                return Err(ApiError::invalid_field(
-                    "external_ref",
-                    "goes only with `completed`: work that failed has no reference",
-                ));
-            }
-        };
-        Ok(Resolution {
-            outcome,
-            evidence: body.evidence,
-        })
+impl From<ResolutionBody> for Resolution {
+    fn from(body: ResolutionBody) -> Self {
+        match body {
+            ResolutionBody::Completed { evidence, external_ref } => Resolution {
+                outcome: Resolved::Completed { external_ref },
+                evidence,
+            },
+            ResolutionBody::Failed { evidence } => Resolution {
+                outcome: Resolved::Failed,
+                evidence,
+            },
+        }
     }
 }
 
@@ -106,6 +128,12 @@ fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
             }
             problem
         }
+        ByHandError::Held(until) => ApiError::invalid_state(format!(
+            "a worker or the reconciler is hearing from the external system about operation `{operation_id}` right now: \
+             look at its status, and send this again if it is still unknown"
+        ))
+        .with("state", OperationState::Unknown)
+        .with_retry_after(until.seconds_from_now().max(1)),
         ByHandError::Database(e) => e.into(),
     }
 }
@@ -115,7 +143,7 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
     let operation = store::find_by_id(&idempotency.db, &principal.account_id, operation_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("operation `{operation_id}`")))?;
-    OperationView::read(idempotency, operation).await
+    OperationView::read(idempotency, operation, principal).await
 }
 
 /// Settle an operation whose outcome is unknown, as a person found it at the
@@ -123,7 +151,9 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
 /// `unknown`: the operation's event, the service's rows (as the reconciler
 /// writes what it finds) and the journal (`resolved` by the admin, with the
 /// evidence, then the outcome) in one transaction. The operation's stored
-/// answer stays, replayed to every later attempt with its key.
+/// answer stays, replayed to every later attempt with its key. It takes no
+/// `Idempotency-Key`: sent again once the operation is settled this way, it
+/// changes nothing and answers 200.
 #[utoipa::path(
     post,
     path = "/v1/operations/{operation_id}/resolution",
@@ -131,11 +161,11 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
     params(("operation_id" = String, Path)),
     request_body = ResolutionBody,
     responses(
-        (status = 200, description = "Settled: the operation as it is now", body = OperationView),
-        (status = 400, description = "`invalid_request`: no evidence, or `external_ref` missing with `completed`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Settled, now or already this way: the operation as it is now", body = OperationView),
+        (status = 400, description = "`invalid_request`: no evidence, `external_ref` missing with `completed` or given with `failed`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in this account", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given) and not settled this way already, or a worker holds its event right now (with `Retry-After`)", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -146,7 +176,7 @@ pub async fn resolve_operation(
     ApiJson(body): ApiJson<ResolutionBody>,
 ) -> Result<Json<OperationView>, ApiError> {
     may_settle(&principal)?;
-    let resolution = Resolution::try_from(body)?;
+    let resolution = Resolution::from(body);
     outbox::resolve(&idempotency, &principal, &operation_id, &resolution)
         .await
         .map_err(|e| {
@@ -162,17 +192,18 @@ pub async fn resolve_operation(
 /// Send an operation's dead outbox event again. Role `admin`, same account.
 /// The event goes back to the reconciler with its failures forgiven: it asks
 /// the external system first, and sends it again with the same key only if
-/// there is no trace of it there.
+/// there is no trace of it there. It takes no `Idempotency-Key`: sent again
+/// while the event is on its way, it changes nothing and answers 200.
 #[utoipa::path(
     post,
     path = "/v1/operations/{operation_id}/redelivery",
     tag = "operations",
     params(("operation_id" = String, Path)),
     responses(
-        (status = 200, description = "Given back: the operation as it is now", body = OperationView),
+        (status = 200, description = "Given back, or on its way already: the operation as it is now", body = OperationView),
         (status = 403, description = "Not an admin", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in this account", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: the operation has no dead event (its `state` and `outbox` are given)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the operation's event is settled, or it has none (its `state` and `outbox` are given)", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
