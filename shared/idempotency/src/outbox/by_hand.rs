@@ -6,7 +6,7 @@
 
 use platform::{Principal, Timestamp};
 
-use super::{EventState, plan, store};
+use super::{EventState, plan, status, store};
 use crate::{
     Idempotency, OperationState,
     audit::{self, AuditEvent, Record},
@@ -72,8 +72,8 @@ pub enum ByHandError {
 /// makes — and the journal: `resolved` by `by`, with the evidence, then the
 /// outcome. The stored answer stays, replayed to every later attempt.
 ///
-/// Sent again once it is settled that way, it changes nothing and succeeds:
-/// a person whose answer was lost may repeat it.
+/// Sent again once it went through, it is refused with the state it left,
+/// which tells a person whose answer was lost that it did.
 pub async fn resolve(
     idempotency: &Idempotency,
     by: &Principal,
@@ -96,13 +96,13 @@ pub async fn resolve(
     )
     .await?;
     if event.is_none()
-        && store::delivery_of(&idempotency.db, account_id, operation_id)
+        && status::delivery_of(&idempotency.db, account_id, operation_id)
             .await?
             .is_some()
     {
         // an event it could not take: held, or settled already
         tx.rollback().await?;
-        return settled_already(idempotency, account_id, operation_id, resolution).await;
+        return Err(why_not(idempotency, account_id, operation_id).await);
     }
     let completes = match (&event, idempotency.ledger()) {
         (Some(event), Some(ledger)) => ledger.completes_on_acceptance(event),
@@ -121,7 +121,7 @@ pub async fn resolve(
     .await?
     else {
         tx.rollback().await?;
-        return settled_already(idempotency, account_id, operation_id, resolution).await;
+        return Err(why_not(idempotency, account_id, operation_id).await);
     };
     if let Some(event) = &event {
         let ledger = idempotency
@@ -152,35 +152,28 @@ pub async fn resolve(
     Ok(())
 }
 
-/// Whether `resolution` holds already (sent again, or the reconciler found
-/// the same): then nothing is to be done. Otherwise why it cannot be made.
-async fn settled_already(
-    idempotency: &Idempotency,
-    account_id: &str,
-    operation_id: &str,
-    resolution: &Resolution,
-) -> Result<(), ByHandError> {
-    let Some(operation) = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await? else {
-        return Err(ByHandError::NotFound);
+/// Why a resolution changed nothing: the operation is not there, a worker
+/// or the reconciler holds its event right now, or it is not `unknown` (a
+/// repeat of a resolution that went through lands here too: the 409 names
+/// the state it left).
+async fn why_not(idempotency: &Idempotency, account_id: &str, operation_id: &str) -> ByHandError {
+    let found = async {
+        let operation = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await?;
+        let delivery = status::delivery_of(&idempotency.db, account_id, operation_id).await?;
+        Ok::<_, sqlx::Error>((operation, delivery))
     };
-    let delivery = store::delivery_of(&idempotency.db, account_id, operation_id).await?;
-    let event = delivery.as_ref().map(|d| d.state);
-    let holds = match (&resolution.outcome, &delivery) {
-        (Resolved::Completed { external_ref }, Some(d)) => {
-            d.state == EventState::Delivered && d.external_ref.as_deref() == Some(external_ref)
-        }
-        (Resolved::Failed, Some(d)) => d.state == EventState::Failed && operation.state == OperationState::Failed,
-        (Resolved::Completed { .. }, None) => operation.state == OperationState::Completed,
-        (Resolved::Failed, None) => operation.state == OperationState::Failed,
+    let (operation, delivery) = match found.await {
+        Ok(found) => found,
+        Err(e) => return e.into(),
     };
-    if holds {
-        return Ok(());
-    }
-    match delivery.and_then(|d| d.held_until) {
+    let Some(operation) = operation else {
+        return ByHandError::NotFound;
+    };
+    match delivery.as_ref().and_then(|d| d.held_until) {
         Some(until) if operation.state == OperationState::Unknown && until > Timestamp::now() => {
-            Err(ByHandError::Held(until))
+            ByHandError::Held(until)
         }
-        _ => Err(ByHandError::InvalidState(operation.state, event)),
+        _ => ByHandError::InvalidState(operation.state, delivery.map(|d| d.state)),
     }
 }
 
@@ -200,7 +193,7 @@ pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: 
         let Some(operation) = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await? else {
             return Err(ByHandError::NotFound);
         };
-        let event = store::delivery_of(&idempotency.db, account_id, operation_id)
+        let event = status::delivery_of(&idempotency.db, account_id, operation_id)
             .await?
             .map(|d| d.state);
         return match event {

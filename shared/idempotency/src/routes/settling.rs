@@ -152,8 +152,8 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
 /// writes what it finds) and the journal (`resolved` by the admin, with the
 /// evidence, then the outcome) in one transaction. The operation's stored
 /// answer stays, replayed to every later attempt with its key. It takes no
-/// `Idempotency-Key`: sent again once the operation is settled this way, it
-/// changes nothing and answers 200.
+/// `Idempotency-Key`: sent again once it went through, it is 409 naming the
+/// state it left.
 #[utoipa::path(
     post,
     path = "/v1/operations/{operation_id}/resolution",
@@ -161,11 +161,11 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
     params(("operation_id" = String, Path)),
     request_body = ResolutionBody,
     responses(
-        (status = 200, description = "Settled, now or already this way: the operation as it is now", body = OperationView),
+        (status = 200, description = "Settled: the operation as it is now", body = OperationView),
         (status = 400, description = "`invalid_request`: no evidence, `external_ref` missing with `completed` or given with `failed`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in this account", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given) and not settled this way already, or a worker holds its event right now (with `Retry-After`)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given), or a worker holds its event right now (with `Retry-After`)", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
