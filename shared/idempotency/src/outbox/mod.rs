@@ -58,7 +58,9 @@
 //! - `worker.rs` and `reconciler.rs`: taking due events, delivering, asking;
 //! - `plan.rs`: the rows of both tables above, one pure function from an
 //!   outcome to what it writes; `settle.rs` writes it in one transaction;
-//! - `store.rs`: the SQL, one function per statement, both backends;
+//! - `store.rs`: the SQL that takes, lets go and settles events, one function
+//!   per statement, both backends; `status.rs`: the reads of what an event
+//!   shows (an operation's status, the lists that wait for a person);
 //! - `ending.rs`: what the service ends itself ([`withdraw`], [`finish`]);
 //! - `by_hand.rs`: what a person does when the outbox cannot settle an
 //!   operation by itself ([`resolve`], [`redeliver`]);
@@ -72,6 +74,7 @@ mod ending;
 mod plan;
 mod reconciler;
 mod settle;
+mod status;
 mod store;
 mod worker;
 
@@ -84,9 +87,9 @@ pub use answer::{Delivery, Lookup};
 pub use by_hand::{ByHandError, Resolution, Resolved, redeliver, resolve};
 pub use config::OutboxConfig;
 pub use ending::{finish, withdraw};
+pub use status::{DeliveryStatus, NeedsAPerson, event_of};
+pub(crate) use status::{delivery_of, needing_a_person};
 pub(crate) use store::enqueue;
-pub use store::{DeliveryStatus, NeedsAPerson, event_of};
-pub(crate) use store::{delivery_of, needing_a_person};
 
 use crate::{
     Idempotency,
