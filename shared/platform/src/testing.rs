@@ -25,7 +25,10 @@ use sqlx::{
 use tokio::sync::OnceCell;
 use tower::ServiceExt;
 
-use crate::db::{Backend, Db};
+use crate::{
+    auth::{Authenticator, Principal, Role},
+    db::{Backend, Db},
+};
 
 /// A database made for one test and dropped after it.
 #[derive(Debug)]
@@ -482,6 +485,21 @@ impl ServiceProcess {
         let status = self.child.wait().await.expect("the process is reaped");
         assert!(!status.success(), "killed, not exited");
     }
+}
+
+/// Stores a new API key for a principal the demo keys do not have, and
+/// returns the plain key to send as a bearer.
+pub async fn new_bearer(auth: &Authenticator, account_id: &str, principal_id: &str, role: Role) -> String {
+    let principal = Principal {
+        account_id: account_id.into(),
+        principal_id: principal_id.into(),
+        role,
+    };
+    auth.create_key(&principal)
+        .await
+        .expect("the key is stored")
+        .expose()
+        .to_owned()
 }
 
 /// `binary --help`: its output, once it has exited 0.

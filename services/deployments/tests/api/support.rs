@@ -107,18 +107,7 @@ impl TestApp {
 
     /// A new API key in the database, for a principal the demo keys do not have.
     pub async fn create_key(&self, account_id: &str, principal_id: &str, role: platform::Role) -> String {
-        let principal = platform::Principal {
-            account_id: account_id.into(),
-            principal_id: principal_id.into(),
-            role,
-        };
-        self.service
-            .auth
-            .create_key(&principal)
-            .await
-            .unwrap()
-            .expose()
-            .to_owned()
+        platform::testing::new_bearer(&self.service.auth, account_id, principal_id, role).await
     }
 
     pub async fn post(&self, path: &str, bearer: &str, key: Option<&str>, body: &Value) -> TestResponse {

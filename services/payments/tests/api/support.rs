@@ -20,7 +20,7 @@ use payments::{
 };
 pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestResponse};
 use platform::testing::{TestClient, TestDb};
-use platform::{Backend, Principal, Role, on_pool};
+use platform::{Backend, Role, on_pool};
 use serde_json::{Value, json};
 
 /// How long the outbox waits for the provider's answer in these tests.
@@ -116,18 +116,7 @@ impl TestApp {
 
     /// A new API key in the database, for a principal the demo keys do not have.
     pub async fn create_key(&self, account_id: &str, principal_id: &str, role: Role) -> String {
-        let principal = Principal {
-            account_id: account_id.into(),
-            principal_id: principal_id.into(),
-            role,
-        };
-        self.service
-            .auth
-            .create_key(&principal)
-            .await
-            .unwrap()
-            .expose()
-            .to_owned()
+        platform::testing::new_bearer(&self.service.auth, account_id, principal_id, role).await
     }
 
     pub async fn send(&self, request: Request<Body>) -> TestResponse {

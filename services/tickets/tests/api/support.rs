@@ -6,7 +6,7 @@ use idempotency::IdempotencyConfig;
 pub use platform::testing::{
     ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, GLOBEX_APPROVER, TestClient, TestDb, TestResponse, json_request,
 };
-use platform::{Backend, Principal, Role, on_pool};
+use platform::{Backend, Role, on_pool};
 use tickets::{
     App,
     domain::{Priority, TicketsPolicy},
@@ -48,12 +48,7 @@ impl TestApp {
 
     /// A new API key in the database, for a principal the demo keys do not have.
     pub async fn create_key(&self, account_id: &str, principal_id: &str, role: Role) -> String {
-        let principal = Principal {
-            account_id: account_id.into(),
-            principal_id: principal_id.into(),
-            role,
-        };
-        self.app.auth.create_key(&principal).await.unwrap().expose().to_owned()
+        platform::testing::new_bearer(&self.app.auth, account_id, principal_id, role).await
     }
 
     pub async fn send(&self, request: Request<Body>) -> TestResponse {
