@@ -4,6 +4,8 @@
 //! them, start one rollout each; the controller's own count says so.
 //! PostgreSQL only: it is the backend replicas share.
 
+mod common;
+
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -13,17 +15,6 @@ use platform::{
     testing::{ACME_AGENT, ServiceProcess, TestDb, TestResponse},
 };
 use serde_json::{Value, json};
-
-async fn start(database_url: &str, controller_url: &str) -> ServiceProcess {
-    let env = [
-        ("DEPLOYMENTS_DATABASE_URL", database_url),
-        ("DEPLOYMENTS_CONTROLLER_URL", controller_url),
-        ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "2"),
-        ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", "1"),
-        ("RETRYSAFE_RECONCILE_AFTER_SECONDS", "0.2"),
-    ];
-    ServiceProcess::start(env!("CARGO_BIN_EXE_deployments"), "deployments", &env).await
-}
 
 fn release(service: &str, fill: char) -> Value {
     json!({"service": service, "environment": "staging", "artifact_digest": format!("sha256:{}", fill.to_string().repeat(64))})
@@ -35,19 +26,8 @@ async fn three_replicas_on_one_database_start_one_rollout_per_deployment_and_hol
         return;
     }
     let db = TestDb::new(Backend::Postgres).await;
-    let controller = deploy_controller::Controller::open(deploy_controller::ControllerConfig {
-        step: Duration::from_millis(50),
-        ..Default::default()
-    })
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let controller_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(deploy_controller::serve(
-        listener,
-        controller.clone(),
-        std::future::pending(),
-    ));
-    let replicas: Vec<ServiceProcess> = join_all((0..3).map(|_| start(&db.url, &controller_url))).await;
+    let (controller, controller_url) = common::controller(Duration::from_millis(50)).await;
+    let replicas: Vec<ServiceProcess> = join_all((0..3).map(|_| common::start(&db.url, &controller_url, None))).await;
     let post = |i: usize, key: String, body: Value| {
         let client = replicas[i % 3].client();
         async move { client.post("/v1/deployments", ACME_AGENT, Some(&key), &body).await }

@@ -10,41 +10,16 @@
 //! tests; `FAILPOINTS=outbox::before_delivery=return` holds the outbox worker
 //! there until the test kills the process.
 
-use std::time::Duration;
+mod common;
 
 use axum::http::StatusCode;
 use platform::{
     Backend,
-    testing::{ACME_AGENT, ACME_APPROVER, ServiceProcess, TestDb, TestResponse},
+    testing::{ACME_AGENT, ACME_APPROVER, TestDb},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
-/// A running `payments` process.
-struct Service(ServiceProcess);
-
-impl Service {
-    async fn start(database_url: &str, provider_url: &str, fail_point: Option<&str>) -> Service {
-        let fail_point = fail_point.map(|point| format!("{point}=return"));
-        let mut env = vec![
-            ("PAYMENTS_DATABASE_URL", database_url),
-            ("PAYMENTS_PROVIDER_URL", provider_url),
-            // a held event is free again after 2 s; an answer is lost after 1 s
-            ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "2"),
-            ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", "1"),
-            ("RETRYSAFE_RECONCILE_AFTER_SECONDS", "0.2"),
-        ];
-        env.extend(fail_point.as_deref().map(|point| ("FAILPOINTS", point)));
-        Service(ServiceProcess::start(env!("CARGO_BIN_EXE_payments"), "payments", &env).await)
-    }
-
-    async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {
-        self.0.client().post(path, ACME_AGENT, Some(key), body).await
-    }
-
-    async fn get(&self, path: &str, bearer: &str) -> Value {
-        self.0.client().get(path, bearer).await.json()
-    }
-}
+use common::Payments;
 
 /// Starts a process that holds its outbox worker at `fail_point`, captures an
 /// intent through it, kills it with SIGKILL, and lets a second process on the
@@ -52,23 +27,11 @@ impl Service {
 /// the journal of the capture's operation.
 async fn capture_killed_at(backend: Backend, fail_point: &str) -> (u64, Vec<String>) {
     let db = TestDb::new(backend).await;
-    let provider = payment_provider::Provider::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let provider_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(payment_provider::serve(
-        listener,
-        provider.clone(),
-        std::future::pending(),
-    ));
+    let (provider, provider_url) = common::provider().await;
 
-    let mut doomed = Service::start(&db.url, &provider_url, Some(fail_point)).await;
+    let mut doomed = Payments::start(&db.url, &provider_url, Some(fail_point)).await;
     let intent = doomed
-        .post(
-            "/v1/payment_intents",
-            "intent-1",
-            &json!({"order_id": "order-1", "amount": "40.00", "currency": "EUR",
-                    "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"}}),
-        )
+        .post("/v1/payment_intents", "intent-1", &common::intent("order-1"))
         .await;
     assert_eq!(intent.status, StatusCode::CREATED);
     let intent_id = intent.str("id");
@@ -81,18 +44,8 @@ async fn capture_killed_at(backend: Backend, fail_point: &str) -> (u64, Vec<Stri
     doomed.0.kill().await;
     let charges_at_kill = provider.stats().charges_made;
 
-    let restarted = Service::start(&db.url, &provider_url, None).await;
-    let settled = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let capture = restarted.get(&format!("/v1/captures/{capture_id}"), ACME_AGENT).await;
-            if capture["state"] == "succeeded" {
-                return capture;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the restarted process settles the capture");
+    let restarted = Payments::start(&db.url, &provider_url, None).await;
+    let settled = restarted.until_succeeded(&capture_id).await;
     let operation = restarted
         .get(&format!("/v1/operations/{operation_id}"), ACME_AGENT)
         .await;

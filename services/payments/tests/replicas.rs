@@ -6,75 +6,19 @@
 //! PostgreSQL only: it is the backend replicas share (a SQLite file belongs
 //! to one host, and its single writer already orders everything).
 
+mod common;
+
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use futures::future::join_all;
 use platform::{
     Backend,
-    testing::{ACME_AGENT, ACME_APPROVER, ServiceProcess, TestDb, TestResponse},
+    testing::{ACME_AGENT, ACME_APPROVER, TestDb, TestResponse},
 };
 use serde_json::{Value, json};
 
-/// A running `payments` replica.
-struct Replica(ServiceProcess);
-
-impl Replica {
-    async fn start(database_url: &str, provider_url: &str, fail_point: Option<&str>) -> Replica {
-        let fail_point = fail_point.map(|point| format!("{point}=return"));
-        let mut env = vec![
-            ("PAYMENTS_DATABASE_URL", database_url),
-            ("PAYMENTS_PROVIDER_URL", provider_url),
-            // a held event is free again after 2 s; an answer is lost after 1 s
-            ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "2"),
-            ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", "1"),
-            ("RETRYSAFE_RECONCILE_AFTER_SECONDS", "0.2"),
-        ];
-        env.extend(fail_point.as_deref().map(|point| ("FAILPOINTS", point)));
-        Replica(ServiceProcess::start(env!("CARGO_BIN_EXE_payments"), "payments", &env).await)
-    }
-
-    async fn post(&self, path: &str, key: &str, body: &Value) -> TestResponse {
-        self.0.client().post(path, ACME_AGENT, Some(key), body).await
-    }
-
-    async fn get(&self, path: &str, bearer: &str) -> Value {
-        self.0.client().get(path, bearer).await.json()
-    }
-}
-
-fn intent(order_id: &str) -> Value {
-    json!({"order_id": order_id, "amount": "40.00", "currency": "EUR",
-           "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"}})
-}
-
-/// The simulated provider, in the test process: it is the external system, not what dies.
-async fn provider() -> (payment_provider::Provider, String) {
-    let provider = payment_provider::Provider::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(payment_provider::serve(
-        listener,
-        provider.clone(),
-        std::future::pending(),
-    ));
-    (provider, url)
-}
-
-/// Asks `replica` until the capture has succeeded (within 30 s).
-async fn until_succeeded(replica: &Replica, capture_id: &str) -> Value {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let capture = replica.get(&format!("/v1/captures/{capture_id}"), ACME_AGENT).await;
-            if capture["state"] == "succeeded" {
-                return capture;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("capture {capture_id} never succeeded"))
-}
+use common::Payments;
 
 /// `retrysafe_idempotency_requests_total` for `route` and `outcome` in a
 /// replica's `/metrics` (0 when it has no such series).
@@ -87,7 +31,7 @@ fn requests_counted(text: &str, route: &str, outcome: &str) -> f64 {
 }
 
 /// Every journal entry, read through a replica as an approver, page by page.
-async fn whole_journal(replica: &Replica) -> Vec<idempotency::audit::AuditEntry> {
+async fn whole_journal(replica: &Payments) -> Vec<idempotency::audit::AuditEntry> {
     let mut entries = Vec::new();
     let mut cursor = String::new();
     loop {
@@ -114,13 +58,13 @@ async fn three_replicas_on_one_database_start_together_and_keep_every_payment_to
         return;
     }
     let db = TestDb::new(Backend::Postgres).await;
-    let (provider, provider_url) = provider().await;
+    let (provider, provider_url) = common::provider().await;
 
     // started at the same instant against an empty database: each migrates, one at a time
-    let replicas: Vec<Replica> = join_all((0..3).map(|_| Replica::start(&db.url, &provider_url, None))).await;
+    let replicas: Vec<Payments> = join_all((0..3).map(|_| Payments::start(&db.url, &provider_url, None))).await;
 
     // a 200-way storm of one key, round-robin over the replicas: one intent
-    let body = intent("order-1");
+    let body = common::intent("order-1");
     let storm = join_all((0..200).map(|i| replicas[i % 3].post("/v1/payment_intents", "storm-1", &body))).await;
     let created: Vec<&TestResponse> = storm.iter().filter(|r| r.replayed() == Some("false")).collect();
     assert!(
@@ -164,7 +108,7 @@ async fn three_replicas_on_one_database_start_together_and_keep_every_payment_to
         "{:?}",
         captures.iter().map(|r| r.status).collect::<Vec<_>>()
     );
-    until_succeeded(&replicas[1], &accepted[0].str("id")).await;
+    replicas[1].until_succeeded(&accepted[0].str("id")).await;
     assert_eq!(
         provider.stats().charges_made,
         1,
@@ -173,10 +117,10 @@ async fn three_replicas_on_one_database_start_together_and_keep_every_payment_to
 
     // a fourth replica holds a capture's event at the delivery and dies with SIGKILL
     let (capture_id, charges_before) = loop {
-        let mut doomed = Replica::start(&db.url, &provider_url, Some("outbox::before_delivery")).await;
+        let mut doomed = Payments::start(&db.url, &provider_url, Some("outbox::before_delivery")).await;
         let order = format!("order-{}", uuid::Uuid::new_v4().simple());
         let intent = doomed
-            .post("/v1/payment_intents", &format!("i-{order}"), &intent(&order))
+            .post("/v1/payment_intents", &format!("i-{order}"), &common::intent(&order))
             .await;
         let charges_before = provider.stats().charges_made;
         let capture = doomed
@@ -194,7 +138,7 @@ async fn three_replicas_on_one_database_start_together_and_keep_every_payment_to
             break (capture.str("id"), charges_before);
         }
     };
-    let settled = until_succeeded(&replicas[0], &capture_id).await;
+    let settled = replicas[0].until_succeeded(&capture_id).await;
     assert_eq!(
         provider.stats().charges_made,
         charges_before + 1,
