@@ -6,7 +6,7 @@
 
 use platform::{Principal, Timestamp};
 
-use super::{EventState, plan, status, store};
+use super::{EventOf, EventState, plan, status, store};
 use crate::{
     Idempotency, OperationState,
     audit::{self, AuditEvent, Record},
@@ -129,7 +129,7 @@ pub async fn resolve(
             .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
         ledger.settle(&mut tx, event, settles.business).await?;
     }
-    let named = Named {
+    let operation = EventOf {
         account_id,
         operation_id,
         idempotency_key: &idempotency_key,
@@ -142,7 +142,7 @@ pub async fn resolve(
         .flat_map(|settles| settles.journal.iter())
         .map(|&(what, who)| Record {
             evidence: (what == AuditEvent::Resolved).then(|| resolution.evidence.clone()),
-            ..named.record(what, who, plan.external_ref, now)
+            ..operation.audit(what, who, plan.external_ref, now)
         })
         .collect();
     audit::record(&mut tx, &journaled).await?;
@@ -201,44 +201,16 @@ pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: 
             _ => Err(ByHandError::InvalidState(operation.state, event)),
         };
     };
-    let named = Named {
+    let operation = EventOf {
         account_id,
         operation_id,
         idempotency_key: &idempotency_key,
         fingerprint: &fingerprint,
         route: &route,
     };
-    let entry = named.record(AuditEvent::Redelivered, &by.principal_id, None, now);
+    let entry = operation.audit(AuditEvent::Redelivered, &by.principal_id, None, now);
     audit::record(&mut tx, &[entry]).await?;
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, "a dead event was given back to the reconciler");
     Ok(())
-}
-
-/// The operation a person acted on, as the journal names it.
-struct Named<'a> {
-    account_id: &'a str,
-    operation_id: &'a str,
-    idempotency_key: &'a str,
-    fingerprint: &'a str,
-    route: &'a str,
-}
-
-impl Named<'_> {
-    fn record(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
-        Record {
-            account_id: self.account_id.to_owned(),
-            principal_id: by.to_owned(),
-            operation_id: Some(self.operation_id.to_owned()),
-            idempotency_key: Some(self.idempotency_key.to_owned()),
-            fingerprint: Some(self.fingerprint.to_owned()),
-            route: Some(self.route.to_owned()),
-            event,
-            external_ref: external_ref.map(str::to_owned),
-            at,
-            attempt: None,
-            change: None,
-            evidence: None,
-        }
-    }
 }

@@ -198,20 +198,14 @@ pub struct OutboxEvent {
 impl OutboxEvent {
     /// A journal record of what happened to this event's operation.
     fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
-        Record {
-            account_id: self.account_id.clone(),
-            principal_id: by.to_owned(),
-            operation_id: Some(self.operation_id.clone()),
-            idempotency_key: Some(self.idempotency_key.clone()),
-            fingerprint: Some(self.fingerprint.clone()),
-            route: Some(self.route.clone()),
-            event,
-            external_ref: external_ref.map(str::to_owned),
-            at,
-            attempt: None,
-            change: None,
-            evidence: None,
+        EventOf {
+            account_id: &self.account_id,
+            operation_id: &self.operation_id,
+            idempotency_key: &self.idempotency_key,
+            fingerprint: &self.fingerprint,
+            route: &self.route,
         }
+        .audit(event, by, external_ref, at)
     }
 }
 
@@ -268,7 +262,8 @@ pub trait Ledger: std::fmt::Debug + Send + Sync + 'static {
 /// the layer can hold any service's ledger.
 pub type Settling<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
 
-/// The identity of the operation an event belongs to, as the effect claimed it.
+/// The identity of an operation, as its outbox events and its journal records
+/// name it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EventOf<'a> {
     pub account_id: &'a str,
@@ -276,6 +271,26 @@ pub(crate) struct EventOf<'a> {
     pub idempotency_key: &'a str,
     pub fingerprint: &'a str,
     pub route: &'a str,
+}
+
+impl EventOf<'_> {
+    /// A journal record of what happened to this operation, by `by`.
+    fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
+        Record {
+            account_id: self.account_id.to_owned(),
+            principal_id: by.to_owned(),
+            operation_id: Some(self.operation_id.to_owned()),
+            idempotency_key: Some(self.idempotency_key.to_owned()),
+            fingerprint: Some(self.fingerprint.to_owned()),
+            route: Some(self.route.to_owned()),
+            event,
+            external_ref: external_ref.map(str::to_owned),
+            at,
+            attempt: None,
+            change: None,
+            evidence: None,
+        }
+    }
 }
 
 /// The outbox of one service: its idempotency layer (database, journal, the
