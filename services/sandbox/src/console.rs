@@ -1018,7 +1018,7 @@ fn unknown_card(service: &str, operation: &Value, form_token: &str) -> String {
 <label><input type="radio" name="outcome" value="failed"> failed — it did not take effect</label>
 </fieldset>
 <label>Evidence: what you found, and where (required)<textarea name="evidence" rows="3" maxlength="2000" required></textarea></label>
-<label>External reference (required for completed; leave empty for failed)<input name="external_ref" maxlength="200" autocomplete="off"></label>
+<label>External reference (required for completed; for failed, what you found there, if anything)<input name="external_ref" maxlength="200" autocomplete="off"></label>
 <button type="submit" class="settle" id="resolve-{id}">Settle</button>
 </form>
 </section>"#,

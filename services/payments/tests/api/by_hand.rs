@@ -269,7 +269,8 @@ async fn a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order(backe
         &app,
         &admin,
         &operation_id,
-        &json!({"outcome": "failed", "evidence": "the provider's support confirmed no charge for this capture"}),
+        &json!({"outcome": "failed", "evidence": "the provider's support confirmed no charge for this capture",
+                "external_ref": "support-case-7"}),
     )
     .await;
     let capture = app
@@ -280,11 +281,23 @@ async fn a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order(backe
         .await
         .json();
     let events = app.journal_events(&operation_id).await;
+    let order_again = app.create("intent-order-1-again", "order-1").await;
 
     assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
     assert_eq!(resolved.json()["state"], "failed");
     assert_eq!(resolved.json()["outbox"], "failed");
+    assert_eq!(
+        resolved.json()["external_ref"],
+        "support-case-7",
+        "what the person found is kept"
+    );
     assert_eq!(capture["state"], "failed");
+    assert_eq!(
+        order_again.status,
+        StatusCode::CREATED,
+        "the order takes a new payment: {:?}",
+        order_again.body
+    );
     assert_eq!(
         outbox::event_of(&app.db.db, "acme", &operation_id).await.unwrap(),
         Some((EventState::Failed, 1))

@@ -27,8 +27,9 @@ pub enum Resolved {
     /// It took effect there, under this reference (the charge, the rollout):
     /// settled as the reconciler settles what it finds.
     Completed { external_ref: String },
-    /// It did not take effect: settled as a refusal.
-    Failed,
+    /// It did not take effect: settled as a refusal, with what the person
+    /// found there, if anything.
+    Failed { external_ref: Option<String> },
 }
 
 impl Resolution {
@@ -36,14 +37,14 @@ impl Resolution {
     fn event_state(&self) -> EventState {
         match self.outcome {
             Resolved::Completed { .. } => EventState::Delivered,
-            Resolved::Failed => EventState::Failed,
+            Resolved::Failed { .. } => EventState::Failed,
         }
     }
 
     fn external_ref(&self) -> Option<&str> {
         match &self.outcome {
             Resolved::Completed { external_ref } => Some(external_ref),
-            Resolved::Failed => None,
+            Resolved::Failed { external_ref } => external_ref.as_deref(),
         }
     }
 }
@@ -82,7 +83,7 @@ pub async fn resolve(
 ) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
     let now = Timestamp::now();
-    let failed_by_hand = matches!(resolution.outcome, Resolved::Failed).then_some(plan::FAILED_BY_HAND);
+    let failed_by_hand = matches!(resolution.outcome, Resolved::Failed { .. }).then_some(plan::FAILED_BY_HAND);
     let mut tx = idempotency.db.begin().await?;
     // the event first, as the worker and the reconciler lock it first
     let event = store::settle_by_hand(

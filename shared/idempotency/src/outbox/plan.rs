@@ -173,7 +173,7 @@ pub(super) fn resolved<'a>(resolution: &'a Resolution, by: &'a str, completes_on
         Resolved::Completed { external_ref } => {
             accepted(external_ref, AuditEvent::Resolved, by, completes_on_acceptance)
         }
-        Resolved::Failed => {
+        Resolved::Failed { external_ref } => {
             let mut failed = settled(
                 EventState::Failed,
                 FAILED_BY_HAND,
@@ -184,6 +184,7 @@ pub(super) fn resolved<'a>(resolution: &'a Resolution, by: &'a str, completes_on
             if let Some(settles) = &mut failed.settles {
                 settles.journal.push((AuditEvent::Failed, by));
             }
+            failed.external_ref = external_ref.as_deref();
             failed
         }
     }

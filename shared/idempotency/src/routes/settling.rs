@@ -15,8 +15,9 @@ use crate::{
 };
 
 /// How the work ended at the external system, as a person found it, and
-/// what they saw. The shape follows the outcome: work that took effect has
-/// a reference there, work that did not has none.
+/// what they saw. Work that took effect needs its reference there, which the
+/// service's rows act on later (a refund names the charge, the watcher
+/// follows the rollout); work that did not may name what the person found.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResolutionBody {
@@ -44,7 +45,7 @@ pub enum ResolutionBody {
         external_ref: String,
     },
     /// It did not take effect: settled as failed.
-    #[schema(max_properties = 2)]
+    #[schema(max_properties = 3)]
     Failed {
         /// What the person saw, in their words; journaled with the resolution.
         #[schema(
@@ -54,6 +55,15 @@ pub enum ResolutionBody {
             example = "no charge under this key in the provider's dashboard"
         )]
         evidence: String,
+        /// What the person found there, if anything (a declined charge):
+        /// journaled and kept on the operation.
+        #[serde(default)]
+        #[schema(
+            min_length = 1,
+            max_length = 200,
+            pattern = r"^[^\u0000]*[^\s\u0000\u0085][^\u0000]*$"
+        )]
+        external_ref: Option<String>,
     },
 }
 
@@ -62,7 +72,7 @@ impl Validate for ResolutionBody {
         let mut errors = ValidationErrors::new();
         let (evidence, external_ref) = match self {
             ResolutionBody::Completed { evidence, external_ref } => (evidence, Some(external_ref)),
-            ResolutionBody::Failed { evidence } => (evidence, None),
+            ResolutionBody::Failed { evidence, external_ref } => (evidence, external_ref.as_ref()),
         };
         if let Err(e) = text(evidence, 2000) {
             errors.add("evidence", e);
@@ -93,8 +103,8 @@ impl From<ResolutionBody> for Resolution {
                 outcome: Resolved::Completed { external_ref },
                 evidence,
             },
-            ResolutionBody::Failed { evidence } => Resolution {
-                outcome: Resolved::Failed,
+            ResolutionBody::Failed { evidence, external_ref } => Resolution {
+                outcome: Resolved::Failed { external_ref },
                 evidence,
             },
         }
@@ -162,7 +172,7 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
     request_body = ResolutionBody,
     responses(
         (status = 200, description = "Settled: the operation as it is now", body = OperationView),
-        (status = 400, description = "`invalid_request`: no evidence, `external_ref` missing with `completed` or given with `failed`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: no evidence, or `external_ref` missing with `completed`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in this account", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given), or a worker holds its event right now (with `Retry-After`)", body = platform::error::Problem, content_type = "application/problem+json"),

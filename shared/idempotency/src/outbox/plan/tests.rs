@@ -188,11 +188,18 @@ fn a_resolution_writes_what_the_reconciler_would_after_a_resolved_entry_by_the_p
     );
 
     let failed = Resolution {
-        outcome: Resolved::Failed,
-        evidence: "no charge at the provider".to_owned(),
+        outcome: Resolved::Failed {
+            external_ref: Some("declined_1".to_owned()),
+        },
+        evidence: "a declined charge at the provider".to_owned(),
     };
     let by_hand = resolved(&failed, by, true);
     assert_eq!(by_hand.event, E::Failed);
+    assert_eq!(
+        by_hand.external_ref,
+        Some("declined_1"),
+        "what the person found is kept"
+    );
     assert_eq!(
         by_hand.last_error,
         Some(FAILED_BY_HAND),
