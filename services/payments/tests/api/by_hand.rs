@@ -88,12 +88,14 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     let requests_while_dead = app.provider.stats().requests;
     let listed = app.get("/v1/operations?outbox=dead", ACME_APPROVER).await;
     let listed_for_an_agent = app.get("/v1/operations?outbox=dead", ACME_AGENT).await;
+    let all_waiting_for_an_agent = app.get("/v1/operations", ACME_AGENT).await;
     let waiting = app.get("/v1/operations", ACME_APPROVER).await.json();
     let its_key_while_dead = app
         .get("/v1/operations?idempotency_key=cap-1&outbox=dead", ACME_AGENT)
         .await
         .json();
     let by_an_approver = redeliver(&app, ACME_APPROVER, &operation_id).await;
+    let by_an_agent = redeliver(&app, ACME_AGENT, &operation_id).await;
     let from_another_account = redeliver(
         &app,
         &app.create_key("globex", "globex-admin", Role::Admin).await,
@@ -111,6 +113,7 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
         .get("/v1/operations?idempotency_key=cap-1&outbox=dead", ACME_AGENT)
         .await
         .json();
+    let once_delivered = redeliver(&app, &admin, &operation_id).await;
 
     assert_eq!(
         dead["state"], "unknown",
@@ -135,6 +138,7 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     );
     assert_eq!(listed.json()["data"].as_array().unwrap().len(), 1);
     assert_eq!(listed_for_an_agent.status, StatusCode::FORBIDDEN);
+    assert_eq!(all_waiting_for_an_agent.status, StatusCode::FORBIDDEN);
     assert_eq!(
         waiting["data"][0]["operation_id"],
         operation_id.as_str(),
@@ -151,6 +155,7 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
         "no longer dead"
     );
     assert_eq!(by_an_approver.status, StatusCode::FORBIDDEN);
+    assert_eq!(by_an_agent.status, StatusCode::FORBIDDEN);
     assert_eq!(from_another_account.status, StatusCode::NOT_FOUND);
     assert_eq!(given_back.status, StatusCode::OK, "{:?}", given_back.body);
     assert_eq!(given_back.json()["outbox"], "unknown", "the reconciler asks first");
@@ -163,7 +168,14 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     assert_eq!(settled["state"], "completed", "{settled}");
     assert_eq!(settled["outbox"], "delivered");
     assert_eq!(app.provider.stats().charges_made, 1);
+    once_delivered.assert_problem(409, "invalid_state");
+    assert_eq!(
+        once_delivered.json()["outbox"],
+        "delivered",
+        "a settled event is not sent again"
+    );
     let events = app.journal_events(&operation_id).await;
+    assert_eq!(events.iter().filter(|e| *e == "redelivered").count(), 1, "{events:?}");
     let dead_at = events.iter().position(|e| e == "dead_lettered");
     let redelivered_at = events.iter().position(|e| e == "redelivered");
     assert!(dead_at.is_some() && dead_at < redelivered_at, "{events:?}");
@@ -177,6 +189,7 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
     let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
     let (operation_id, intent_id, first_answer) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
     let listed = app.get("/v1/operations?state=unknown", ACME_APPROVER).await;
+    let listed_as_dead = app.get("/v1/operations?outbox=dead", ACME_APPROVER).await.json();
 
     let resolution = json!({
         "outcome": "completed",
@@ -208,6 +221,12 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
         "{:?}",
         listed.body
     );
+    assert_eq!(
+        listed.json()["data"].as_array().unwrap().len(),
+        1,
+        "the intent's own operation is completed"
+    );
+    assert_eq!(listed_as_dead["data"], json!([]), "unknown, but its event is not dead");
     assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
     assert_eq!(resolved.json()["state"], "completed");
     assert_eq!(resolved.json()["external_ref"], "ch_found_by_hand");
