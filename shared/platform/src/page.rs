@@ -1,6 +1,7 @@
 //! Cursor pagination (docs/contract.md §10): `limit` (default 50, at most 200)
 //! and an opaque `cursor`; answers are
-//! `{"data": [...], "next_cursor": string | null}` in creation order.
+//! `{"data": [...], "next_cursor": string | null}` in the order rows were
+//! placed in the list (below).
 //!
 //! # Why a list has its own numbers
 //!
@@ -8,8 +9,8 @@
 //! below one a reader has already passed. A row's `seq` cannot promise that
 //! on PostgreSQL: it is taken at insert, and a transaction that took 10 may
 //! commit after one that took 11 and a reader that went past 11 in between.
-//! So listed rows carry a second number, `list_seq`, given in commit order:
-//! a reader first numbers the account's rows that have none
+//! So listed rows carry a second number, `list_seq`, given once a row has
+//! committed: a reader first numbers the account's rows that have none
 //! ([`number_new_rows`]), under a transaction-scoped lock, in one
 //! transaction per round. A row committed after a round is numbered by a
 //! later round, above everything numbered before; and a reader that sees a
@@ -79,8 +80,8 @@ impl<T> Page<T> {
     }
 }
 
-/// Numbers, in commit order, the rows of `table` of `account_id` that have
-/// no `list_seq` yet, after the account's highest: what [`PageRequest`]'s
+/// Numbers the committed rows of `table` of `account_id` that have no
+/// `list_seq` yet (by `seq`, among themselves), after the account's highest: what [`PageRequest`]'s
 /// cursors count. `table` is one of the service's listed tables (a name
 /// written in its code, never input); it has `seq`, `account_id` and
 /// `list_seq`, and a unique index on `(account_id, list_seq)`.
