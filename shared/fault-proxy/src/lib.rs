@@ -133,7 +133,6 @@ impl FaultProxy {
         replica
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn note(
         &self,
         method: &Method,

@@ -179,7 +179,7 @@ impl Db {
             Db::Postgres(pools) => migrator.run(&pools.main).await,
             Db::Sqlite(pools) => migrator.run(&pools.write).await,
         };
-        if let Err(MigrateError::VersionMissing(version)) = &migrated {
+        if let Err(MigrateError::VersionMissing(version) | MigrateError::VersionMismatch(version)) = &migrated {
             // no release has shipped, so no upgrade path is kept from an earlier schema
             tracing::error!(
                 version,

@@ -77,7 +77,7 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
     (
         names::DB_ACQUIRE,
         Kind::Histogram,
-        "A request's wait for a connection to begin its transaction.",
+        "The wait for a connection to begin a transaction: a keyed request's, the outbox's, or a person's settlement.",
     ),
     (
         names::DB_CONNECTIONS,
@@ -282,10 +282,10 @@ pub async fn track(State(metrics): State<Metrics>, request: Request, next: Next)
 }
 
 /// The layer's own words for an attempt, as the metric names them: a run
-/// that ended, either way, was `executed`.
+/// that ended, either way (a refused approval's answer too), was `executed`.
 fn outcome_label(outcome: &'static str) -> &'static str {
     match outcome {
-        "created" | "failed" | "completed" => "executed",
+        "created" | "failed" | "completed" | "rejected" => "executed",
         "server_error" => "error",
         other => other,
     }

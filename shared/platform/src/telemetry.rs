@@ -97,7 +97,8 @@ pub fn record_operation(operation_id: &str, fingerprint: &str) {
 }
 
 /// Records what the attempt came to: `created`, `replayed`, `key_reused`,
-/// `in_progress`, `failed`, `outcome_unknown` or `server_error`.
+/// `in_progress`, `failed`, `rejected`, `awaiting_approval`,
+/// `outcome_unknown` or `server_error`.
 pub fn record_outcome(outcome: &'static str) {
     Span::current().record("outcome", outcome);
     crate::metrics::note_outcome(outcome);

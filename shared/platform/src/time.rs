@@ -46,16 +46,16 @@ pub(crate) fn local_now() -> DateTime<Utc> {
     now
 }
 
-/// A crash test's wrong clock: `FAILPOINTS_CLOCK_SKEW_SECONDS` moves this
-/// process's clock, as a replica whose clock is off would have it.
+/// A test's wrong clock: `FAILPOINTS_CLOCK_SKEW_SECONDS` moves this
+/// process's clock, as a replica whose clock is off would have it. A value
+/// that is not a number stops the process: a test must not pass unskewed.
 #[cfg(feature = "failpoints")]
 fn local_skew() -> chrono::Duration {
     static SKEW: std::sync::OnceLock<chrono::Duration> = std::sync::OnceLock::new();
     *SKEW.get_or_init(|| {
-        let seconds: f64 = std::env::var("FAILPOINTS_CLOCK_SKEW_SECONDS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0.0);
+        let seconds: f64 = std::env::var("FAILPOINTS_CLOCK_SKEW_SECONDS").ok().map_or(0.0, |s| {
+            s.parse().expect("FAILPOINTS_CLOCK_SKEW_SECONDS is a number of seconds")
+        });
         chrono::Duration::microseconds((seconds * 1e6) as i64)
     })
 }

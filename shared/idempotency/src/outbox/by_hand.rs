@@ -82,9 +82,10 @@ pub async fn resolve(
     resolution: &Resolution,
 ) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
-    let now = Timestamp::now();
     let failed_by_hand = matches!(resolution.outcome, Resolved::Failed { .. }).then_some(plan::FAILED_BY_HAND);
-    let mut tx = idempotency.db.begin().await?;
+    let mut tx = idempotency.begin().await?;
+    // after the lock: a lease that ran out while this waited must look so
+    let now = Timestamp::now();
     // the event first, as the worker and the reconciler lock it first
     let event = store::settle_by_hand(
         &mut tx,
@@ -186,8 +187,8 @@ async fn why_not(idempotency: &Idempotency, account_id: &str, operation_id: &str
 /// succeeds.
 pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: &str) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
+    let mut tx = idempotency.begin().await?;
     let now = Timestamp::now();
-    let mut tx = idempotency.db.begin().await?;
     let Some((idempotency_key, fingerprint, route)) = store::revive(&mut tx, account_id, operation_id, now).await?
     else {
         tx.rollback().await?;

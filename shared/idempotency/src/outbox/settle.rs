@@ -49,7 +49,7 @@ impl<D: Destination> Outbox<D> {
         };
         let (state, failures) = plan.event_after(event.failures, self.config.max_failures);
         let now = Timestamp::now();
-        let mut tx = self.idempotency.db.begin().await?;
+        let mut tx = self.idempotency.begin().await?;
         let to = LetGo {
             state,
             failures,
@@ -102,7 +102,7 @@ impl<D: Destination> Outbox<D> {
         const WHY: &str = "its settlement could not be written (the service's log says why)";
         let counted = async {
             let now = Timestamp::now();
-            let mut tx = self.idempotency.db.begin().await?;
+            let mut tx = self.idempotency.begin().await?;
             let dead = store::count_failed_settlement(&mut tx, event, WHY, self.config.max_failures, now).await?;
             if dead == Some(true) {
                 let entry = event.audit(AuditEvent::DeadLettered, by, None, now);

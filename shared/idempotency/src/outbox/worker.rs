@@ -16,7 +16,7 @@ impl<D: Destination> Outbox<D> {
     pub async fn deliver_due(&self) -> Result<usize, sqlx::Error> {
         let now = Timestamp::now();
         let token = new_lease_token();
-        let mut tx = self.idempotency.db.begin().await?;
+        let mut tx = self.idempotency.begin().await?;
         let events = store::take_due(
             &mut tx,
             &[EventState::Pending],
