@@ -121,14 +121,14 @@ impl Controller {
             .bearer_auth(&self.config.api_key)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.without_url().to_string())?;
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
         if !response.status().is_success() {
             return Err(format!("the controller answered {}", response.status()));
         }
-        response.json().await.map(Some).map_err(|e| e.to_string())
+        response.json().await.map(Some).map_err(|e| e.without_url().to_string())
     }
 
     async fn find(&self, query: &[(&str, &str)]) -> Result<Option<Rollout>, String> {
@@ -139,11 +139,11 @@ impl Controller {
             .query(query)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.without_url().to_string())?;
         if !response.status().is_success() {
             return Err(format!("lookup answered {}", response.status()));
         }
-        let found: Found = response.json().await.map_err(|e| e.to_string())?;
+        let found: Found = response.json().await.map_err(|e| e.without_url().to_string())?;
         Ok(found.data.into_iter().next())
     }
 
@@ -305,8 +305,16 @@ impl Destination for Controller {
             .await;
         let response = match sent {
             Ok(response) => response,
-            Err(e) if e.is_connect() => return Delivery::NotAccepted { reason: e.to_string() },
-            Err(e) => return Delivery::AnswerLost { reason: e.to_string() },
+            Err(e) if e.is_connect() => {
+                return Delivery::NotAccepted {
+                    reason: e.without_url().to_string(),
+                };
+            }
+            Err(e) => {
+                return Delivery::AnswerLost {
+                    reason: e.without_url().to_string(),
+                };
+            }
         };
         let status = response.status();
         if status.is_success() {
@@ -315,7 +323,7 @@ impl Destination for Controller {
                     external_ref: accepted.id,
                 },
                 Err(e) => Delivery::AnswerLost {
-                    reason: format!("accepted, and the answer could not be read: {e}"),
+                    reason: format!("accepted, and the answer could not be read: {}", e.without_url()),
                 },
             };
         }

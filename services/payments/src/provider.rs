@@ -133,16 +133,24 @@ impl Provider {
         let response = match sent {
             Ok(response) => response,
             // the connection never opened: nothing reached the provider
-            Err(e) if e.is_connect() => return Delivery::NotAccepted { reason: e.to_string() },
+            Err(e) if e.is_connect() => {
+                return Delivery::NotAccepted {
+                    reason: e.without_url().to_string(),
+                };
+            }
             // it may have been sent: only the provider knows now
-            Err(e) => return Delivery::AnswerLost { reason: e.to_string() },
+            Err(e) => {
+                return Delivery::AnswerLost {
+                    reason: e.without_url().to_string(),
+                };
+            }
         };
         let status = response.status();
         if status.is_success() {
             return match response.json::<Made>().await {
                 Ok(made) => Delivery::Accepted { external_ref: made.id },
                 Err(e) => Delivery::AnswerLost {
-                    reason: format!("accepted, and the answer could not be read: {e}"),
+                    reason: format!("accepted, and the answer could not be read: {}", e.without_url()),
                 },
             };
         }
@@ -162,11 +170,11 @@ impl Provider {
             .query(query)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.without_url().to_string())?;
         if !response.status().is_success() {
             return Err(format!("lookup answered {}", response.status()));
         }
-        let found: Found = response.json().await.map_err(|e| e.to_string())?;
+        let found: Found = response.json().await.map_err(|e| e.without_url().to_string())?;
         Ok(found.data.into_iter().next())
     }
 

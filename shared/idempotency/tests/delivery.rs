@@ -60,3 +60,22 @@ fn a_conflict_is_final_only_for_the_codes_the_client_names() {
         Delivery::AnswerLost { .. }
     ));
 }
+
+#[test]
+fn a_refusal_is_told_by_its_status_code_and_detail_and_never_by_a_body_that_is_not_a_problem() {
+    let reason = |status, body: &str| match Delivery::from_refusal(status, body, FINAL_CONFLICTS) {
+        Delivery::Refused { reason } | Delivery::NotAccepted { reason } | Delivery::AnswerLost { reason } => reason,
+        Delivery::Accepted { .. } => panic!("a refusal is never accepted"),
+    };
+
+    assert_eq!(
+        reason(402, &problem("charge_declined")),
+        "answered 402 charge_declined: d"
+    );
+    assert_eq!(
+        reason(502, "<html><pre>Traceback: db password=hunter2</pre></html>"),
+        "answered 502",
+        "a proxy's page or a stack trace is for the log"
+    );
+    assert_eq!(reason(429, ""), "answered 429");
+}

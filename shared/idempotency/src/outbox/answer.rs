@@ -48,8 +48,9 @@ impl Delivery {
     /// the same key: a bare 429 (rate limited at the door), 408 (the request
     /// never arrived whole), and a refusal of who we are (401, 403).
     pub fn from_refusal(status: u16, body: &str, final_conflicts: &[&str]) -> Delivery {
-        let code = serde_json::from_str::<ProblemCode>(body).ok().and_then(|p| p.code);
-        let reason = format!("{status}: {}", body.chars().take(500).collect::<String>());
+        let problem = serde_json::from_str::<Problem>(body).ok();
+        let reason = refusal_reason(status, problem.as_ref(), body);
+        let code = problem.and_then(|p| p.code);
         match (status, code.as_deref()) {
             (401 | 403 | 408, _) => Delivery::NotAccepted { reason },
             (429, _) if body.trim().is_empty() => Delivery::NotAccepted { reason },
@@ -65,10 +66,33 @@ impl Delivery {
 /// The code with which an external system refuses a key it holds for another request.
 const KEY_REUSED: &str = "idempotency_key_reused";
 
-/// A problem body's `code`, when it has one.
+/// What a client may read of a problem body (RFC 9457).
 #[derive(serde::Deserialize)]
-struct ProblemCode {
+struct Problem {
     code: Option<String>,
+    detail: Option<String>,
+}
+
+/// A refusal in words people may read (an operation's last error, a
+/// deployment's history): its status, and a problem body's `code` and
+/// `detail`, which the external system wrote for clients. Any other body (a
+/// proxy's HTML page, a stack trace) goes to the log only.
+fn refusal_reason(status: u16, problem: Option<&Problem>, body: &str) -> String {
+    let Some(problem) = problem else {
+        if !body.trim().is_empty() {
+            let excerpt: String = body.chars().take(500).collect();
+            tracing::warn!(status, body = %excerpt, "an external system answered with a body that is not a problem");
+        }
+        return format!("answered {status}");
+    };
+    let mut reason = format!("answered {status}");
+    if let Some(code) = &problem.code {
+        reason.push_str(&format!(" {code}"));
+    }
+    if let Some(detail) = &problem.detail {
+        reason.push_str(&format!(": {}", detail.chars().take(200).collect::<String>()));
+    }
+    reason
 }
 
 /// What the external system knows of an event, asked by its key or reference.

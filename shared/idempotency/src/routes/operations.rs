@@ -9,7 +9,6 @@ use platform::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::may_read_approvals;
 use crate::{
     Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef,
     approval::{self, ApprovalState},
@@ -49,8 +48,8 @@ pub struct OperationView {
     /// it again, the operation's `state` left as it was.
     pub outbox: Option<EventState>,
     /// Why the event's last delivery or lookup came to nothing, if it did:
-    /// for an `approver` or `admin` only (it can name the external system's
-    /// addresses and references).
+    /// the external system's status and problem `code` and `detail`, or what
+    /// kept its answer away; never a raw body or an address.
     pub last_error: Option<String>,
 }
 
@@ -93,13 +92,9 @@ pub struct OperationApproval {
 }
 
 impl OperationView {
-    /// The view of `operation` for `reader`, with its approval and its outbox
-    /// event read if it has them.
-    pub(crate) async fn read(
-        idempotency: &Idempotency,
-        operation: OperationRecord,
-        reader: &Principal,
-    ) -> Result<Self, ApiError> {
+    /// The view of `operation`, with its approval and its outbox event read
+    /// if it has them.
+    pub(crate) async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
         let approval = match &operation.approval_id {
             Some(id) => approval::find(&idempotency.db, &operation.account_id, id).await?,
             None => None,
@@ -108,7 +103,7 @@ impl OperationView {
         let mut view = OperationView::from(operation);
         if let Some(delivery) = delivery {
             view.outbox = Some(delivery.state);
-            view.last_error = delivery.last_error.filter(|_| may_read_approvals(reader).is_ok());
+            view.last_error = delivery.last_error;
         }
         view.approval = approval.map(|a| OperationApproval {
             state: a.state(Timestamp::now()),
@@ -217,7 +212,7 @@ pub async fn get_operation(
     let operation = store::find_by_id(&idempotency.db, &principal.account_id, &operation_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("operation `{operation_id}`")))?;
-    Ok(Json(OperationView::read(&idempotency, operation, &principal).await?))
+    Ok(Json(OperationView::read(&idempotency, operation).await?))
 }
 
 /// Find the caller's operation by the key it was sent with: after a timeout,
@@ -253,7 +248,7 @@ pub async fn find_operation_by_key(
     let which = match listing {
         Listing::Key(key) => {
             let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
-                Some(operation) => vec![OperationView::read(&idempotency, operation, &principal).await?],
+                Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
                 None => Vec::new(),
             };
             let data = data.into_iter().filter(|view| query.admits(view)).collect();
@@ -281,7 +276,7 @@ pub async fn find_operation_by_key(
     for (_, operation_id) in ids {
         // never reaped while unknown or waiting on its event; a missing one is simply not shown
         if let Some(operation) = store::find_by_id(&idempotency.db, &principal.account_id, &operation_id).await? {
-            data.push(OperationView::read(&idempotency, operation, &principal).await?);
+            data.push(OperationView::read(&idempotency, operation).await?);
         }
     }
     Ok(Json(OperationList { data, next_cursor }))

@@ -153,7 +153,7 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
     let operation = store::find_by_id(&idempotency.db, &principal.account_id, operation_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("operation `{operation_id}`")))?;
-    OperationView::read(idempotency, operation, principal).await
+    OperationView::read(idempotency, operation).await
 }
 
 /// Settle an operation whose outcome is unknown, as a person found it at the
