@@ -86,8 +86,9 @@ pub async fn resolve(
     let mut tx = idempotency.begin().await?;
     // after the lock: a lease that ran out while this waited must look so
     let now = Timestamp::now();
-    // the event first, as the worker and the reconciler lock it first
-    let event = store::settle_by_hand(
+    // the event first, as the worker and the reconciler lock it first; an
+    // operation is `unknown` only through its event, so no event, no resolution
+    let Some(event) = store::settle_by_hand(
         &mut tx,
         account_id,
         operation_id,
@@ -96,21 +97,16 @@ pub async fn resolve(
         failed_by_hand,
         now,
     )
-    .await?;
-    if event.is_none()
-        && status::delivery_of(&idempotency.db, account_id, operation_id)
-            .await?
-            .is_some()
-    {
-        // an event it could not take: held, or settled already
+    .await?
+    else {
+        // held, settled already, or not there
         tx.rollback().await?;
         return Err(why_not(idempotency, account_id, operation_id).await);
-    }
-    let completes = match (&event, idempotency.ledger()) {
-        (Some(event), Some(ledger)) => ledger.completes_on_acceptance(event),
-        _ => true,
     };
-    let plan = plan::resolved(resolution, &by.principal_id, completes);
+    let ledger = idempotency
+        .ledger()
+        .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
+    let plan = plan::resolved(resolution, &by.principal_id, ledger.completes_on_acceptance(&event));
     let settles = plan.settles.as_ref().expect("a resolution settles its operation");
     let Some((idempotency_key, fingerprint, route)) = crate::store::settle_unknown(
         &mut tx,
@@ -125,12 +121,7 @@ pub async fn resolve(
         tx.rollback().await?;
         return Err(why_not(idempotency, account_id, operation_id).await);
     };
-    if let Some(event) = &event {
-        let ledger = idempotency
-            .ledger()
-            .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
-        ledger.settle(&mut tx, event, settles.business).await?;
-    }
+    ledger.settle(&mut tx, &event, settles.business).await?;
     let operation = EventOf {
         account_id,
         operation_id,
