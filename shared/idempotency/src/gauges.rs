@@ -22,19 +22,27 @@ const APPROVAL_STATES: [&str; 4] = ["pending", "approved", "rejected", "expired"
 /// scrapes must not become a flood of aggregate queries.
 const READ_AT_MOST_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Sets the gauges from the database unless they were read in the last few
-/// seconds; one read at a time, the others wait for it.
+/// How long a scrape waits for the database: a slow or starved database is
+/// when the metrics are needed most, so they are served stale rather than late.
+const READ_AT_MOST_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Sets the pool gauges, and the others from the database unless they were
+/// read within [`READ_AT_MOST_EVERY`]; one read at a time, the others wait
+/// for it.
 pub(crate) async fn refresh_if_stale(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
+    set_pools(&idempotency.db, &idempotency.metrics);
     let mut read_at = idempotency.gauges_read.lock().await;
     if read_at.is_some_and(|at| at.elapsed() < READ_AT_MOST_EVERY) {
         return Ok(());
     }
-    refresh(idempotency).await?;
+    tokio::time::timeout(READ_AT_MOST_FOR, refresh(idempotency))
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)??;
     *read_at = Some(std::time::Instant::now());
     Ok(())
 }
 
-/// Sets every gauge from the database, as of now.
+/// Sets every gauge read from the database, as of now.
 async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     let (db, metrics) = (&idempotency.db, &idempotency.metrics);
     let now = Timestamp::now();
@@ -67,7 +75,7 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     .await?;
     metrics.set(names::OLDEST_UNKNOWN, &[], age(oldest_unknown, now));
 
-    let approvals = approval_counts(db, now).await?;
+    let approvals = crate::approval::count_by_state(db, now).await?;
     set_each(metrics, names::APPROVALS, &APPROVAL_STATES, &approvals);
 
     let inbox: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar("SELECT COUNT(*) FROM audit_inbox")
@@ -76,7 +84,11 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     // what waits in the inbox, and the observations waiting in this process's memory
     let backlog = inbox as f64 + idempotency.journal.queued() as f64;
     metrics.set(names::JOURNAL_BACKLOG, &[], backlog);
+    Ok(())
+}
 
+/// This process's connections, per pool: read from the pools, not the database.
+fn set_pools(db: &Db, metrics: &Metrics) {
     for pool in db.pool_stats() {
         let in_use = f64::from(pool.size) - pool.idle as f64;
         metrics.set(
@@ -91,7 +103,6 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
         );
         metrics.set(names::DB_MAX_CONNECTIONS, &[("pool", pool.name)], f64::from(pool.max));
     }
-    Ok(())
 }
 
 /// `(state, count)` rows of a `GROUP BY state`.
@@ -102,18 +113,6 @@ async fn counts(db: &Db, sql: &'static str) -> Result<Vec<(String, i64)>, sqlx::
 async fn oldest(db: &Db, sql: &'static str) -> Result<Option<Timestamp>, sqlx::Error> {
     Ok(on_pool!(db.read(), |pool| sqlx::query_scalar(sql)
         .fetch_one(pool)
-        .await?))
-}
-
-/// An approval's state as its readers see it: one past its expiry with no
-/// decision is expired before anyone writes it so.
-async fn approval_counts(db: &Db, now: Timestamp) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    const SQL: &str = "SELECT CASE WHEN decision IS NOT NULL THEN decision \
-                                   WHEN expires_at <= $1 THEN 'expired' ELSE 'pending' END AS state, COUNT(*) \
-                       FROM idempotency_approvals GROUP BY 1";
-    Ok(on_pool!(db.read(), |pool| sqlx::query_as(SQL)
-        .bind(now)
-        .fetch_all(pool)
         .await?))
 }
 

@@ -301,7 +301,8 @@ impl Idempotency {
     }
 
     /// Starts the layer's background work — the retention reaper (and
-    /// approval expiry), the attempt writer and the journal's chainer — until
+    /// approval expiry), the attempt writer, the journal's chainer, the
+    /// database clock's measure and the metrics' upkeep — until
     /// [`Background::stop`].
     pub fn spawn_background(&self) -> Background {
         Background {
@@ -316,13 +317,14 @@ impl Idempotency {
         }
     }
 
-    /// Measures the database's clock every minute: clocks drift apart, and
-    /// leases and retention are measured on it (see [`platform::time`]).
+    /// Measures the database's clock again and again: clocks drift apart,
+    /// and leases and retention are measured on it (see [`platform::time`]).
     fn spawn_clock_sync(&self) -> tokio::task::JoinHandle<()> {
+        const EVERY: Duration = Duration::from_secs(60);
         let db = self.db.clone();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(60)).await;
+                tokio::time::sleep(EVERY).await;
                 if let Err(e) = db.sync_clock().await {
                     tracing::warn!(error = %e, "could not read the database's clock; keeping the last offset");
                 }
@@ -330,12 +332,13 @@ impl Idempotency {
         })
     }
 
-    /// Drains the histograms every few seconds, between scrapes.
+    /// Drains the histograms between scrapes, so that their buffers stay small.
     fn spawn_metrics_upkeep(&self) -> tokio::task::JoinHandle<()> {
+        const EVERY: Duration = Duration::from_secs(5);
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
+                tokio::time::sleep(EVERY).await;
                 metrics.run_upkeep();
             }
         })

@@ -32,6 +32,6 @@ mod view;
 pub use decide::may_decide;
 pub use record::{ApprovalRecord, ApprovalState, Decision, approval_url, new_approval_id};
 pub use store::{ExecutionCheck, count, find, list};
-pub(crate) use store::{check_for_execution, insert};
+pub(crate) use store::{check_for_execution, count_by_state, insert};
 pub use summary::{ApprovalSummary, Revealed, is_hidden};
 pub use view::{AcceptedOrAwaitingApproval, ApprovalRequested, ApprovalView, refusal};

@@ -82,6 +82,18 @@ fn in_state(state: Option<ApprovalState>, now: &str) -> String {
     }
 }
 
+/// How many approvals, of every account, are in each state as of `now`:
+/// `(state, count)`, each state read as [`in_state`] reads it.
+pub(crate) async fn count_by_state(db: &Db, now: Timestamp) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    const SQL: &str = "SELECT CASE WHEN decision IS NOT NULL THEN decision \
+                                   WHEN expires_at <= $1 THEN 'expired' ELSE 'pending' END AS state, COUNT(*) \
+                       FROM idempotency_approvals GROUP BY 1";
+    Ok(on_pool!(db.read(), |pool| sqlx::query_as(SQL)
+        .bind(now)
+        .fetch_all(pool)
+        .await?))
+}
+
 /// The account's approvals after `after_seq` in creation order, in `state`
 /// if given (as of `now`); each record's `seq` is its place in the list
 /// (see [`platform::page`]).

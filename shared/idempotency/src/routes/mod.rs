@@ -54,9 +54,9 @@ where
 }
 
 /// `GET /metrics`: the service's registry in Prometheus's text format, its
-/// gauges read from the database first (at most every few seconds). No key: it names no account, key or
-/// fingerprint. Gauges that could not be read keep their last values, and
-/// the counters are served all the same.
+/// gauges read from the database first unless they are fresh. No key: it
+/// names no account, key or fingerprint. Gauges that could not be read in
+/// time keep their last values, and the rest is served all the same.
 async fn metrics(axum::extract::State(idempotency): axum::extract::State<Idempotency>) -> axum::response::Response {
     if let Err(e) = crate::gauges::refresh_if_stale(&idempotency).await {
         tracing::warn!(error = %e, "metrics: could not read the gauges from the database");
