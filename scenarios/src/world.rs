@@ -220,22 +220,14 @@ impl World {
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
         let log = format!("sandbox-{n}.log");
-        self.replicas
-            .push(spawn(&self.binaries.join("sandbox"), &[], &env, self.dir.path(), &log)?);
-        let ready = async {
-            for service in SERVICES {
-                let url = format!(
-                    "http://{}/healthz",
-                    settings[&format!("{}_ADDR", service.to_ascii_uppercase())]
-                );
-                while !self.http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(60), ready)
-            .await
-            .map_err(|_| format!("replica {n} did not answer within a minute: see {log}"))
+        let mut replica = spawn(&self.binaries.join("sandbox"), &[], &env, self.dir.path(), &log)?;
+        let services: Vec<String> = SERVICES
+            .iter()
+            .map(|service| format!("http://{}", settings[&format!("{}_ADDR", service.to_ascii_uppercase())]))
+            .collect();
+        let answered = until_ready(&self.http, &mut replica, &services, &self.dir.path().join(&log)).await;
+        self.replicas.push(replica);
+        answered
     }
 
     fn log_path(&self) -> PathBuf {
@@ -251,49 +243,22 @@ impl World {
             .filter(|(_, v)| !v.is_empty())
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
-        self.sandbox = Some(spawn(
+        let mut sandbox = spawn(
             &self.binaries.join("sandbox"),
             &[],
             &settings,
             self.dir.path(),
             "sandbox.log",
-        )?);
+        )?;
         let parts: Vec<String> = self
             .services
             .values()
             .cloned()
             .chain([self.provider.clone(), self.controller.clone()])
             .collect();
-        let ready = async {
-            for url in &parts {
-                loop {
-                    if let Some(child) = self.sandbox.as_mut()
-                        && let Ok(Some(status)) = child.try_wait()
-                    {
-                        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-                        let last: Vec<&str> = log.lines().rev().take(5).collect();
-                        return Err(format!(
-                            "the sandbox exited ({status}); its last words: {}",
-                            last.into_iter().rev().collect::<Vec<_>>().join(" | ")
-                        ));
-                    }
-                    if self
-                        .http
-                        .get(format!("{url}/healthz"))
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                    {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-            Ok(())
-        };
-        tokio::time::timeout(Duration::from_secs(60), ready)
-            .await
-            .map_err(|_| "the sandbox did not answer within a minute".to_owned())?
+        let answered = until_ready(&self.http, &mut sandbox, &parts, &self.log_path()).await;
+        self.sandbox = Some(sandbox);
+        answered
     }
 
     /// Waits until the running sandbox logs that it holds at `fail_point`.
@@ -449,6 +414,38 @@ impl World {
             }
         }
     }
+}
+
+/// Waits until each of `urls` answers `/healthz`, for a minute at most; a
+/// sandbox that exits first is an error with the last lines of its `log`.
+async fn until_ready(http: &reqwest::Client, sandbox: &mut Child, urls: &[String], log: &Path) -> Result<(), String> {
+    let ready = async {
+        for url in urls {
+            loop {
+                if let Ok(Some(status)) = sandbox.try_wait() {
+                    let words = std::fs::read_to_string(log).unwrap_or_default();
+                    let last: Vec<&str> = words.lines().rev().take(5).collect();
+                    return Err(format!(
+                        "the sandbox exited ({status}); its last words: {}",
+                        last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                    ));
+                }
+                if http
+                    .get(format!("{url}/healthz"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(60), ready)
+        .await
+        .map_err(|_| format!("the sandbox did not answer within a minute: see {}", log.display()))?
 }
 
 /// Starts `binary` with `args` in `dir` with `env` (and none of this process's database
