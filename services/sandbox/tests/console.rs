@@ -19,7 +19,10 @@ use idempotency::{
 };
 use payment_provider::Faults;
 use payments::provider::{Provider, ProviderConfig, SANDBOX_MERCHANT_KEY};
-use platform::{Backend, Principal, Role, testing::TestDb};
+use platform::{
+    Backend, Role,
+    testing::{TestDb, new_bearer},
+};
 use sandbox::console::{self, ConsoleConfig, PAGE_SIZE, ServiceLink, SessionLimits};
 use serde_json::{Value, json};
 use tickets::domain::{Priority, TicketsPolicy};
@@ -629,12 +632,7 @@ async fn settling_sandbox(backend: Backend, max_failures: i32) -> Settling {
             ..OutboxConfig::default()
         },
     );
-    let admin = Principal {
-        account_id: "acme".into(),
-        principal_id: "acme-admin".into(),
-        role: Role::Admin,
-    };
-    let admin = app.auth.create_key(&admin).await.unwrap().expose().to_owned();
+    let admin = new_bearer(&app.auth, "acme", "acme-admin", Role::Admin).await;
     let payments = serve(payments::build_router(app)).await;
     let console = serve(console::router(ConsoleConfig {
         services: vec![ServiceLink {
