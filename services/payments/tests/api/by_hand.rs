@@ -474,6 +474,40 @@ async fn while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_c
     assert_eq!(once_let_go.json()["state"], "failed");
 }
 
+async fn a_resolution_sent_with_a_key_is_replayed_to_its_retry_and_the_key_sent_with_another_resolution_is_refused(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let path = format!("/v1/operations/{operation_id}/resolution");
+    let completed = json!({"outcome": "completed", "evidence": "ch_1 in the dashboard", "external_ref": "ch_1"});
+
+    let first = app.client.post(&path, &admin, Some("settle-1"), &completed).await;
+    let retry = app.client.post(&path, &admin, Some("settle-1"), &completed).await;
+    let changed = app
+        .client
+        .post(
+            &path,
+            &admin,
+            Some("settle-1"),
+            &json!({"outcome": "failed", "evidence": "no charge"}),
+        )
+        .await;
+    let without_the_key = app.client.post(&path, &admin, None, &completed).await;
+
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+    assert_eq!(first.replayed(), Some("false"));
+    assert_eq!(first.json()["state"], "completed");
+    assert_eq!(retry.status, StatusCode::OK, "the answer the person lost, replayed");
+    assert_eq!(retry.replayed(), Some("true"));
+    assert_eq!(retry.body, first.body, "byte for byte");
+    changed.assert_problem(422, "idempotency_key_reused");
+    without_the_key.assert_problem(409, "invalid_state");
+    let events = app.journal_events(&operation_id).await;
+    assert_eq!(events.iter().filter(|e| *e == "resolved").count(), 1, "{events:?}");
+}
+
 platform::both_backends!(
     while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_changes_nothing,
     a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_never_reaches_the_caller,
@@ -481,4 +515,5 @@ platform::both_backends!(
     an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_every_later_retry_replays_its_answer,
     a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order,
     only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whose_outcome_is_unknown,
+    a_resolution_sent_with_a_key_is_replayed_to_its_retry_and_the_key_sent_with_another_resolution_is_refused,
 );

@@ -33,11 +33,15 @@
 //! are built in `responses.rs`; those read from what is stored are journaled
 //! and remembered in `answers.rs`.
 
-use axum::response::{IntoResponse, Response};
-use platform::{ApiError, Tx};
+use axum::{
+    Json,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use platform::{ApiError, Principal, Tx};
 use serde::Serialize;
 
-use crate::{ClaimMode, Idempotency, operation::new_operation_id};
+use crate::{ClaimMode, Idempotency, IdempotencyHeaders, operation::new_operation_id};
 
 use responses::stored_response_without_operation;
 
@@ -162,6 +166,39 @@ impl Idempotency {
             return self.replay_cached(&attempt, &answer, &fingerprint);
         }
         self.execute_leased(&attempt, &fingerprint, call_out, effect).await
+    }
+
+    /// A POST that repeating cannot add an effect to (a decision, a person's
+    /// settlement), so it needs no key: without one, `run` runs as it is;
+    /// with one, it is an operation like any other, its answer stored and
+    /// replayed, and the key sent with another command is 422. `run` makes
+    /// its own writes, so it is called out to once the claim commits, as in
+    /// [`Self::execute_calling_out`].
+    pub async fn execute_with_optional_key<C, T>(
+        &self,
+        route: &'static str,
+        principal: &Principal,
+        key: Option<IdempotencyHeaders>,
+        command: &C,
+        run: impl AsyncFnOnce() -> Result<T, ApiError>,
+    ) -> Response
+    where
+        C: Serialize,
+        T: Serialize,
+    {
+        let Some(key) = key else {
+            return match run().await {
+                Ok(answer) => Json(answer).into_response(),
+                Err(error) => error.into_response(),
+            };
+        };
+        self.execute_calling_out(
+            Attempt::post(route, principal, key),
+            command,
+            async |_| run().await,
+            async |_, _, answer: T| Ok(Effect::json(StatusCode::OK, &answer)),
+        )
+        .await
     }
 
     /// The measurement baseline (`enabled: false`): the effect in its

@@ -5,7 +5,6 @@
 use axum::{
     Json,
     extract::State,
-    http::StatusCode,
     response::{IntoResponse, Response},
 };
 use platform::{
@@ -15,7 +14,7 @@ use platform::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Attempt, Effect, Idempotency, OptionalIdempotencyHeaders,
+    Idempotency, OptionalIdempotencyHeaders,
     approval::{self, ApprovalState, ApprovalView, Decision},
 };
 
@@ -164,30 +163,17 @@ pub async fn decide(
     if let Err(refused) = approval::may_decide(&principal) {
         return refused.into_response();
     }
-    let decide = async || {
-        idempotency
-            .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)
-            .await
-    };
-    let Some(key) = key else {
-        return match decide().await {
-            Ok(view) => Json(view).into_response(),
-            Err(error) => error.into_response(),
-        };
-    };
     let command = DecideApproval {
         approval_id: &approval_id,
         decision: body.decision,
         fingerprint: &body.fingerprint,
     };
-    // The decision makes its own writes once the key is claimed, as a call-out
-    // does: repeating it is safe (the same approver gets the same decision).
+    // repeating it is safe: the same approver gets the same decision
     idempotency
-        .execute_calling_out(
-            Attempt::post(DECISION_ROUTE, &principal, key),
-            &command,
-            async |_| decide().await,
-            async |_, _, view: ApprovalView| Ok(Effect::json(StatusCode::OK, &view)),
-        )
+        .execute_with_optional_key(DECISION_ROUTE, &principal, key, &command, async || {
+            idempotency
+                .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)
+                .await
+        })
         .await
 }

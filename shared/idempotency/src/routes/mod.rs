@@ -31,7 +31,7 @@ pub use audit::{AuditList, AuditQuery, read_audit, read_audit_head};
 pub use operations::{
     OperationApproval, OperationList, OperationQuery, OperationView, find_operation_by_key, get_operation,
 };
-pub use settling::{ResolutionBody, redeliver_operation, resolve_operation};
+pub use settling::{REDELIVERY_ROUTE, RESOLUTION_ROUTE, ResolutionBody, redeliver_operation, resolve_operation};
 
 /// The operation status, settling by hand, approvals and the journal.
 pub fn routes<S>() -> Router<S>
@@ -43,8 +43,8 @@ where
     Router::new()
         .route("/v1/operations", get(find_operation_by_key))
         .route("/v1/operations/{operation_id}", get(get_operation))
-        .route("/v1/operations/{operation_id}/resolution", post(resolve_operation))
-        .route("/v1/operations/{operation_id}/redelivery", post(redeliver_operation))
+        .route(RESOLUTION_ROUTE, post(resolve_operation))
+        .route(REDELIVERY_ROUTE, post(redeliver_operation))
         .route("/v1/approvals", get(list_approvals))
         .route("/v1/approvals/{approval_id}", get(get_approval))
         .route(DECISION_ROUTE, post(decide))

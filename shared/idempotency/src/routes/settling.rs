@@ -2,14 +2,17 @@
 //! itself (docs/contract.md §5): settle one whose outcome is unknown with
 //! the evidence they found, or send a dead event again.
 
-use axum::{Json, extract::State};
+use axum::{
+    extract::State,
+    response::{IntoResponse, Response},
+};
 use platform::{ApiError, ApiJson, ApiPath, Principal, Role};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use validator::{Validate, ValidationError, ValidationErrors};
 
 use super::operations::OperationView;
 use crate::{
-    Idempotency, OperationState,
+    Idempotency, OperationState, OptionalIdempotencyHeaders,
     outbox::{self, ByHandError, Resolution, Resolved},
     store,
 };
@@ -18,7 +21,7 @@ use crate::{
 /// what they saw. Work that took effect needs its reference there, which the
 /// service's rows act on later (a refund names the charge, the watcher
 /// follows the rollout); work that did not may name what the person found.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResolutionBody {
     /// It took effect there: settled as the reconciler settles what it finds.
@@ -96,9 +99,9 @@ fn text(value: &str, max: usize) -> Result<(), ValidationError> {
     Ok(())
 }
 
-impl From<ResolutionBody> for Resolution {
-    fn from(body: ResolutionBody) -> Self {
-        match body {
+impl From<&ResolutionBody> for Resolution {
+    fn from(body: &ResolutionBody) -> Self {
+        match body.clone() {
             ResolutionBody::Completed { evidence, external_ref } => Resolution {
                 outcome: Resolved::Completed { external_ref },
                 evidence,
@@ -109,6 +112,17 @@ impl From<ResolutionBody> for Resolution {
             },
         }
     }
+}
+
+pub const RESOLUTION_ROUTE: &str = "/v1/operations/{operation_id}/resolution";
+pub const REDELIVERY_ROUTE: &str = "/v1/operations/{operation_id}/redelivery";
+
+/// What a resolution or a redelivery sent with a key is an operation of.
+#[derive(Debug, Serialize)]
+struct Settle<'a> {
+    operation_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resolution: Option<&'a ResolutionBody>,
 }
 
 /// Only an `admin` settles by hand, decided before any lookup.
@@ -161,70 +175,104 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
 /// `unknown`: the operation's event, the service's rows (as the reconciler
 /// writes what it finds) and the journal (`resolved` by the admin, with the
 /// evidence, then the outcome) in one transaction. The operation's stored
-/// answer stays, replayed to every later attempt with its key. It takes no
-/// `Idempotency-Key`: sent again once it went through, it is 409 naming the
-/// state it left.
+/// answer stays, replayed to every later attempt with its key.
+///
+/// Repeating it needs no key: sent again once it went through, it is 409
+/// naming the state it left. With a key its answer is stored and replayed.
 #[utoipa::path(
     post,
     path = "/v1/operations/{operation_id}/resolution",
     tag = "operations",
-    params(("operation_id" = String, Path)),
+    params(
+        ("operation_id" = String, Path),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: honoured when sent"),
+    ),
     request_body = ResolutionBody,
     responses(
         (status = 200, description = "Settled: the operation as it is now", body = OperationView),
-        (status = 400, description = "`invalid_request`: no evidence, or `external_ref` missing with `completed`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: no evidence, or `external_ref` missing with `completed`; `idempotency_key_invalid`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in this account", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given), or a worker holds its event right now (with `Retry-After`)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given), or a worker holds its event right now (with `Retry-After`); `request_in_progress` (with a key)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`: the key was sent with another resolution", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub async fn resolve_operation(
     State(idempotency): State<Idempotency>,
     principal: Principal,
+    OptionalIdempotencyHeaders(key): OptionalIdempotencyHeaders,
     ApiPath(operation_id): ApiPath<String>,
     ApiJson(body): ApiJson<ResolutionBody>,
-) -> Result<Json<OperationView>, ApiError> {
-    may_settle(&principal)?;
-    let resolution = Resolution::from(body);
-    outbox::resolve(&idempotency, &principal, &operation_id, &resolution)
+) -> Response {
+    if let Err(refused) = may_settle(&principal) {
+        return refused.into_response();
+    }
+    let command = Settle {
+        operation_id: &operation_id,
+        resolution: Some(&body),
+    };
+    idempotency
+        .execute_with_optional_key(RESOLUTION_ROUTE, &principal, key, &command, async || {
+            outbox::resolve(&idempotency, &principal, &operation_id, &Resolution::from(&body))
+                .await
+                .map_err(|e| {
+                    refusal(
+                        e,
+                        &operation_id,
+                        "only an operation whose outcome is unknown is settled by hand",
+                    )
+                })?;
+            view(&idempotency, &principal, &operation_id).await
+        })
         .await
-        .map_err(|e| {
-            refusal(
-                e,
-                &operation_id,
-                "only an operation whose outcome is unknown is settled by hand",
-            )
-        })?;
-    Ok(Json(view(&idempotency, &principal, &operation_id).await?))
 }
 
 /// Send an operation's dead outbox event again. Role `admin`, same account.
 /// The event goes back to the reconciler with its failures forgiven: it asks
 /// the external system first, and sends it again with the same key only if
-/// there is no trace of it there. It takes no `Idempotency-Key`: sent again
-/// while the event is on its way, it changes nothing and answers 200.
+/// there is no trace of it there.
+///
+/// Repeating it needs no key: sent again while the event is on its way, it
+/// changes nothing and answers 200. With a key its answer is stored and
+/// replayed.
 #[utoipa::path(
     post,
     path = "/v1/operations/{operation_id}/redelivery",
     tag = "operations",
-    params(("operation_id" = String, Path)),
+    params(
+        ("operation_id" = String, Path),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: honoured when sent"),
+    ),
     responses(
         (status = 200, description = "Given back, or on its way already: the operation as it is now", body = OperationView),
+        (status = 400, description = "`idempotency_key_invalid`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in this account", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: the operation's event is settled, or it has none (its `state` and `outbox` are given)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the operation's event is settled, or it has none (its `state` and `outbox` are given); `request_in_progress` (with a key)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`: the key was sent with another request", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub async fn redeliver_operation(
     State(idempotency): State<Idempotency>,
     principal: Principal,
+    OptionalIdempotencyHeaders(key): OptionalIdempotencyHeaders,
     ApiPath(operation_id): ApiPath<String>,
-) -> Result<Json<OperationView>, ApiError> {
-    may_settle(&principal)?;
-    outbox::redeliver(&idempotency, &principal, &operation_id)
+) -> Response {
+    if let Err(refused) = may_settle(&principal) {
+        return refused.into_response();
+    }
+    let command = Settle {
+        operation_id: &operation_id,
+        resolution: None,
+    };
+    idempotency
+        .execute_with_optional_key(REDELIVERY_ROUTE, &principal, key, &command, async || {
+            outbox::redeliver(&idempotency, &principal, &operation_id)
+                .await
+                .map_err(|e| refusal(e, &operation_id, "only a dead event is sent again"))?;
+            view(&idempotency, &principal, &operation_id).await
+        })
         .await
-        .map_err(|e| refusal(e, &operation_id, "only a dead event is sent again"))?;
-    Ok(Json(view(&idempotency, &principal, &operation_id).await?))
 }
