@@ -36,7 +36,7 @@ const METHODS: [&str; 8] = ["get", "put", "post", "delete", "options", "head", "
 pub fn complete(doc: &OpenApi) -> Value {
     let mut doc = serde_json::to_value(doc).expect("an OpenAPI document is JSON");
     enumerate_problem_codes(&mut doc);
-    forbid_nul_in_request_bodies(&mut doc);
+    constrain_request_bodies(&mut doc);
     let links = links(&doc);
     for (path, method, operation) in operations_mut(&mut doc) {
         constrain_parameters(operation);
@@ -223,8 +223,9 @@ fn constrain_parameters(operation: &mut Map<String, Value>) {
 }
 
 /// Adds [`NO_NUL_PATTERN`] to every string of every schema a request body
-/// refers to, unless it has a pattern, format or enumeration of its own.
-fn forbid_nul_in_request_bodies(doc: &mut Value) {
+/// refers to, unless it has a pattern, format or enumeration of its own, and
+/// closes each shape of a tagged union there (see [`close_shapes`]).
+fn constrain_request_bodies(doc: &mut Value) {
     let mut names: Vec<String> = operations(doc)
         .into_iter()
         .filter_map(|(_, _, operation)| operation.get("requestBody"))
@@ -238,6 +239,7 @@ fn forbid_nul_in_request_bodies(doc: &mut Value) {
         if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
             names.extend(referenced_schemas(schema));
             forbid_nul(schema);
+            close_shapes(schema);
         }
     }
 }
@@ -280,6 +282,21 @@ fn forbid_nul(schema: &mut Value) {
             ("items" | "additionalProperties", member) => forbid_nul(member),
             ("oneOf" | "anyOf" | "allOf", Value::Array(schemas)) => schemas.iter_mut().for_each(forbid_nul),
             _ => {}
+        }
+    }
+}
+
+/// Every request body refuses a member it does not name (400). The derive
+/// says so for a struct (`additionalProperties: false`) but not for each
+/// shape of an enum, so a client reading the schema would think any member
+/// welcome there: each object shape of a `oneOf` is closed here.
+fn close_shapes(schema: &mut Value) {
+    let Some(Value::Array(shapes)) = schema.get_mut("oneOf") else {
+        return;
+    };
+    for shape in shapes.iter_mut().filter_map(Value::as_object_mut) {
+        if shape.contains_key("properties") && !shape.contains_key("additionalProperties") {
+            shape.insert("additionalProperties".into(), Value::Bool(false));
         }
     }
 }
@@ -478,6 +495,28 @@ mod tests {
         assert_eq!(unique.len(), codes.len(), "each code is listed once: {codes:?}");
         for code in ["unauthenticated", "idempotency_key_reused", "request_timeout"] {
             assert!(codes.contains(&json!(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn each_shape_of_a_request_body_union_refuses_a_member_it_does_not_name() {
+        let mut annotated = serde_json::to_value(annotated()).unwrap();
+        let shape =
+            |outcome: &str| json!({"type": "object", "properties": {"outcome": {"type": "string", "enum": [outcome]}}});
+        annotated["components"]["schemas"]["ThingBody"] = json!({"oneOf": [shape("made"), shape("lost")]});
+        annotated["components"]["schemas"]["Problem"] = json!({"oneOf": [shape("a"), shape("b")]});
+
+        let doc = complete(&serde_json::from_value(annotated).unwrap());
+
+        for item in doc["components"]["schemas"]["ThingBody"]["oneOf"].as_array().unwrap() {
+            assert_eq!(item["additionalProperties"], false, "{item}");
+        }
+        for item in doc["components"]["schemas"]["Problem"]["oneOf"].as_array().unwrap() {
+            assert_eq!(
+                item.get("additionalProperties"),
+                None,
+                "an answer's schema is left as it is"
+            );
         }
     }
 

@@ -313,6 +313,12 @@ async fn each_operation_documents_every_status_it_can_answer_with_the_problem_sc
             assert!(responses.get(status).is_some(), "POST …/{settling} documents {status}");
         }
     }
+    // a member the server refuses is refused by the schema too, in each shape of the body
+    let resolution = &openapi["components"]["schemas"]["ResolutionBody"]["oneOf"];
+    assert_eq!(resolution.as_array().map(Vec::len), Some(2), "{resolution}");
+    for shape in resolution.as_array().unwrap() {
+        assert_eq!(shape["additionalProperties"], false, "{shape}");
+    }
 }
 
 platform::both_backends!(

@@ -25,9 +25,7 @@ use crate::{
 #[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResolutionBody {
     /// It took effect there: settled as the reconciler settles what it finds.
-    // no member beyond these (an object schema's way of saying deny_unknown_fields);
     // each text has a character that is not a space, and none is NUL
-    #[schema(max_properties = 3)]
     Completed {
         /// What the person saw, in their words; journaled with the resolution.
         #[schema(
@@ -48,7 +46,6 @@ pub enum ResolutionBody {
         external_ref: String,
     },
     /// It did not take effect: settled as failed.
-    #[schema(max_properties = 3)]
     Failed {
         /// What the person saw, in their words; journaled with the resolution.
         #[schema(
