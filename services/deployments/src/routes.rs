@@ -40,7 +40,7 @@ pub fn router() -> Router<App> {
         .route("/v1/deployments/{deployment_id}", get(get_deployment))
         .route(CANCEL_DEPLOYMENT, post(cancel_deployment))
         .route(CREATE_ROLLBACK, post(create_rollback))
-        .route("/v1/rollbacks/{deployment_id}", get(get_deployment))
+        .route("/v1/rollbacks/{rollback_id}", get(get_rollback))
         .route("/v1/environments/{service}/{environment}", get(get_environment))
 }
 
@@ -453,6 +453,28 @@ pub async fn get_deployment(
         .ok_or_else(|| ApiError::not_found(format!("deployment `{deployment_id}`")))
 }
 
+/// A rollback with every state it went through, at the `status_url` its
+/// 202 named: the record `GET /v1/deployments/{id}` reads, a rollback being
+/// a deployment of an earlier release.
+#[utoipa::path(
+    get,
+    path = "/v1/rollbacks/{rollback_id}",
+    tag = "deployments",
+    params(("rollback_id" = String, Path, description = "`rb_…`")),
+    responses(
+        (status = 200, body = Deployment),
+        (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_rollback(
+    state: State<App>,
+    principal: Principal,
+    rollback_id: ApiPath<String>,
+) -> Result<Json<Deployment>, ApiError> {
+    get_deployment(state, principal, rollback_id).await
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -523,6 +545,7 @@ pub async fn get_environment(
         create_rollback,
         cancel_deployment,
         get_deployment,
+        get_rollback,
         list_deployments,
         get_environment
     ),
