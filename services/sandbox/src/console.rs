@@ -176,13 +176,15 @@ async fn sign_in(State(console): State<Console>, headers: HeaderMap, Form(form):
         return refused;
     }
     let key = form.key.trim();
-    let try_again =
-        |problem: &str| Html(layout(&format!("{}{}", error_box(problem), sign_in_form(None)), false)).into_response();
+    let try_again = |problems: &[String]| {
+        let boxes: String = problems.iter().map(|problem| error_box(problem)).collect();
+        Html(layout(&format!("{boxes}{}", sign_in_form(None)), false)).into_response()
+    };
     if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return try_again("An API key is one word of letters, digits, - and _, like demo-acme-approver.");
+        return try_again(&["An API key is one word of letters, digits, - and _, like demo-acme-approver.".to_owned()]);
     }
-    if let Err(problem) = console.verify(key).await {
-        return try_again(&problem);
+    if let Err(problems) = console.verify(key).await {
+        return try_again(&problems);
     }
     let id = console.sessions.start(ApiKey::new(key));
     let cookie = format!(
@@ -504,18 +506,23 @@ impl Console {
         Some(text)
     }
 
-    /// Whether the services take this key as an approver's or an admin's
-    /// (both may read approvals): the first service that answers decides.
-    async fn verify(&self, key: &str) -> Result<(), String> {
-        let mut unreachable = "This console knows no service to check the key with.".to_owned();
+    /// Whether some service takes this key as an approver's or an admin's
+    /// (both may read approvals), or what each one said. Each service keeps
+    /// its own keys — `create-api-key` stores one in one service's database
+    /// — so one that takes it is enough: the page then shows what the others
+    /// say, and every action is still each service's to allow.
+    async fn verify(&self, key: &str) -> Result<(), Vec<String>> {
+        let mut refusals = Vec::new();
         for service in &self.config.services {
             match self.approvals(service, key, Some("pending"), None, 1).await {
                 Ok(_) => return Ok(()),
-                Err(Failure::Unreachable(problem)) => unreachable = problem,
-                Err(Failure::Refused(problem)) => return Err(problem),
+                Err(failure) => refusals.push(failure.into_words()),
             }
         }
-        Err(unreachable)
+        if refusals.is_empty() {
+            refusals.push("This console knows no service to check the key with.".to_owned());
+        }
+        Err(refusals)
     }
 
     /// The page: each service with its count of pending approvals, then one

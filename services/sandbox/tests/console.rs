@@ -944,6 +944,58 @@ async fn an_approver_sees_what_needs_a_person_but_the_console_shows_the_refusal_
     assert_eq!(sandbox.operation(&dead).await["outbox"], "dead");
 }
 
+/// Each service keeps its own keys: `sandbox create-api-key --service
+/// payments` makes one that only payments has. Such a key signs in, and the
+/// page shows what each service says of it; a key no service takes as an
+/// approver's or an admin's is refused with what each one said.
+async fn a_key_only_one_service_has_signs_in_and_the_page_shows_what_each_service_says(backend: Backend) {
+    let (tickets_db, payments_db) = (TestDb::new(backend).await, TestDb::new(backend).await);
+    tickets::migrate(&tickets_db.db).await.unwrap();
+    payments::migrate(&payments_db.db).await.unwrap();
+    let tickets_app = tickets::App::new(tickets_db.db.clone(), IdempotencyConfig::default(), true);
+    let payments_app = payments::App::new(payments_db.db.clone(), IdempotencyConfig::default(), true);
+    let payments_admin = new_bearer(&payments_app.auth, "acme", "acme-admin", Role::Admin).await;
+    let link = |name: &str, url: String| ServiceLink { name: name.into(), url };
+    let services = vec![
+        link("tickets", serve(tickets::build_router(tickets_app)).await),
+        link("payments", serve(payments::build_router(payments_app)).await),
+    ];
+    let console_url = serve(console::router(ConsoleConfig {
+        services,
+        ..ConsoleConfig::default()
+    }))
+    .await;
+    let http = http_client();
+    let refused_key = async |key: &str| {
+        http.post(format!("{console_url}/key"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("sec-fetch-site", "same-origin")
+            .body(format!("key={key}"))
+            .send()
+            .await
+            .unwrap()
+    };
+
+    let session = cookie_pair(&sign_in(&http, &console_url, &payments_admin).await);
+    let (_, page) = get_page(&http, &format!("{console_url}/?service=payments"), &session).await;
+    let agent = refused_key("demo-acme-agent").await;
+    let agent_status = agent.status().as_u16();
+    let agent_cookie = agent.headers().get("set-cookie").cloned();
+    let agent_page = agent.text().await.unwrap();
+
+    assert!(page.contains("tickets did not accept this API key"), "{page}");
+    assert!(page.contains("Outcome unknown in payments"), "payments' lists: {page}");
+    assert!(!page.contains("id=\"use-key\""), "signed in: {page}");
+    assert_eq!(agent_status, 200, "the sign-in form again");
+    assert!(agent_cookie.is_none(), "no session for an agent's key");
+    for service in ["tickets", "payments"] {
+        assert!(
+            agent_page.contains(&format!("{service} does not let this key decide")),
+            "{service}'s words: {agent_page}"
+        );
+    }
+}
+
 /// The console's forms, posted from another page (another site, or another
 /// port of localhost, which `SameSite` cookies do not tell apart), are refused.
 #[tokio::test]
@@ -988,4 +1040,5 @@ platform::both_backends!(
     settling_as_completed_without_a_reference_is_explained_in_words_and_changes_nothing,
     a_dead_delivery_is_listed_and_an_admin_sends_it_again_from_the_console,
     an_approver_sees_what_needs_a_person_but_the_console_shows_the_refusal_when_they_act,
+    a_key_only_one_service_has_signs_in_and_the_page_shows_what_each_service_says,
 );
