@@ -6,8 +6,10 @@
 //! is answered comes from one table ([`table::table`]); an operation the
 //! table lacks fails, and so does a row whose operation the document no
 //! longer has, so a new route cannot pass unseen. No answer to anyone but
-//! acme may show one of acme's ids.
+//! acme may show one of acme's ids. The console's sign-in and forms get the
+//! same (see `console`).
 
+mod console;
 mod table;
 mod world;
 
@@ -177,4 +179,19 @@ async fn every_operation_of_every_service_answers_each_principal_as_the_table_sa
     );
 }
 
-platform::both_backends!(every_operation_of_every_service_answers_each_principal_as_the_table_says);
+async fn the_console_signs_in_and_acts_for_each_principal_as_its_table_says_and_changes_nothing(backend: Backend) {
+    let services = world::world(backend).await;
+    let (wrong, cells) = console::cells(&services).await;
+    eprintln!("console: {cells} cells");
+    assert!(
+        wrong.is_empty(),
+        "{} of {cells} console cells are not as the table says:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+platform::both_backends!(
+    every_operation_of_every_service_answers_each_principal_as_the_table_says,
+    the_console_signs_in_and_acts_for_each_principal_as_its_table_says_and_changes_nothing,
+);

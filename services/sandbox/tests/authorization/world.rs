@@ -1,5 +1,6 @@
 //! The three services on fresh databases, each seeded with one resource of
-//! every kind in account `acme` — and the principals who ask for them.
+//! every kind in account `acme` (and an approval of globex's own, waiting) —
+//! and the principals who ask for them.
 //!
 //! Each service is driven in process (a `TestClient` over its router) and
 //! served on a loopback port too, for the console. The outbox and the
@@ -172,7 +173,8 @@ async fn admins(auth: &platform::Authenticator) -> (String, String) {
 }
 
 /// Tickets, where urgent tickets wait for an approver: a ticket with a
-/// comment, an urgent one waiting, and an urgent one rejected.
+/// comment, an urgent one waiting, and an urgent one rejected (and one of
+/// globex's waiting, as in every service: its people have something to decide).
 pub async fn tickets(backend: Backend) -> Seeded {
     let db = TestDb::new(backend).await;
     tickets::migrate(&db.db).await.unwrap();
@@ -218,6 +220,15 @@ pub async fn tickets(backend: Backend) -> Seeded {
     .await;
     expect(&rejected, 202);
     let (decided, fingerprint) = reject(&client, &rejected).await;
+    let theirs = post(
+        &client,
+        "/v1/tickets",
+        GLOBEX_AGENT,
+        Some("seed-globex"),
+        urgent("Globex's own"),
+    )
+    .await;
+    expect(&theirs, 202);
 
     seeds.acme("ticket_id", ticket_id);
     seeds.acme("comment_id", comment.str("id"));
@@ -313,6 +324,25 @@ pub async fn payments(backend: Backend) -> Seeded {
     let rejected = capture(&refused, "seed-capture-rejected").await;
     expect(&rejected, 202);
     let (decided, fingerprint) = reject(&client, &rejected).await;
+    let theirs = post(
+        &client,
+        "/v1/payment_intents",
+        GLOBEX_AGENT,
+        Some("seed-globex-intent"),
+        json!({"order_id": "seed-globex", "amount": "2500.00", "currency": "EUR",
+               "payee": {"name": "Globex Corporation", "account": "DE89370400440532013000"}}),
+    )
+    .await;
+    expect(&theirs, 201);
+    let theirs = post(
+        &client,
+        &format!("/v1/payment_intents/{}/capture", theirs.str("id")),
+        GLOBEX_AGENT,
+        Some("seed-globex-capture"),
+        json!({}),
+    )
+    .await;
+    expect(&theirs, 202);
 
     let (lost, _) = intent("seed-unknown", "40.00").await;
     let unknown = capture(&lost, "seed-capture-unknown").await;
@@ -469,6 +499,15 @@ pub async fn deployments(backend: Backend) -> Seeded {
     .await;
     expect(&rejected, 202);
     let (decided, fingerprint) = reject(&client, &rejected).await;
+    let theirs = post(
+        &client,
+        "/v1/deployments",
+        GLOBEX_AGENT,
+        Some("seed-globex"),
+        release("production", 'c'),
+    )
+    .await;
+    expect(&theirs, 202);
 
     let withdrawn = post(
         &client,
