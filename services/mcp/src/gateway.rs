@@ -347,6 +347,9 @@ impl Gateway {
             let mut answer = self.find(service, &path, &[]).await?;
             let operation = match (answer.outcome, answer.resource.take()) {
                 (Outcome::Found, Some(operation)) => operation,
+                // not this key's to read (another server's call, on a journal
+                // they share) or gone: nothing of it is shown, its id included
+                (Outcome::NotFound, _) => return Ok(Answer::not_found()),
                 (_, resource) => {
                     answer.resource = resource;
                     return Ok(answer);
