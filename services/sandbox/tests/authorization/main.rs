@@ -32,7 +32,7 @@ fn operations(document: &Value) -> BTreeSet<(String, String)> {
         .flat_map(|(route, item)| {
             let methods = item.as_object().expect("a path item").keys();
             methods
-                .filter(|m| ["get", "put", "post", "delete", "patch"].contains(&m.as_str()))
+                .filter(|m| ["get", "put", "post", "delete", "options", "head", "patch", "trace"].contains(&m.as_str()))
                 .map(move |method| (method.clone(), route.clone()))
         })
         .collect()
