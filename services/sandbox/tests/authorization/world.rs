@@ -124,16 +124,6 @@ async fn serve(router: axum::Router) -> String {
     url
 }
 
-async fn post(
-    client: &TestClient,
-    path: &str,
-    bearer: &str,
-    key: Option<&str>,
-    body: impl std::fmt::Display,
-) -> TestResponse {
-    client.post(path, bearer, key, body).await
-}
-
 #[track_caller]
 fn expect(answer: &TestResponse, status: u16) {
     assert_eq!(answer.status.as_u16(), status, "seeding: {:?}", answer.body);
@@ -142,14 +132,14 @@ fn expect(answer: &TestResponse, status: u16) {
 /// acme's approver rejects the approval a 202 asked for; its id and fingerprint.
 async fn reject(client: &TestClient, requested: &TestResponse) -> (String, String) {
     let (approval_id, fingerprint) = (requested.str("approval_id"), requested.str("fingerprint"));
-    let decided = post(
-        client,
-        &format!("/v1/approvals/{approval_id}/decision"),
-        ACME_APPROVER,
-        None,
-        json!({"decision": "reject", "fingerprint": fingerprint}),
-    )
-    .await;
+    let decided = client
+        .post(
+            &format!("/v1/approvals/{approval_id}/decision"),
+            ACME_APPROVER,
+            None,
+            json!({"decision": "reject", "fingerprint": fingerprint}),
+        )
+        .await;
     expect(&decided, 200);
     (approval_id, fingerprint)
 }
@@ -158,11 +148,19 @@ async fn reject(client: &TestClient, requested: &TestResponse) -> (String, Strin
 /// sent with `idempotency_key`), an approval nobody decided yet
 /// (`approval_id`) and one acme's approver rejected (`decided_approval_id`,
 /// with the `decided_fingerprint` it was decided on).
-fn operation_seeds(seeds: &mut Seeds, finished: &TestResponse, key: &str, pending: &TestResponse) {
+fn operation_seeds(
+    seeds: &mut Seeds,
+    finished: &TestResponse,
+    key: &str,
+    pending: &TestResponse,
+    (decided, fingerprint): (String, String),
+) {
     seeds.acme("operation_id", finished.operation_id());
     seeds.acme("idempotency_key", key);
     seeds.acme("approval_id", pending.str("approval_id"));
     seeds.acme("pending_operation_id", pending.str("operation_id"));
+    seeds.acme("decided_approval_id", decided);
+    seeds.acme("decided_fingerprint", fingerprint);
 }
 
 async fn admins(auth: &platform::Authenticator) -> (String, String) {
@@ -188,53 +186,38 @@ pub async fn tickets(backend: Backend) -> Seeded {
     let mut seeds = Seeds::default();
 
     let ticket = json!({"project": "matrix", "title": "Seeded ticket"});
-    let created = post(&client, "/v1/tickets", ACME_AGENT, Some("seed-ticket"), ticket).await;
+    let created = client
+        .post("/v1/tickets", ACME_AGENT, Some("seed-ticket"), ticket)
+        .await;
     expect(&created, 201);
     let ticket_id = created.str("id");
-    let comment = post(
-        &client,
-        &format!("/v1/tickets/{ticket_id}/comments"),
-        ACME_AGENT,
-        Some("seed-comment"),
-        json!({"body": "Seeded comment"}),
-    )
-    .await;
+    let comment = client
+        .post(
+            &format!("/v1/tickets/{ticket_id}/comments"),
+            ACME_AGENT,
+            Some("seed-comment"),
+            json!({"body": "Seeded comment"}),
+        )
+        .await;
     expect(&comment, 201);
     let urgent = |title: &str| json!({"project": "matrix", "title": title, "priority": "urgent"});
-    let pending = post(
-        &client,
-        "/v1/tickets",
-        ACME_AGENT,
-        Some("seed-pending"),
-        urgent("Waits"),
-    )
-    .await;
+    let pending = client
+        .post("/v1/tickets", ACME_AGENT, Some("seed-pending"), urgent("Waits"))
+        .await;
     expect(&pending, 202);
-    let rejected = post(
-        &client,
-        "/v1/tickets",
-        ACME_AGENT,
-        Some("seed-rejected"),
-        urgent("Refused"),
-    )
-    .await;
+    let rejected = client
+        .post("/v1/tickets", ACME_AGENT, Some("seed-rejected"), urgent("Refused"))
+        .await;
     expect(&rejected, 202);
-    let (decided, fingerprint) = reject(&client, &rejected).await;
-    let theirs = post(
-        &client,
-        "/v1/tickets",
-        GLOBEX_AGENT,
-        Some("seed-globex"),
-        urgent("Globex's own"),
-    )
-    .await;
+    let decided = reject(&client, &rejected).await;
+    let theirs = client
+        .post("/v1/tickets", GLOBEX_AGENT, Some("seed-globex"), urgent("Globex's own"))
+        .await;
     expect(&theirs, 202);
 
     seeds.acme("ticket_id", ticket_id);
     seeds.acme("comment_id", comment.str("id"));
-    operation_seeds(&mut seeds, &created, "seed-ticket", &pending);
-    seeds.acme("decided_approval_id", decided);
-    seeds.acme("decided_fingerprint", fingerprint);
+    operation_seeds(&mut seeds, &created, "seed-ticket", &pending, decided);
     Seeded {
         name: "tickets",
         url: serve(router).await,
@@ -282,39 +265,39 @@ pub async fn payments(backend: Backend) -> Seeded {
         let body = json!({"order_id": order, "amount": amount, "currency": "EUR",
                           "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"}});
         let key = format!("seed-intent-{order}");
-        let created = post(&client, "/v1/payment_intents", ACME_AGENT, Some(&key), body).await;
+        let created = client.post("/v1/payment_intents", ACME_AGENT, Some(&key), body).await;
         expect(&created, 201);
         (created, key)
     };
     let capture = async |intent: &TestResponse, key: &str| {
         let path = format!("/v1/payment_intents/{}/capture", intent.str("id"));
-        post(&client, &path, ACME_AGENT, Some(key), json!({})).await
+        client.post(&path, ACME_AGENT, Some(key), json!({})).await
     };
 
     let (paid, paid_key) = intent("seed-paid", "40.00").await;
     let captured = capture(&paid, "seed-capture").await;
     expect(&captured, 202);
     outbox.deliver_due().await.unwrap();
-    let refund = post(
-        &client,
-        &format!("/v1/payment_intents/{}/refunds", paid.str("id")),
-        ACME_AGENT,
-        Some("seed-refund"),
-        json!({"amount": "10.00"}),
-    )
-    .await;
+    let refund = client
+        .post(
+            &format!("/v1/payment_intents/{}/refunds", paid.str("id")),
+            ACME_AGENT,
+            Some("seed-refund"),
+            json!({"amount": "10.00"}),
+        )
+        .await;
     expect(&refund, 202);
     outbox.deliver_due().await.unwrap();
 
     let (cancelled, _) = intent("seed-cancelled", "5.00").await;
-    let cancel = post(
-        &client,
-        &format!("/v1/payment_intents/{}/cancel", cancelled.str("id")),
-        ACME_AGENT,
-        None,
-        "",
-    )
-    .await;
+    let cancel = client
+        .post(
+            &format!("/v1/payment_intents/{}/cancel", cancelled.str("id")),
+            ACME_AGENT,
+            None,
+            "",
+        )
+        .await;
     expect(&cancel, 200);
 
     let (big, _) = intent("seed-big", "2500.00").await;
@@ -323,25 +306,25 @@ pub async fn payments(backend: Backend) -> Seeded {
     let (refused, _) = intent("seed-big-refused", "2500.00").await;
     let rejected = capture(&refused, "seed-capture-rejected").await;
     expect(&rejected, 202);
-    let (decided, fingerprint) = reject(&client, &rejected).await;
-    let theirs = post(
-        &client,
-        "/v1/payment_intents",
-        GLOBEX_AGENT,
-        Some("seed-globex-intent"),
-        json!({"order_id": "seed-globex", "amount": "2500.00", "currency": "EUR",
+    let decided = reject(&client, &rejected).await;
+    let theirs = client
+        .post(
+            "/v1/payment_intents",
+            GLOBEX_AGENT,
+            Some("seed-globex-intent"),
+            json!({"order_id": "seed-globex", "amount": "2500.00", "currency": "EUR",
                "payee": {"name": "Globex Corporation", "account": "DE89370400440532013000"}}),
-    )
-    .await;
+        )
+        .await;
     expect(&theirs, 201);
-    let theirs = post(
-        &client,
-        &format!("/v1/payment_intents/{}/capture", theirs.str("id")),
-        GLOBEX_AGENT,
-        Some("seed-globex-capture"),
-        json!({}),
-    )
-    .await;
+    let theirs = client
+        .post(
+            &format!("/v1/payment_intents/{}/capture", theirs.str("id")),
+            GLOBEX_AGENT,
+            Some("seed-globex-capture"),
+            json!({}),
+        )
+        .await;
     expect(&theirs, 202);
 
     let (lost, _) = intent("seed-unknown", "40.00").await;
@@ -364,9 +347,7 @@ pub async fn payments(backend: Backend) -> Seeded {
     seeds.acme("refund_id", refund.str("id"));
     seeds.acme("cancelled_intent_id", cancelled.str("id"));
     seeds.acme("unknown_operation_id", unknown.operation_id());
-    operation_seeds(&mut seeds, &paid, &paid_key, &pending);
-    seeds.acme("decided_approval_id", decided);
-    seeds.acme("decided_fingerprint", fingerprint);
+    operation_seeds(&mut seeds, &paid, &paid_key, &pending, decided);
     let seeded = Seeded {
         name: "payments",
         url: serve(router).await,
@@ -428,14 +409,9 @@ pub async fn deployments(backend: Backend) -> Seeded {
 
     let release = |environment: &str, fill: char| json!({"service": "checkout", "environment": environment, "artifact_digest": digest(fill)});
     let rolled_out = async |key: &str, fill: char| {
-        let accepted = post(
-            &client,
-            "/v1/deployments",
-            ACME_AGENT,
-            Some(key),
-            release("staging", fill),
-        )
-        .await;
+        let accepted = client
+            .post("/v1/deployments", ACME_AGENT, Some(key), release("staging", fill))
+            .await;
         expect(&accepted, 202);
         outbox.deliver_due().await.unwrap();
         let id = accepted.str("id");
@@ -458,74 +434,71 @@ pub async fn deployments(backend: Backend) -> Seeded {
 
     let rollback =
         json!({"service": "checkout", "environment": "staging", "to_deployment_id": first, "reason": "seeded"});
-    let asked = post(
-        &client,
-        "/v1/rollbacks",
-        ACME_AGENT,
-        Some("seed-rollback"),
-        rollback.clone(),
-    )
-    .await;
+    let asked = client
+        .post("/v1/rollbacks", ACME_AGENT, Some("seed-rollback"), rollback.clone())
+        .await;
     expect(&asked, 202);
-    let approved = post(
-        &client,
-        &format!("/v1/approvals/{}/decision", asked.str("approval_id")),
-        ACME_APPROVER,
-        None,
-        json!({"decision": "approve", "fingerprint": asked.str("fingerprint")}),
-    )
-    .await;
+    let approved = client
+        .post(
+            &format!("/v1/approvals/{}/decision", asked.str("approval_id")),
+            ACME_APPROVER,
+            None,
+            json!({"decision": "approve", "fingerprint": asked.str("fingerprint")}),
+        )
+        .await;
     expect(&approved, 200);
-    let queued = post(&client, "/v1/rollbacks", ACME_AGENT, Some("seed-rollback"), rollback).await;
+    let queued = client
+        .post("/v1/rollbacks", ACME_AGENT, Some("seed-rollback"), rollback)
+        .await;
     expect(&queued, 202);
     assert_eq!(queued.json()["state"], "queued", "seeding: {:?}", queued.body);
 
-    let pending = post(
-        &client,
-        "/v1/deployments",
-        ACME_AGENT,
-        Some("seed-production"),
-        release("production", 'c'),
-    )
-    .await;
+    let pending = client
+        .post(
+            "/v1/deployments",
+            ACME_AGENT,
+            Some("seed-production"),
+            release("production", 'c'),
+        )
+        .await;
     expect(&pending, 202);
-    let rejected = post(
-        &client,
-        "/v1/deployments",
-        ACME_AGENT,
-        Some("seed-refused"),
-        release("production", 'd'),
-    )
-    .await;
+    let rejected = client
+        .post(
+            "/v1/deployments",
+            ACME_AGENT,
+            Some("seed-refused"),
+            release("production", 'd'),
+        )
+        .await;
     expect(&rejected, 202);
-    let (decided, fingerprint) = reject(&client, &rejected).await;
-    let theirs = post(
-        &client,
-        "/v1/deployments",
-        GLOBEX_AGENT,
-        Some("seed-globex"),
-        release("production", 'c'),
-    )
-    .await;
+    let decided = reject(&client, &rejected).await;
+    let theirs = client
+        .post(
+            "/v1/deployments",
+            GLOBEX_AGENT,
+            Some("seed-globex"),
+            release("production", 'c'),
+        )
+        .await;
     expect(&theirs, 202);
 
-    let withdrawn = post(
-        &client,
-        "/v1/deployments",
-        ACME_AGENT,
-        Some("seed-withdrawn"),
-        release("development", 'e'),
-    )
-    .await;
+    let withdrawn = client
+        .post(
+            "/v1/deployments",
+            ACME_AGENT,
+            Some("seed-withdrawn"),
+            release("development", 'e'),
+        )
+        .await;
     expect(&withdrawn, 202);
-    let cancel = post(
-        &client,
-        &format!("/v1/deployments/{}/cancel", withdrawn.str("id")),
-        ACME_AGENT,
-        None,
-        "",
-    )
-    .await;
+    let cancel = client
+        .post(
+            &format!("/v1/deployments/{}/cancel", withdrawn.str("id")),
+            ACME_AGENT,
+            None,
+            "",
+        )
+        .await;
     expect(&cancel, 200);
 
     seeds.acme("deployment_id", current_id);
@@ -534,9 +507,7 @@ pub async fn deployments(backend: Backend) -> Seeded {
     seeds.acme("cancelled_deployment_id", withdrawn.str("id"));
     seeds.shared("service", "checkout");
     seeds.shared("environment", "staging");
-    operation_seeds(&mut seeds, &current, "seed-current", &pending);
-    seeds.acme("decided_approval_id", decided);
-    seeds.acme("decided_fingerprint", fingerprint);
+    operation_seeds(&mut seeds, &current, "seed-current", &pending, decided);
     Seeded {
         name: "deployments",
         url: serve(router).await,
