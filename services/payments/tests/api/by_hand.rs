@@ -508,6 +508,37 @@ async fn a_resolution_sent_with_a_key_is_replayed_to_its_retry_and_the_key_sent_
     assert_eq!(events.iter().filter(|e| *e == "resolved").count(), 1, "{events:?}");
 }
 
+/// A resolution or a redelivery sent with a key is its author's request:
+/// another admin of the account sending the same key and body is refused with
+/// 422, never answered with what the first admin was told.
+async fn another_admin_sending_an_admins_settlement_key_and_body_is_422_not_their_answer(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let second_admin = app.create_key("acme", "acme-admin-2", Role::Admin).await;
+    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let resolution = format!("/v1/operations/{operation_id}/resolution");
+    let redelivery = format!("/v1/operations/{operation_id}/redelivery");
+    let completed = json!({"outcome": "completed", "evidence": "ch_1 in the dashboard", "external_ref": "ch_1"});
+
+    let settled = app.client.post(&resolution, &admin, Some("settle-1"), &completed).await;
+    let settled_by_another = app
+        .client
+        .post(&resolution, &second_admin, Some("settle-1"), &completed)
+        .await;
+    let settled_again = app.client.post(&resolution, &admin, Some("settle-1"), &completed).await;
+    let redelivered = app.client.post(&redelivery, &admin, Some("send-1"), "{}").await;
+    let redelivered_by_another = app.client.post(&redelivery, &second_admin, Some("send-1"), "{}").await;
+
+    assert_eq!(settled.status, StatusCode::OK, "{:?}", settled.body);
+    settled_by_another.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(settled_again.replayed(), Some("true"));
+    assert_eq!(settled_again.body, settled.body, "the first admin's own answer");
+    redelivered.assert_problem(409, "invalid_state");
+    redelivered_by_another.assert_problem(422, "idempotency_key_reused");
+    let events = app.journal_events(&operation_id).await;
+    assert_eq!(events.iter().filter(|e| *e == "resolved").count(), 1, "{events:?}");
+}
+
 platform::both_backends!(
     while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_changes_nothing,
     a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_never_reaches_the_caller,
@@ -516,4 +547,5 @@ platform::both_backends!(
     a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order,
     only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whose_outcome_is_unknown,
     a_resolution_sent_with_a_key_is_replayed_to_its_retry_and_the_key_sent_with_another_resolution_is_refused,
+    another_admin_sending_an_admins_settlement_key_and_body_is_422_not_their_answer,
 );

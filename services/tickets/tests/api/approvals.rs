@@ -264,6 +264,29 @@ async fn a_decision_sent_with_a_key_is_replayed_to_that_key_and_the_key_with_ano
     );
 }
 
+/// A decision sent with a key is its author's request: another approver of
+/// the account sending the same key and body is not answered with the first
+/// approver's 200 (which would tell them they decided), but refused with 422;
+/// the first approver's retry still gets their own answer.
+async fn another_approver_sending_an_approvers_decision_key_and_body_is_422_not_their_answer(backend: Backend) {
+    let app = approvals_app(backend).await;
+    let second_approver = app.create_key("acme", "acme-approver-2", Role::Approver).await;
+    let requested = app.create_ticket("key-1", URGENT).await.json();
+    let body = json!({"decision": "approve", "fingerprint": requested["fingerprint"]}).to_string();
+    let path = format!("/v1/approvals/{}/decision", requested["approval_id"].as_str().unwrap());
+
+    let first = app.post(&path, ACME_APPROVER, Some("decide-1"), &body).await;
+    let by_another = app.post(&path, &second_approver, Some("decide-1"), &body).await;
+    let retried = app.post(&path, ACME_APPROVER, Some("decide-1"), &body).await;
+
+    assert_eq!(first.status.as_u16(), 200, "{:?}", first.body);
+    by_another.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(retried.status.as_u16(), 200);
+    assert_eq!(retried.replayed(), Some("true"));
+    assert_eq!(retried.body, first.body, "the first approver's own answer");
+    assert_eq!(app.approval(&requested).await["decided_by"], "acme-approver");
+}
+
 /// An agent may never decide, and its refusal comes before the key is looked
 /// at: the key it sent is not claimed, so nothing is stored under it.
 async fn an_agent_s_decision_sent_with_a_key_is_403_and_claims_nothing(backend: Backend) {
@@ -459,6 +482,7 @@ platform::both_backends!(
     a_decision_is_made_once_and_repeating_it_answers_it_again,
     many_identical_decisions_at_once_by_one_approver_all_get_the_decision_and_an_opposite_one_409,
     a_decision_sent_with_a_key_is_replayed_to_that_key_and_the_key_with_another_decision_is_422,
+    another_approver_sending_an_approvers_decision_key_and_body_is_422_not_their_answer,
     an_agent_s_decision_sent_with_a_key_is_403_and_claims_nothing,
     a_rejected_operation_answers_approval_rejected_to_every_retry_and_never_runs,
     a_changed_body_is_422_with_the_same_key_and_a_new_approval_with_a_new_key,

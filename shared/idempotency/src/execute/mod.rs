@@ -174,6 +174,12 @@ impl Idempotency {
     /// replayed, and the key sent with another command is 422. `run` makes
     /// its own writes, so it is called out to once the claim commits, as in
     /// [`Self::execute_calling_out`].
+    ///
+    /// Such a request is its author's: what it answers (you decided, you
+    /// settled) is about who sent it, so the principal is part of what the
+    /// fingerprint covers, and another principal of the account sending the
+    /// same key and body is 422, never told what the first one was
+    /// (docs/contract.md §5).
     pub async fn execute_with_optional_key<C, T>(
         &self,
         route: &'static str,
@@ -192,9 +198,13 @@ impl Idempotency {
                 Err(error) => error.into_response(),
             };
         };
+        let by_its_author = ByItsAuthor {
+            principal_id: &principal.principal_id,
+            command,
+        };
         self.execute_calling_out(
             Attempt::post(route, principal, key),
-            command,
+            &by_its_author,
             async |_| run().await,
             async |_, _, answer: T| Ok(Effect::json(StatusCode::OK, &answer)),
         )
@@ -229,6 +239,14 @@ impl Idempotency {
             }
         }
     }
+}
+
+/// A request that answers about its author (a decision, a settlement by
+/// hand), as its fingerprint covers it: who sent it, and what they sent.
+#[derive(Serialize)]
+struct ByItsAuthor<'a, C> {
+    principal_id: &'a str,
+    command: &'a C,
 }
 
 /// The call-out of an operation whose effect is all in its database: none.
