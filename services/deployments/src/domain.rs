@@ -424,6 +424,9 @@ impl DeploymentsPolicy {
     }
 
     /// `Some(what the approver judges)` when this deployment needs a human.
+    /// The release it replaces (`current`) can change before the approved
+    /// run: that run replaces exactly it, or is refused as stale
+    /// ([`crate::store::Replacing::AsApproved`]); the rest is the command's.
     pub fn approval_for_deployment(
         &self,
         command: &CreateDeployment,
@@ -457,6 +460,9 @@ impl DeploymentsPolicy {
     }
 
     /// Every rollback waits: it is a new intention, with its own approval.
+    /// The release it replaces (`current`) is held as for a deployment; the
+    /// release it restores is named by the command, and a release's digest
+    /// and commit never change.
     pub fn approval_for_rollback(
         &self,
         body: &RollbackBody,

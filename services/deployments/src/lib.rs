@@ -16,7 +16,11 @@
 //!   `running`, `succeeded`, `failed` or `cancelled`. A lost answer leaves it
 //!   `unknown` until the reconciler asks the controller.
 //! - A rollback is its own operation with its own approval, always; production
-//!   deployments wait for a human too ([`domain::DeploymentsPolicy`]).
+//!   deployments wait for a human too ([`domain::DeploymentsPolicy`]). The
+//!   approver is told which release it replaces, and so whether a rollback
+//!   stays possible; the approved run replaces that release or none at all
+//!   (409 `approval_stale`, held under the environment's lock by
+//!   [`store::create`]).
 //!
 //! A library with a thin `main.rs`: [`build_router`] makes the whole HTTP API
 //! for tests and for the sandbox, [`serve`] runs it.

@@ -27,7 +27,7 @@ use crate::{
         CancelDeployment, CreateDeployment, CreateDeploymentBody, Deployment, DeploymentKind, DeploymentState,
         Environment, RollbackBody,
     },
-    store::{self, NewDeployment},
+    store::{self, NewDeployment, Replacing},
 };
 
 pub const CREATE_DEPLOYMENT: &str = "/v1/deployments";
@@ -74,7 +74,7 @@ fn queued(deployment: &Deployment) -> Effect {
     responses(
         (status = 202, description = "Accepted: the deployment, `queued`; or, for production, the approval request", body = idempotency::approval::AcceptedOrAwaitingApproval<Deployment>),
         (status = 400, description = "`mutable_reference_rejected` (a tag, a branch, `latest`, a short SHA), `unknown_environment` (not configured; `known_environments` names the ones there are), or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`environment_locked` (the holder's `deployment_id` and `operation_id`) or `version_mismatch`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`environment_locked` (the holder's `deployment_id` and `operation_id`) or `version_mismatch`; for production, `approval_rejected`, `approval_expired`, or `approval_stale`: the release it replaces is no longer the one the approver was told, so it will never run", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: the same key with another digest, commit or environment", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -95,16 +95,20 @@ pub async fn create_deployment(
     // what a human would judge includes the release this one replaces, read
     // before anything is claimed (the lock is not: a retry of this very
     // deployment would find itself holding it)
-    let approval = if app.policy.wants_approval(&command.environment) {
+    let environment = if app.policy.wants_approval(&command.environment) {
         match store::environment(&app.db, &principal.account_id, &command.service, &command.environment).await {
-            Ok(environment) => app
-                .policy
-                .approval_for_deployment(&command, environment.current.as_ref()),
+            Ok(environment) => Some(environment),
             Err(error) => return error.into_response(),
         }
     } else {
         None
     };
+    // what the approver is told it replaces is all it may replace: the effect holds that under the lock
+    let promised = environment.as_ref().map(|environment| environment.current.as_ref());
+    let approval = promised.and_then(|current| app.policy.approval_for_deployment(&command, current));
+    let replacing = promised.map_or(Replacing::Current, |current| {
+        Replacing::AsApproved(current.map(|c| c.id.as_str()))
+    });
     app.idempotency
         .execute(
             Attempt::post(CREATE_DEPLOYMENT, &principal, key).approval(approval),
@@ -119,6 +123,7 @@ pub async fn create_deployment(
                     restores: None,
                     reason: None,
                     expected_current: command.expected_current_deployment_id.as_deref(),
+                    replacing,
                 };
                 let deployment = store::create(tx, &principal.account_id, operation_id, &new).await?;
                 Ok(queued(&deployment))
@@ -141,7 +146,7 @@ pub async fn create_deployment(
         (status = 202, description = "The approval request; once approved, the retry answers 202 with the rollback, `queued`", body = idempotency::approval::AcceptedOrAwaitingApproval<Deployment>),
         (status = 400, description = "`unknown_environment` (not configured; `known_environments` names the ones there are) or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such target in this account; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: the target never succeeded in this environment, or is its current release; `environment_locked`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the target never succeeded in this environment, or is its current release; `environment_locked`; `approval_rejected`, `approval_expired`, or `approval_stale`: the release it replaces is no longer the one the approver was told, so it will never run", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -173,6 +178,7 @@ pub async fn create_rollback(
                     restores: Some(&target.id),
                     reason: Some(&body.reason),
                     expected_current: None,
+                    replacing: Replacing::AsApproved(current.as_ref().map(|c| c.id.as_str())),
                 };
                 let rollback = store::create(tx, &principal.account_id, operation_id, &new).await?;
                 Ok(queued(&rollback))

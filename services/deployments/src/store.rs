@@ -3,7 +3,10 @@
 //! compare-and-set on the state it changes from.
 
 use axum::http::StatusCode;
-use idempotency::outbox::{self, Settlement};
+use idempotency::{
+    approval,
+    outbox::{self, Settlement},
+};
 use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
 use sqlx::Row;
 
@@ -36,6 +39,18 @@ pub struct NewDeployment<'a> {
     pub reason: Option<&'a str>,
     /// The release the caller believes is current, if it said.
     pub expected_current: Option<&'a str>,
+    /// What it may replace: whatever is current, or what its approval promised.
+    pub replacing: Replacing<'a>,
+}
+
+/// The release a new deployment or rollback may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replacing<'a> {
+    /// Whatever is current when it takes the lock: nobody was promised anything.
+    Current,
+    /// Exactly this release (`None`: nothing), which its approver was told it
+    /// replaces; another one is 409 `approval_stale` (docs/contract.md §6).
+    AsApproved(Option<&'a str>),
 }
 
 /// Creates a deployment or a rollback, `queued`, in the effect's transaction,
@@ -43,8 +58,10 @@ pub struct NewDeployment<'a> {
 /// holds it (PostgreSQL waits for a concurrent holder to commit; SQLite has one
 /// writer), and the holder is named in the 409. The current release is read
 /// only once the lock is taken — no other deployment can change it then — so
-/// `replaces` is exact and a stale `expected_current_deployment_id` is always
-/// 409 `version_mismatch`, on both backends.
+/// `replaces` is exact, a stale `expected_current_deployment_id` is always
+/// 409 `version_mismatch`, and a release other than the one an approver was
+/// told it replaces is always 409 `approval_stale`, on both backends: what the
+/// request read before its claim may be old by now.
 pub async fn create(
     tx: &mut Tx,
     account_id: &str,
@@ -85,6 +102,15 @@ pub async fn create(
         if let Some(mut deployment) = created {
             // a statement of its own: on PostgreSQL it sees what the lock's last holder committed
             let current = current_release(tx, account_id, new.service, new.environment).await?;
+            if let Replacing::AsApproved(promised) = new.replacing
+                && current.as_deref() != promised
+            {
+                return Err(approval::stale(format!(
+                    "the approver was told it replaces {}, but the current release is {}",
+                    promised.map_or("nothing".to_owned(), |p| format!("`{p}`")),
+                    current.as_deref().map_or("none".to_owned(), |c| format!("`{c}`"))
+                )));
+            }
             if let Some(expected) = new.expected_current
                 && current.as_deref() != Some(expected)
             {

@@ -487,7 +487,7 @@ impl Console {
         let operation = query.operation.as_deref().filter(|o| is_operation_id(o));
         let text = match (query.done.as_deref()?, approval, operation) {
             ("approved", Some(approval), _) => format!(
-                "Approved {approval} of {service}. The operation runs when the agent retries it with the same key."
+                "Approved {approval} of {service}. The operation runs when the agent retries it with the same key, if what you were shown still holds then (the release a deployment replaces); if not, it never runs, and a new request asks you again."
             ),
             ("rejected", Some(approval), _) => {
                 format!("Rejected {approval} of {service}. The operation will never run.")

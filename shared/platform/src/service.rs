@@ -154,6 +154,11 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "Nobody approved this operation in time (or it was not run before its approval expired); it never runs. A new attempt needs a new key.",
     ),
     (
+        "approval_stale",
+        409,
+        "What the approver was promised no longer holds when the approved operation runs (the release a deployment replaces, and so whether it can be rolled back); `detail` says what changed. It never runs, and every retry with the key gets this answer; a new intention needs a new key and a new approval.",
+    ),
+    (
         "order_already_has_payment",
         409,
         "The order already has a live payment intent (made under another key); `payment_intent_id` names it. Cancel it first, or use it.",

@@ -4,6 +4,7 @@
 //! is possible.
 
 use axum::http::StatusCode;
+use deployments::store::{self, Replacing};
 use platform::Backend;
 use serde_json::json;
 
@@ -193,10 +194,151 @@ async fn the_document_names_the_configured_environments_wherever_a_request_takes
     assert_eq!(environment["schema"]["enum"], known);
 }
 
+/// What the approver was told a production deployment replaces must still be
+/// so when the approved retry runs it. D1 is asked for while nothing runs in
+/// production ("replaces nothing"); D2 is asked for, approved and rolls out;
+/// then D1 is approved on its unchanged summary. D1's retry is refused as
+/// stale — it never reaches the controller, its operation is `rejected`, and
+/// every later retry gets the same 409 — and the same deployment under a new
+/// key asks a human again, saying it replaces D2.
+async fn an_approved_deployment_whose_replaced_release_changed_is_refused_as_stale_and_needs_a_new_approval(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let first = release("production", &digest('a'), Some(COMMIT_A1B2C3));
+    let second = release("production", &digest('b'), Some(COMMIT_A1B2C3));
+    let d1 = app.deploy("deploy-1", &first).await.json();
+    let d2 = app.deploy("deploy-2", &second).await.json();
+    app.decide(&d2, "approve", d2["fingerprint"].as_str().unwrap()).await;
+    let d2_id = app.deploy("deploy-2", &second).await.str("id");
+    app.deliver().await;
+    app.until(&d2_id, "succeeded").await;
+
+    let approved = app.decide(&d1, "approve", d1["fingerprint"].as_str().unwrap()).await;
+    let stale = app.deploy("deploy-1", &first).await;
+    app.deliver().await;
+    let again = app.deploy("deploy-1", &first).await;
+    let operation = app.operation(d1["operation_id"].as_str().unwrap()).await;
+    let journal = app.journal_events(d1["operation_id"].as_str().unwrap()).await;
+    let asked_anew = app.deploy("deploy-1b", &first).await.json();
+    app.decide(&asked_anew, "approve", asked_anew["fingerprint"].as_str().unwrap())
+        .await;
+    let run = app.deploy("deploy-1b", &first).await;
+
+    assert_eq!(d1["summary"]["identifiers"]["replaces"], "none");
+    assert_eq!(approved.status, StatusCode::OK, "{:?}", approved.body);
+    stale.assert_problem(409, "approval_stale");
+    assert_eq!(stale.json()["state"], "rejected");
+    assert_eq!(stale.json()["operation_id"], d1["operation_id"]);
+    assert_eq!(stale.json()["approval_id"], d1["approval_id"]);
+    assert!(stale.str("detail").contains(&d2_id), "{:?}", stale.body);
+    assert_eq!(
+        app.controller.stats().rollouts_started,
+        1,
+        "only D2 rolled out: D1 never reached the controller"
+    );
+    assert_eq!(app.environment("checkout", "production").await["current"]["id"], d2_id);
+    assert_eq!(again.status, stale.status);
+    assert_eq!(again.body, stale.body, "every later retry gets the same refusal");
+    assert_eq!(again.replayed(), Some("true"));
+    assert_eq!(operation["state"], "rejected");
+    assert_eq!(journal.iter().filter(|e| *e == "stale").count(), 1, "{journal:?}");
+    assert!(!journal.contains(&"completed".to_owned()), "{journal:?}");
+    assert_eq!(asked_anew["state"], "awaiting_approval");
+    assert_eq!(asked_anew["summary"]["identifiers"]["replaces"], d2_id);
+    assert_eq!(run.status, StatusCode::ACCEPTED, "{:?}", run.body);
+    assert_eq!(run.json()["replaces"], d2_id);
+}
+
+/// A rollback's approval names the release it replaces too: when another
+/// release has gone out meanwhile, the approved rollback is refused as stale
+/// and rolls nothing back.
+async fn an_approved_rollback_whose_replaced_release_changed_is_refused_as_stale_and_rolls_nothing_back(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let good = app.deployed("deploy-1", &release("staging", &digest('a'), None)).await;
+    let bad = app.deployed("deploy-2", &release("staging", &digest('b'), None)).await;
+    let body = json!({"service": "checkout", "environment": "staging", "to_deployment_id": good,
+                      "reason": "checkout errors since the new release"});
+    let requested = app.rollback("rollback-1", &body).await.json();
+    let newer = app.deployed("deploy-3", &release("staging", &digest('c'), None)).await;
+
+    app.decide(&requested, "approve", requested["fingerprint"].as_str().unwrap())
+        .await;
+    let stale = app.rollback("rollback-1", &body).await;
+    app.deliver().await;
+    let again = app.rollback("rollback-1", &body).await;
+
+    assert_eq!(requested["summary"]["identifiers"]["replaces"], bad);
+    stale.assert_problem(409, "approval_stale");
+    assert_eq!(again.body, stale.body);
+    assert_eq!(
+        app.operation(requested["operation_id"].as_str().unwrap()).await["state"],
+        "rejected"
+    );
+    assert_eq!(app.controller.stats().rollouts_started, 3, "no rollback rolled out");
+    assert_eq!(app.environment("checkout", "staging").await["current"]["id"], newer);
+}
+
+/// What the summary promised is held in the effect's own transaction, not
+/// only compared before it: a deployment made as approved ("replaces
+/// nothing") is refused as stale when, by the time it takes the
+/// environment's lock, another release is current — however recently the
+/// request read the environment.
+async fn a_deployment_made_as_approved_is_refused_as_stale_in_its_transaction_once_another_release_is_current(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let current = app.deployed("deploy-1", &release("staging", &digest('a'), None)).await;
+    let digest_b = deployments::domain::ArtifactDigest::parse(&digest('b')).unwrap();
+    let new = |replacing| store::NewDeployment {
+        kind: deployments::domain::DeploymentKind::Deployment,
+        service: "checkout",
+        environment: "staging",
+        artifact_digest: &digest_b,
+        commit_sha: None,
+        restores: None,
+        reason: None,
+        expected_current: None,
+        replacing,
+    };
+
+    let mut tx = app.db.db.begin().await.unwrap();
+    let refused = store::create(
+        &mut tx,
+        "acme",
+        "op_promised_nothing",
+        &new(Replacing::AsApproved(None)),
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    let mut tx = app.db.db.begin().await.unwrap();
+    let made = store::create(
+        &mut tx,
+        "acme",
+        "op_promised_current",
+        &new(Replacing::AsApproved(Some(&current))),
+    )
+    .await;
+    tx.rollback().await.unwrap();
+
+    let refused = refused.expect_err("the promise no longer holds");
+    assert_eq!(refused.code(), "approval_stale");
+    assert!(refused.detail().contains(&current), "{}", refused.detail());
+    assert_eq!(
+        made.expect("the promise holds").replaces.as_deref(),
+        Some(current.as_str())
+    );
+}
+
 platform::both_backends!(
     a_production_deployment_waits_for_an_approval_of_its_exact_release_and_rolls_out_once,
     a_rollback_has_its_own_approval_takes_the_lock_and_says_what_it_replaces_and_restores,
     a_rollback_to_a_release_that_never_succeeded_there_is_refused_and_claims_nothing,
     an_unconfigured_environment_is_400_naming_the_known_ones_and_claims_nothing,
     the_document_names_the_configured_environments_wherever_a_request_takes_one,
+    an_approved_deployment_whose_replaced_release_changed_is_refused_as_stale_and_needs_a_new_approval,
+    an_approved_rollback_whose_replaced_release_changed_is_refused_as_stale_and_rolls_nothing_back,
+    a_deployment_made_as_approved_is_refused_as_stale_in_its_transaction_once_another_release_is_current,
 );

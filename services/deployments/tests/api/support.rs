@@ -143,6 +143,20 @@ impl TestApp {
             .json()
     }
 
+    /// The journal's events about an operation, in order, as an approver reads them.
+    pub async fn journal_events(&self, operation_id: &str) -> Vec<String> {
+        let entries = self
+            .get(&format!("/v1/audit?operation_id={operation_id}"), ACME_APPROVER)
+            .await
+            .json();
+        entries["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("journal entries, got {entries}"))
+            .iter()
+            .map(|entry| entry["event"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
     /// One round of the outbox worker: every due rollout handed to the controller.
     pub async fn deliver(&self) -> usize {
         self.outbox.deliver_due().await.expect("the outbox takes its events")

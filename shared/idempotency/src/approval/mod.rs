@@ -13,9 +13,14 @@
 //! body is another fingerprint, so another operation with its own approval).
 //! The attempt that runs it re-checks, inside the transaction of the effect,
 //! that the approval is this operation's, for this fingerprint, approved and
-//! not expired. A rejection, or an approval that expires (pending, or approved
-//! but not run in time), leaves the operation `rejected` with 409
-//! `approval_rejected` / `approval_expired` as its stored answer.
+//! not expired — and that what the summary promised still holds: the summary
+//! the policy writes for this retry must be the one approved, and an effect
+//! holds, in its transaction, whatever of it can still change (the release a
+//! deployment replaces), answering [`stale`] when it no longer holds. A
+//! rejection, an approval that expires (pending, or approved but not run in
+//! time), or a promise broken leaves the operation `rejected` with 409
+//! `approval_rejected` / `approval_expired` / `approval_stale` as its stored
+//! answer.
 //!
 //! One idea a file: `record`, the approval and its states; `summary`, what a
 //! human judges, shown so that nothing hides in it; `view`, what an approval
@@ -34,4 +39,5 @@ pub use record::{ApprovalRecord, ApprovalState, Decision, approval_url, new_appr
 pub use store::{ExecutionCheck, count, find, list};
 pub(crate) use store::{check_for_execution, count_by_state, insert};
 pub use summary::{ApprovalSummary, Revealed, is_hidden};
-pub use view::{AcceptedOrAwaitingApproval, ApprovalRequested, ApprovalView, refusal};
+pub use view::{AcceptedOrAwaitingApproval, ApprovalRequested, ApprovalView, refusal, stale};
+pub(crate) use view::{is_stale, refused_operation};

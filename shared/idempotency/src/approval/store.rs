@@ -7,16 +7,20 @@ use sqlx::Row;
 
 use crate::fingerprint::Fingerprint;
 
-use super::{ApprovalRecord, ApprovalState};
+use super::{ApprovalRecord, ApprovalState, ApprovalSummary};
 
 /// Whether an approval still allows its operation to run, checked by the
 /// attempt that runs it inside the effect's transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecutionCheck {
     Allowed,
     /// Not approved: rejected, still pending, or for another operation or fingerprint.
     Refused,
     Expired,
+    /// Approved, but the summary the policy writes for this attempt is not
+    /// the one approved: what the approver was promised no longer holds
+    /// (what changed, in words).
+    Stale(String),
 }
 
 /// Every column but the row's number: `seq` in most reads, a list's place
@@ -218,34 +222,43 @@ pub(super) async fn record_expiry(tx: &mut Tx, approval: &ApprovalRecord, now: T
 
 /// The execution-time check (docs/contract.md §6), inside the effect's
 /// transaction. A decision never changes once made, so what this reads holds to
-/// the commit.
+/// the commit. `summary` is what the route's policy writes for this attempt's
+/// request now: it must be the summary approved. It was read before the claim,
+/// so what can change after that read (the release a deployment replaces)
+/// the effect holds in this same transaction.
 pub(crate) async fn check_for_execution(
     tx: &mut Tx,
     approval_id: &str,
     operation_id: &str,
     fingerprint: &Fingerprint,
+    summary: Option<&ApprovalSummary>,
     now: Timestamp,
 ) -> Result<ExecutionCheck, sqlx::Error> {
-    let row: Option<(String, String, Option<String>, Timestamp)> = on_tx!(tx, |conn| {
+    let row: Option<(String, String, String, Option<String>, Timestamp)> = on_tx!(tx, |conn| {
         sqlx::query_as(
-            "SELECT operation_id, fingerprint, decision, expires_at FROM idempotency_approvals WHERE approval_id = $1",
+            "SELECT operation_id, fingerprint, summary, decision, expires_at FROM idempotency_approvals \
+             WHERE approval_id = $1",
         )
         .bind(approval_id)
         .fetch_optional(conn)
         .await?
     });
     Ok(match row {
-        Some((op, fp, Some(decision), expires_at))
+        Some((op, fp, approved, Some(decision), expires_at))
             if op == operation_id && fp == fingerprint.as_str() && decision == "approved" =>
         {
-            if expires_at > now {
-                ExecutionCheck::Allowed
-            } else {
-                ExecutionCheck::Expired
+            if expires_at <= now {
+                return Ok(ExecutionCheck::Expired);
+            }
+            let approved: ApprovalSummary = serde_json::from_str(&approved)
+                .map_err(|_| sqlx::Error::Decode("idempotency_approvals: summary is not JSON".into()))?;
+            match ApprovalSummary::changes(&approved, summary) {
+                None => ExecutionCheck::Allowed,
+                Some(what) => ExecutionCheck::Stale(what),
             }
         }
-        Some((_, _, None, expires_at)) if expires_at <= now => ExecutionCheck::Expired,
-        Some((_, _, Some(decision), _)) if decision == "expired" => ExecutionCheck::Expired,
+        Some((_, _, _, None, expires_at)) if expires_at <= now => ExecutionCheck::Expired,
+        Some((_, _, _, Some(decision), _)) if decision == "expired" => ExecutionCheck::Expired,
         _ => ExecutionCheck::Refused,
     })
 }

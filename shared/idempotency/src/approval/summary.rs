@@ -20,6 +20,44 @@ pub struct ApprovalSummary {
     pub identifiers: BTreeMap<String, String>,
 }
 
+impl ApprovalSummary {
+    /// What no longer reads as the approver was shown it, in words, when
+    /// `now` — the summary the policy writes for a retry — is not `approved`;
+    /// `None` when nothing changed. Values are shown [revealed](Revealed).
+    pub(crate) fn changes(approved: &ApprovalSummary, now: Option<&ApprovalSummary>) -> Option<String> {
+        let Some(now) = now else {
+            return Some("the service's policy no longer asks a human about this request".to_owned());
+        };
+        if now == approved {
+            return None;
+        }
+        let shown =
+            |value: Option<&String>| value.map_or("nothing".to_owned(), |v| format!("`{}`", Revealed::of(v).text));
+        let changed: Vec<String> = approved
+            .identifiers
+            .keys()
+            .chain(
+                now.identifiers
+                    .keys()
+                    .filter(|name| !approved.identifiers.contains_key(*name)),
+            )
+            .filter(|name| approved.identifiers.get(*name) != now.identifiers.get(*name))
+            .map(|name| {
+                format!(
+                    "`{name}` was {} when approved and is {} now",
+                    shown(approved.identifiers.get(name)),
+                    shown(now.identifiers.get(name))
+                )
+            })
+            .collect();
+        Some(if changed.is_empty() {
+            "the summary of this request reads otherwise than when it was approved".to_owned()
+        } else {
+            changed.join("; ")
+        })
+    }
+}
+
 /// A summary field as a human may safely read it: every character that
 /// does not show as itself written out as a visible escape (`\u202E`), so
 /// that `Acme GmbH \u{202E}liveD` cannot pass for `Acme GmbH Devil`.
@@ -76,6 +114,48 @@ pub fn is_hidden(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn summary(replaces: &str) -> ApprovalSummary {
+        ApprovalSummary {
+            action: "deploy".into(),
+            target: "checkout in production".into(),
+            consequences: format!("replaces {replaces}"),
+            identifiers: [("service", "checkout"), ("replaces", replaces)]
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_summary_that_reads_as_approved_has_no_changes() {
+        assert_eq!(ApprovalSummary::changes(&summary("none"), Some(&summary("none"))), None);
+    }
+
+    #[test]
+    fn the_changes_name_each_identifier_that_changed_with_what_it_was_and_is() {
+        let changes = ApprovalSummary::changes(&summary("none"), Some(&summary("dep_2")));
+
+        assert_eq!(
+            changes.as_deref(),
+            Some("`replaces` was `none` when approved and is `dep_2` now")
+        );
+    }
+
+    #[test]
+    fn a_request_the_policy_no_longer_gives_to_a_human_has_changed_too() {
+        assert!(ApprovalSummary::changes(&summary("none"), None).is_some());
+    }
+
+    #[test]
+    fn a_changed_value_is_shown_revealed() {
+        let changes = ApprovalSummary::changes(&summary("none"), Some(&summary("dep\u{202E}2"))).unwrap();
+
+        assert!(
+            !changes.contains('\u{202E}') && changes.contains(r"\u202E"),
+            "{changes}"
+        );
+    }
 
     #[test]
     fn plain_text_is_shown_as_it_is_and_unmarked() {

@@ -1,6 +1,7 @@
 //! What an approval answers: the 202 approval request stored for the
 //! operation and replayed to its retries, the approval as approvers see it,
-//! and the refusal an operation keeps once its approval is rejected or expires.
+//! and the refusal an operation keeps once its approval is rejected or
+//! expires, or what it promised no longer holds.
 
 use axum::http::StatusCode;
 use platform::{ApiError, Timestamp};
@@ -84,6 +85,30 @@ impl ApprovalView {
     }
 }
 
+/// The code of the refusal of an approved run whose summary no longer holds.
+const STALE: &str = "approval_stale";
+
+/// What the approver was promised no longer holds (docs/contract.md §6):
+/// `what` says what changed. An effect answers this from its own transaction
+/// when it finds a promise broken there (the release a deployment replaces);
+/// the executor then stores it, as the refusal of an approval, as the
+/// operation's answer, `rejected`.
+pub fn stale(what: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        STALE,
+        "Approval stale",
+        format!(
+            "{what}: what the approver was promised no longer holds, so this operation will never run. A new intention needs a new key and a new approval"
+        ),
+    )
+}
+
+/// Whether an effect found what its approval promised broken.
+pub(crate) fn is_stale(error: &ApiError) -> bool {
+    error.code() == STALE
+}
+
 /// The answer stored for an operation whose approval was refused or ran out.
 pub fn refusal(state: ApprovalState, operation_id: &str, approval_id: &str) -> ApiError {
     let error = match state {
@@ -100,8 +125,14 @@ pub fn refusal(state: ApprovalState, operation_id: &str, approval_id: &str) -> A
             "this operation was not approved and run before its approval expired; it will never run. A new attempt needs a new key",
         ),
     };
-    error
-        .with("operation_id", operation_id)
+    refused_operation(error, operation_id, approval_id)
+}
+
+/// Why an operation bound to an approval will never run (a rejection, an
+/// expiry, a broken promise), as the answer stored for it: naming the
+/// operation, its approval, and its state, `rejected`.
+pub(crate) fn refused_operation(why: ApiError, operation_id: &str, approval_id: &str) -> ApiError {
+    why.with("operation_id", operation_id)
         .with("approval_id", approval_id)
         .with("state", OperationState::Rejected)
         .with("status_url", status_url(operation_id))

@@ -23,6 +23,10 @@ pub enum AuditEvent {
     Approved,
     Rejected,
     Expired,
+    /// An approved run found that what its summary promised no longer holds
+    /// (the release a deployment replaces): the operation is `rejected` with
+    /// 409 `approval_stale` and never runs.
+    Stale,
     Dispatched,
     Accepted,
     Completed,
@@ -61,6 +65,7 @@ impl AuditEvent {
             AuditEvent::Approved => "approved",
             AuditEvent::Rejected => "rejected",
             AuditEvent::Expired => "expired",
+            AuditEvent::Stale => "stale",
             AuditEvent::Dispatched => "dispatched",
             AuditEvent::Accepted => "accepted",
             AuditEvent::Completed => "completed",

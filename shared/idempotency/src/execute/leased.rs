@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     Idempotency,
-    approval::{self, ApprovalState, ExecutionCheck, refusal},
+    approval::{self, ApprovalState, ExecutionCheck, refusal, refused_operation},
     audit::{self, AuditEvent},
     fingerprint::Fingerprint,
     operation::{OperationRecord, OperationState},
@@ -90,8 +90,8 @@ impl Idempotency {
     /// Runs the effect of an operation this attempt holds the lease of: first
     /// its call-out, if the route has one, outside any transaction; then the
     /// effect with what the call-out said. An operation bound to an approval
-    /// runs only if the approval still allows it, checked in the effect's own
-    /// transaction.
+    /// runs only if the approval still allows it and what its summary promised
+    /// still holds, checked in the effect's own transaction (docs/contract.md §6).
     pub(super) async fn run<T, W, F>(
         &self,
         attempt: &Attempt<'_>,
@@ -148,29 +148,56 @@ impl Idempotency {
                 approval_id,
                 operation_id,
                 &operation.fingerprint,
+                attempt.approval.as_ref(),
                 Timestamp::now(),
             )
             .await;
-            match check {
-                Ok(ExecutionCheck::Allowed) => {}
-                Ok(refused) => {
-                    let _ = tx.rollback().await;
-                    let (state, event) = match refused {
-                        ExecutionCheck::Expired => (ApprovalState::Expired, AuditEvent::Expired),
-                        _ => (ApprovalState::Rejected, AuditEvent::Rejected),
-                    };
-                    let refusal = refusal(state, operation_id, approval_id);
-                    return self
-                        .store_final(attempt, claim, &refusal, OperationState::Rejected, event, "rejected")
-                        .await;
-                }
+            let refused = match check {
+                Ok(ExecutionCheck::Allowed) => None,
+                Ok(ExecutionCheck::Refused) => Some((
+                    refusal(ApprovalState::Rejected, operation_id, approval_id),
+                    AuditEvent::Rejected,
+                )),
+                Ok(ExecutionCheck::Expired) => Some((
+                    refusal(ApprovalState::Expired, operation_id, approval_id),
+                    AuditEvent::Expired,
+                )),
+                Ok(ExecutionCheck::Stale(what)) => Some((
+                    refused_operation(approval::stale(what), operation_id, approval_id),
+                    AuditEvent::Stale,
+                )),
                 Err(e) => {
                     let _ = tx.rollback().await;
                     return Concluded::Answer(self.give_back(attempt, claim, e.into()).await);
                 }
+            };
+            if let Some((refused, event)) = refused {
+                let _ = tx.rollback().await;
+                return self.refuse(attempt, claim, &refused, event).await;
             }
         }
         let ran = effect(&mut tx, operation_id, said).await;
+        // a promise the effect found broken in its own transaction refuses the operation as the check above would
+        if let (Err(error), Some(approval_id)) = (&ran, &operation.approval_id)
+            && approval::is_stale(error)
+        {
+            let _ = tx.rollback().await;
+            let refused = refused_operation(error.clone(), operation_id, approval_id);
+            return self.refuse(attempt, claim, &refused, AuditEvent::Stale).await;
+        }
         self.conclude(attempt, claim, tx, ran).await
+    }
+
+    /// Ends an operation whose approval does not let it run: `rejected`, with
+    /// `refused` as its answer to every later attempt, journaled as `event`.
+    async fn refuse(
+        &self,
+        attempt: &Attempt<'_>,
+        claim: &Claim<'_>,
+        refused: &ApiError,
+        event: AuditEvent,
+    ) -> Concluded {
+        self.store_final(attempt, claim, refused, OperationState::Rejected, event, "rejected")
+            .await
     }
 }
