@@ -389,7 +389,11 @@ impl PaymentsPolicy {
     }
 
     /// `Some(what the approver judges)` when this capture needs a human:
-    /// the payee, the amount with its currency, and the account.
+    /// the payee, the amount with its currency, and the account. None of it
+    /// can change before the approved run (docs/contract.md §6): the amount
+    /// and the intent are the command's and the account is the fingerprint's,
+    /// and an intent's order, currency and payee are written once, when it is
+    /// made, and never updated.
     pub fn approval_for(
         &self,
         account_id: &str,

@@ -178,7 +178,8 @@ impl TicketsPolicy {
         }
     }
 
-    /// `Some(what the approver judges)` when this create needs a human.
+    /// `Some(what the approver judges)` when this create needs a human. All
+    /// of it is the command's, so the fingerprint holds it to the approved run.
     pub fn approval_for(&self, command: &CreateTicket) -> Option<ApprovalSummary> {
         let from = self.approval_from?;
         (command.priority >= from).then(|| ApprovalSummary {

@@ -4,7 +4,8 @@
 //! payee, amount, currency, account — and a changed amount needs a new decision.
 
 use axum::http::StatusCode;
-use platform::Backend;
+use idempotency::outbox;
+use platform::{Backend, on_pool};
 use serde_json::json;
 
 use crate::support::{ACME_AGENT, ACME_APPROVER, TestApp, intent};
@@ -132,6 +133,67 @@ async fn a_euro_capture_waits_from_exactly_1000_00_and_not_below(backend: Backen
     assert!(capture_waits_for_approval(&app, "order-2", "1000.00", "EUR").await);
 }
 
+/// What a capture's approver is shown — payee, amount, currency, account —
+/// is what the provider is asked to pay: the amount and the account are in
+/// the fingerprint, and an intent's payee and currency are never changed.
+async fn an_approved_capture_charges_the_amount_to_the_payee_account_its_approver_was_shown(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "2500.00").await;
+    let requested = app.capture(&intent_id, "cap-1", &json!({"amount": "1200.00"})).await;
+    app.decide(&requested.str("approval_id"), "approve", &requested.str("fingerprint"))
+        .await;
+
+    let run = app.capture(&intent_id, "cap-1", &json!({"amount": "1200.00"})).await;
+    app.deliver().await;
+    let charges = app
+        .provider
+        .charges_with_key(&outbox::external_key(requested.operation_id()))
+        .await;
+
+    assert_eq!(run.status, StatusCode::ACCEPTED, "{:?}", run.body);
+    let shown = &requested.json()["summary"]["identifiers"];
+    let charge = &charges["data"][0];
+    assert_eq!(charge["payee_account"], shown["payee_account"]);
+    assert_eq!(charge["amount_minor"], 120_000);
+    assert_eq!(shown["amount"], "1200.00");
+    assert_eq!(charge["currency"], shown["currency"]);
+    assert_eq!(shown["account"], "acme");
+}
+
+/// Were an intent's payee ever changed behind the API, the approved capture
+/// would not pay the new one: the summary written for its retry is not the
+/// one approved, so it is refused as stale and nothing is charged.
+async fn an_approved_capture_whose_payee_is_no_longer_the_one_shown_is_refused_as_stale_and_charges_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let intent_id = app.intent_for("order-1", "2500.00").await;
+    let requested = app.capture(&intent_id, "cap-1", &json!({})).await;
+    app.decide(&requested.str("approval_id"), "approve", &requested.str("fingerprint"))
+        .await;
+    on_pool!(app.db.db.write(), |pool| sqlx::query(
+        "UPDATE payment_intents SET payee_account = 'GB33BUKB20201555555555' WHERE id = $1"
+    )
+    .bind(&intent_id)
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected());
+
+    let stale = app.capture(&intent_id, "cap-1", &json!({})).await;
+    app.deliver().await;
+
+    stale.assert_problem(409, "approval_stale");
+    assert!(
+        stale.str("detail").contains("GB33BUKB20201555555555"),
+        "{:?}",
+        stale.body
+    );
+    assert_eq!(app.operation(requested.operation_id()).await["state"], "rejected");
+    assert_eq!(app.count("payment_captures").await, 0);
+    assert_eq!(app.provider.stats().charges_made, 0);
+}
+
 platform::both_backends!(
     a_large_capture_waits_for_an_approval_and_is_charged_once_after_the_retry_that_runs_it,
     a_changed_capture_amount_after_approval_needs_a_new_approval,
@@ -139,4 +201,6 @@ platform::both_backends!(
     a_capture_s_threshold_is_in_its_own_currency_so_999_999_kwd_waits_and_299_999_kwd_does_not,
     a_capture_in_a_currency_without_a_threshold_always_waits_for_an_approval,
     a_euro_capture_waits_from_exactly_1000_00_and_not_below,
+    an_approved_capture_charges_the_amount_to_the_payee_account_its_approver_was_shown,
+    an_approved_capture_whose_payee_is_no_longer_the_one_shown_is_refused_as_stale_and_charges_nothing,
 );
