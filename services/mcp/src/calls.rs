@@ -1,8 +1,9 @@
-//! The MCP server's journal of tool calls: every call with its session, tool,
-//! intent, key, the digest of what it asked for, its outcome and its
-//! operation id (docs/contract.md §13). It shares the agent journal's SQLite
-//! file, under a migration ledger of its own.
+//! The MCP server's journal of tool calls: every call with its account,
+//! session, tool, intent, key, the digest of what it asked for, its outcome
+//! and its operation id (docs/contract.md §13). It shares the agent journal's
+//! SQLite file, under a migration ledger of its own.
 
+use agent::Account;
 use serde::Serialize;
 use sqlx::SqlitePool;
 
@@ -10,6 +11,10 @@ use sqlx::SqlitePool;
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct ToolCall {
     pub at: String,
+    /// The account the call acted for (an [`Account`]); `None` for a call
+    /// that asked every service of a server whose services are different
+    /// accounts'.
+    pub account: Option<String>,
     pub session: String,
     pub tool: String,
     pub intent: Option<String>,
@@ -26,6 +31,7 @@ impl ToolCall {
     pub fn new(session: &str, tool: &str) -> ToolCall {
         ToolCall {
             at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            account: None,
             session: session.to_owned(),
             tool: tool.to_owned(),
             intent: None,
@@ -56,10 +62,11 @@ impl Calls {
 
     pub async fn record(&self, call: &ToolCall) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "INSERT INTO mcp_tool_calls (at, session, tool, intent, idempotency_key, payload_digest, outcome, \
-             operation_id, http_status, approval_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "INSERT INTO mcp_tool_calls (at, account, session, tool, intent, idempotency_key, payload_digest, \
+             outcome, operation_id, http_status, approval_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&call.at)
+        .bind(&call.account)
         .bind(&call.session)
         .bind(&call.tool)
         .bind(&call.intent)
@@ -74,21 +81,27 @@ impl Calls {
         Ok(())
     }
 
-    /// The tool and operation of the call that was told to wait for `approval_id`.
-    pub async fn waiting_for(&self, approval_id: &str) -> Result<Option<(String, String)>, sqlx::Error> {
+    /// The tool and operation of `account`'s call that was told to wait for `approval_id`.
+    pub async fn waiting_for(
+        &self,
+        account: &Account,
+        approval_id: &str,
+    ) -> Result<Option<(String, String)>, sqlx::Error> {
         sqlx::query_as(
-            "SELECT tool, operation_id FROM mcp_tool_calls WHERE approval_id = $1 AND operation_id IS NOT NULL \
-             ORDER BY seq LIMIT 1",
+            "SELECT tool, operation_id FROM mcp_tool_calls WHERE approval_id = $1 AND account = $2 \
+             AND operation_id IS NOT NULL ORDER BY seq LIMIT 1",
         )
         .bind(approval_id)
+        .bind(account.as_str())
         .fetch_optional(&self.pool)
         .await
     }
 
-    /// Every call, in the order they were answered.
+    /// Every call of every account, in the order they were answered: the
+    /// file's own record, for its operator (`mcp journal`).
     pub async fn all(&self) -> Result<Vec<ToolCall>, sqlx::Error> {
         sqlx::query_as(
-            "SELECT at, session, tool, intent, idempotency_key, payload_digest, outcome, operation_id, http_status, \
+            "SELECT at, account, session, tool, intent, idempotency_key, payload_digest, outcome, operation_id, http_status, \
              approval_id FROM mcp_tool_calls ORDER BY seq",
         )
         .fetch_all(&self.pool)

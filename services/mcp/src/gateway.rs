@@ -7,10 +7,9 @@
 //! even if the MCP client cancels it or goes away, so the next call with the
 //! same intent finds its answer rather than a half-done request.
 
-use agent::{Agent, AgentError, Journal, Report};
+use agent::{Account, Agent, AgentError, Journal, Report};
 use rmcp::model::JsonObject;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
 use crate::{
@@ -29,27 +28,20 @@ enum Identity {
 }
 
 impl Identity {
-    /// The operation's name in the agent journal: intents and keys apart,
-    /// and each under its account (`scope`), so servers that share a journal
-    /// but act for different accounts never share one.
-    fn journal_name(&self, scope: &str) -> String {
+    /// The operation's name in the agent journal: intents and keys apart.
+    /// The journal keeps it under the account the service's key acts for,
+    /// so servers that share a journal but not an account never share one.
+    fn journal_name(&self) -> String {
         match self {
-            Identity::Intent(intent) => format!("intent:{scope}:{intent}"),
-            Identity::Key(key) => format!("key:{scope}:{key}"),
+            Identity::Intent(intent) => format!("intent:{intent}"),
+            Identity::Key(key) => format!("key:{key}"),
         }
     }
 }
 
-/// Whose intents: the account, when the configuration names it, else a
-/// mark of the key (a prefix of its SHA-256, never the key).
-fn scope_of(account: Option<&str>, api_key: &str) -> String {
-    match account {
-        Some(account) => format!("account {account}"),
-        None => format!("key {}", hex::encode(&Sha256::digest(api_key.as_bytes())[..8])),
-    }
-}
-
-/// One agent per service: each calls with that service's key.
+/// One agent per service: each calls with that service's key, on the
+/// journal of the account the key acts for (the account the configuration
+/// names, else the key's own: see [`Account`]).
 #[derive(Debug, Clone)]
 struct Agents {
     tickets: Agent,
@@ -61,7 +53,6 @@ struct Agents {
 #[derive(Debug, Clone)]
 pub struct Gateway {
     agents: Agents,
-    journal: Journal,
     config: McpConfig,
     calls: Calls,
     http: reqwest::Client,
@@ -75,15 +66,15 @@ pub type Session = String;
 
 impl Gateway {
     pub async fn open(config: McpConfig) -> Result<Gateway, AgentError> {
-        let journal = Journal::open(&config.journal).await?;
-        // where every intent's key is: a server started elsewhere must find the same file
-        tracing::info!(journal = %config.journal.display(), account = config.account.as_deref().unwrap_or("-"),
-            "the MCP server's journal of intents and tool calls");
+        let account = |service: Service| Account::of(config.account.as_deref(), &config.target(service).api_key);
+        let journal = Journal::open(&config.journal, account(Service::Tickets)).await?;
         let calls = Calls::open(journal.pool().clone())
             .await
             .map_err(|e| AgentError::Journal(e.to_string()))?;
-        let agent =
-            |service: Service| Agent::new(journal.clone(), &config.target(service).api_key, config.agent.clone());
+        let agent = |service: Service| {
+            let journal = journal.for_account(account(service));
+            Agent::new(journal, &config.target(service).api_key, config.agent.clone())
+        };
         let agents = Agents {
             tickets: agent(Service::Tickets)?,
             payments: agent(Service::Payments)?,
@@ -93,14 +84,18 @@ impl Gateway {
             .timeout(config.agent.request_timeout)
             .build()
             .map_err(|e| AgentError::Usage(format!("an HTTP client: {e}")))?;
-        Ok(Gateway {
+        let gateway = Gateway {
             agents,
-            journal,
             config,
             calls,
             http,
             runs: TaskTracker::new(),
-        })
+        };
+        // where every intent's key is: a server started elsewhere must find the same file
+        let accounts: Vec<&str> = gateway.accounts().into_iter().map(Account::as_str).collect();
+        tracing::info!(journal = %gateway.config.journal.display(), accounts = %accounts.join(", "),
+            "the MCP server's journal of intents and tool calls");
+        Ok(gateway)
     }
 
     pub fn calls(&self) -> &Calls {
@@ -115,8 +110,26 @@ impl Gateway {
         }
     }
 
-    fn scope(&self, service: Service) -> String {
-        scope_of(self.config.account.as_deref(), &self.config.target(service).api_key)
+    /// The accounts the server acts for, each once: one, unless each
+    /// service has a key of its own and no account is named.
+    fn accounts(&self) -> Vec<&Account> {
+        let mut accounts: Vec<&Account> = Vec::new();
+        for service in Service::ALL {
+            let account = self.agent(service).journal().account();
+            if !accounts.contains(&account) {
+                accounts.push(account);
+            }
+        }
+        accounts
+    }
+
+    /// The account a call that asks no one service is journaled under: the
+    /// server's, when it acts for one.
+    fn sole_account(&self) -> Option<String> {
+        match self.accounts().as_slice() {
+            [account] => Some(account.to_string()),
+            _ => None,
+        }
     }
 
     /// Waits for the calls under way (a stopping server lets them finish).
@@ -141,6 +154,7 @@ impl Gateway {
         self.runs
             .spawn(async move {
                 let mut call = ToolCall::new(&session, tool);
+                call.account = Some(gateway.agent(endpoint.service).journal().account().to_string());
                 let result = gateway.run_write(&mut call, &endpoint, args).await;
                 gateway.record(call, &result).await;
                 result
@@ -178,7 +192,7 @@ impl Gateway {
         let target = self.config.target(endpoint.service);
         let request = agent::Request::new(endpoint.method, &target.url, path, body);
         let agent = self.agent(endpoint.service);
-        let name = identity.journal_name(&self.scope(endpoint.service));
+        let name = identity.journal_name();
         call.payload_digest = Some(agent::journal::payload_digest(&request));
         // the key, made once and stored before anything is sent; `execute`
         // finds it there (and only this way is an explicit key adopted)
@@ -200,12 +214,11 @@ impl Gateway {
                              A new action needs a new intent"
                         ),
                     ),
-                    Identity::Key(_) => ToolError::new(
-                        "idempotency_key_reused",
-                        "this idempotency key was used here for another request before; nothing was sent",
-                    ),
+                    Identity::Key(_) => key_reused_here(),
                 });
             }
+            // the key is another intent's, or another key's, of this account
+            Err(AgentError::KeyOfAnotherOperation { .. }) => return Err(key_reused_here()),
             Err(other) => return Err(ToolError::new("journal_unavailable", other.to_string())),
         };
         call.idempotency_key = Some(entry.idempotency_key);
@@ -242,7 +255,8 @@ impl Gateway {
         endpoint: &Read,
         mut args: JsonObject,
     ) -> Result<Answer, ToolError> {
-        let call = ToolCall::new(session, tool);
+        let mut call = ToolCall::new(session, tool);
+        call.account = Some(self.agent(endpoint.service).journal().account().to_string());
         let result = async {
             let path = fill_route(endpoint.route, &mut args)?;
             let query = query_of(args, endpoint.query)?;
@@ -256,7 +270,8 @@ impl Gateway {
     /// `get_operation`: by `operation_id`, `idempotency_key` or `intent`, at
     /// the service that knows it.
     pub async fn get_operation(&self, session: &Session, mut args: JsonObject) -> Result<Answer, ToolError> {
-        let call = ToolCall::new(session, "get_operation");
+        let mut call = ToolCall::new(session, "get_operation");
+        call.account = self.sole_account();
         let result = async {
             let operation_id = take_id(&mut args, "operation_id")?;
             let key = take_id(&mut args, "idempotency_key")?;
@@ -272,7 +287,7 @@ impl Gateway {
                     }
                     return Ok(read_operation(answer));
                 }
-                (None, Some(key), None) => (self.journal.entry_by_key(&key).await, Some(key)),
+                (None, Some(key), None) => (self.key_entry(&key).await, Some(key)),
                 (None, None, Some(intent)) => {
                     let entry = self.intent_entry(&intent).await;
                     let key = entry
@@ -325,14 +340,14 @@ impl Gateway {
     /// it (an agent's key reads approvals only there); another, at the
     /// service that has it, if the server's key may read it.
     pub async fn get_approval(&self, session: &Session, mut args: JsonObject) -> Result<Answer, ToolError> {
-        let call = ToolCall::new(session, "get_approval");
+        let mut call = ToolCall::new(session, "get_approval");
+        call.account = self.sole_account();
         let result = async {
             let approval_id = take_id(&mut args, "approval_id")?
                 .ok_or_else(|| ToolError::invalid_input("`approval_id` is required"))?;
             no_more(&args)?;
             let waited_for = self
-                .calls
-                .waiting_for(&approval_id)
+                .waited_for(&approval_id)
                 .await
                 .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
             let Some((tool, operation_id)) = waited_for else {
@@ -441,12 +456,34 @@ impl Gateway {
         })
     }
 
-    /// The journal's entry of `intent`, under whichever service's credential it was sent.
+    /// The journal's entry of `intent`, under whichever service's account it was sent.
     async fn intent_entry(&self, intent: &str) -> Result<Option<agent::Entry>, AgentError> {
+        let name = Identity::Intent(intent.to_owned()).journal_name();
         for service in Service::ALL {
-            let name = Identity::Intent(intent.to_owned()).journal_name(&self.scope(service));
-            if let Some(entry) = self.journal.entry(&name).await? {
+            if let Some(entry) = self.agent(service).journal().entry(&name).await? {
                 return Ok(Some(entry));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The journal's entry sent with `key` by one of the server's accounts:
+    /// a key another account sent through the same journal is not there.
+    async fn key_entry(&self, key: &str) -> Result<Option<agent::Entry>, AgentError> {
+        for service in Service::ALL {
+            if let Some(entry) = self.agent(service).journal().entry_by_key(key).await? {
+                return Ok(Some(entry));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The tool and operation of the call of one of the server's accounts
+    /// that was told to wait for `approval_id`.
+    async fn waited_for(&self, approval_id: &str) -> Result<Option<(String, String)>, sqlx::Error> {
+        for account in self.accounts() {
+            if let Some(waited) = self.calls.waiting_for(account, approval_id).await? {
+                return Ok(Some(waited));
             }
         }
         Ok(None)
@@ -552,6 +589,14 @@ fn unreachable_service(service: Service, error: &reqwest::Error) -> ToolError {
     ToolError::new(
         "service_unreachable",
         format!("{} {why}: try again later", service.as_str()),
+    )
+}
+
+/// An explicit key this server's journal holds for another request.
+fn key_reused_here() -> ToolError {
+    ToolError::new(
+        "idempotency_key_reused",
+        "this idempotency key was used here for another request before; nothing was sent",
     )
 }
 

@@ -52,8 +52,11 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if let Command::Journal = command {
         // the file is all it needs: no key, no service
         let path = mcp::config::journal_path(&|name: &str| std::env::var(name).ok().filter(|v| !v.is_empty()))?;
-        let journal = agent::Journal::open(&path).await?;
-        for call in Calls::open(journal.pool().clone()).await?.all().await? {
+        for call in Calls::open(agent::journal::open_file(&path).await?)
+            .await?
+            .all()
+            .await?
+        {
             println!("{}", serde_json::to_string(&call)?);
         }
         return Ok(());

@@ -4,6 +4,10 @@
 //! known state and the result — so a retry after a restart of the agent sends
 //! the same key, and a changed payload under the same name is caught here,
 //! before it reaches any service.
+//!
+//! A journal handle belongs to one [`Account`]: names and keys are unique per
+//! account, and every statement reads and writes that account's rows alone,
+//! so agents that act for different accounts may share one file.
 
 use std::{path::Path, str::FromStr};
 
@@ -45,9 +49,47 @@ pub struct AttemptRecord {
     pub note: String,
 }
 
+/// Whose operations a journal handle keeps: a named account (`account acme`),
+/// or, when none is named, a mark of the API key (`key 1f0c…`, a prefix of
+/// its SHA-256, never the key). A named account outlives a rotated key; a
+/// mark does not.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Account(String);
+
+impl Account {
+    pub fn named(id: &str) -> Account {
+        Account(format!("account {id}"))
+    }
+
+    pub fn of_key(api_key: &str) -> Account {
+        Account(format!("key {}", hex::encode(&Sha256::digest(api_key.as_bytes())[..8])))
+    }
+
+    /// `account` when it is named, else the mark of `api_key`.
+    pub fn of(account: Option<&str>, api_key: &str) -> Account {
+        account.map_or_else(|| Account::of_key(api_key), Account::named)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The account of an operation made before the journal kept accounts: the
+/// first account that names it takes it (see the migration).
+const UNCLAIMED: &str = "";
+
+/// One account's operations in a journal file.
 #[derive(Debug, Clone)]
 pub struct Journal {
     pool: SqlitePool,
+    account: Account,
 }
 
 fn now() -> String {
@@ -81,93 +123,127 @@ pub async fn migrate(pool: &SqlitePool, migrator: &sqlx::migrate::Migrator) -> R
     Ok(())
 }
 
+/// The journal file at `path`, made the first time and migrated: every
+/// account's. A reader of the whole file (an operator's tool) takes it as is;
+/// an agent takes its account's [`Journal`].
+pub async fn open_file(path: &Path) -> Result<SqlitePool, AgentError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| AgentError::Journal(e.to_string()))?;
+    }
+    let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_secs(10));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    migrate(&pool, &MIGRATIONS)
+        .await
+        .map_err(|e| AgentError::Journal(e.to_string()))?;
+    Ok(pool)
+}
+
 impl Journal {
-    /// Opens (and makes, the first time) the journal at `path`.
-    pub async fn open(path: &Path) -> Result<Journal, AgentError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| AgentError::Journal(e.to_string()))?;
+    /// Opens (and makes, the first time) the journal at `path`, for `account`.
+    pub async fn open(path: &Path, account: Account) -> Result<Journal, AgentError> {
+        Ok(Journal {
+            pool: open_file(path).await?,
+            account,
+        })
+    }
+
+    /// The same file, as `account`'s journal.
+    pub fn for_account(&self, account: Account) -> Journal {
+        Journal {
+            pool: self.pool.clone(),
+            account,
         }
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(std::time::Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(options)
-            .await?;
-        migrate(&pool, &MIGRATIONS)
-            .await
-            .map_err(|e| AgentError::Journal(e.to_string()))?;
-        Ok(Journal { pool })
+    }
+
+    pub fn account(&self) -> &Account {
+        &self.account
     }
 
     /// The operation `name`: the one the journal has — refused if it was for
     /// another payload — or a new one, with a new key, written and committed
     /// before this returns (so before anything is sent).
     pub async fn begin(&self, name: &str, request: &Request) -> Result<Entry, AgentError> {
-        let digest = payload_digest(request);
-        let at = now();
-        sqlx::query(
-            "INSERT INTO agent_operations (name, idempotency_key, payload_digest, method, target, state, \
-             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6) \
-             ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(name)
-        .bind(uuid::Uuid::new_v4().to_string())
-        .bind(&digest)
-        .bind(request.method.as_str())
-        .bind(request.target())
-        .bind(&at)
-        .execute(&self.pool)
-        .await?;
+        self.claim(name).await?;
+        self.insert(name, &uuid::Uuid::new_v4().to_string(), request).await?;
         let entry = self
             .entry(name)
             .await?
             .ok_or_else(|| AgentError::Journal(format!("operation `{name}` vanished")))?;
-        if entry.payload_digest != digest {
-            return Err(AgentError::ChangedPayload { name: name.to_owned() });
-        }
-        Ok(entry)
+        for_request(entry, request)
     }
 
     /// Records operation `name` under a key made elsewhere (a workflow
     /// engine that owns the keys hands one over), instead of making one.
-    /// Refused like [`Journal::begin`] if the name is known with another payload.
+    /// Refused like [`Journal::begin`] if the name is known with another
+    /// payload, and if the key is another of this account's operations.
     pub async fn adopt(&self, name: &str, key: &str, request: &Request) -> Result<Entry, AgentError> {
-        let at = now();
+        self.claim(name).await?;
+        self.insert(name, key, request).await?;
+        // nothing under the name: the insert met the key, another operation's
+        let entry = self
+            .entry(name)
+            .await?
+            .ok_or_else(|| AgentError::KeyOfAnotherOperation { name: name.to_owned() })?;
+        for_request(entry, request)
+    }
+
+    /// Takes operation `name` for this account if it was made before the
+    /// journal kept accounts and no account has named it since. `OR IGNORE`:
+    /// if this account has `name` already, its own stays.
+    async fn claim(&self, name: &str) -> Result<(), AgentError> {
+        sqlx::query("UPDATE OR IGNORE agent_operations SET account = $1 WHERE account = $2 AND name = $3")
+            .bind(self.account.as_str())
+            .bind(UNCLAIMED)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Writes operation `name` with `key` unless the account has the name,
+    /// or the key, already: the unique indexes decide, not a read before.
+    async fn insert(&self, name: &str, key: &str, request: &Request) -> Result<(), AgentError> {
         sqlx::query(
-            "INSERT INTO agent_operations (name, idempotency_key, payload_digest, method, target, state, \
-             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6) \
-             ON CONFLICT (name) DO NOTHING",
+            "INSERT INTO agent_operations (account, name, idempotency_key, payload_digest, method, target, state, \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $7) ON CONFLICT DO NOTHING",
         )
+        .bind(self.account.as_str())
         .bind(name)
         .bind(key)
         .bind(payload_digest(request))
         .bind(request.method.as_str())
         .bind(request.target())
-        .bind(&at)
+        .bind(now())
         .execute(&self.pool)
         .await?;
-        self.begin(name, request).await
+        Ok(())
     }
 
     pub async fn entry(&self, name: &str) -> Result<Option<Entry>, AgentError> {
         let row: Option<EntryRow> = sqlx::query_as(
             "SELECT name, idempotency_key, payload_digest, method, target, state, operation_id, result_status, \
-             result_body, created_at, updated_at FROM agent_operations WHERE name = $1",
+             result_body, created_at, updated_at FROM agent_operations WHERE account = $1 AND name = $2",
         )
+        .bind(self.account.as_str())
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(Entry::from))
     }
 
-    /// The operation sent with `key`, under whatever name.
+    /// The account's operation sent with `key`, under whatever name.
     pub async fn entry_by_key(&self, key: &str) -> Result<Option<Entry>, AgentError> {
         let row: Option<EntryRow> = sqlx::query_as(
             "SELECT name, idempotency_key, payload_digest, method, target, state, operation_id, result_status, \
-             result_body, created_at, updated_at FROM agent_operations WHERE idempotency_key = $1",
+             result_body, created_at, updated_at FROM agent_operations WHERE account = $1 AND idempotency_key = $2",
         )
+        .bind(self.account.as_str())
         .bind(key)
         .fetch_optional(&self.pool)
         .await?;
@@ -178,7 +254,8 @@ impl Journal {
     /// was about the caller (a key the service did not accept), not the
     /// operation, so the next run sends again.
     pub async fn reopen(&self, name: &str) -> Result<(), AgentError> {
-        sqlx::query("UPDATE agent_operations SET state = 'pending', updated_at = $2 WHERE name = $1")
+        sqlx::query("UPDATE agent_operations SET state = 'pending', updated_at = $3 WHERE account = $1 AND name = $2")
+            .bind(self.account.as_str())
             .bind(name)
             .bind(now())
             .execute(&self.pool)
@@ -186,12 +263,13 @@ impl Journal {
         Ok(())
     }
 
-    /// Every operation, oldest first.
+    /// Every operation of the account, oldest first.
     pub async fn entries(&self) -> Result<Vec<Entry>, AgentError> {
         let rows: Vec<EntryRow> = sqlx::query_as(
             "SELECT name, idempotency_key, payload_digest, method, target, state, operation_id, result_status, \
-             result_body, created_at, updated_at FROM agent_operations ORDER BY created_at, name",
+             result_body, created_at, updated_at FROM agent_operations WHERE account = $1 ORDER BY created_at, name",
         )
+        .bind(self.account.as_str())
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(Entry::from).collect())
@@ -206,10 +284,11 @@ impl Journal {
         result: Option<(u16, &str)>,
     ) -> Result<(), AgentError> {
         sqlx::query(
-            "UPDATE agent_operations SET state = $2, operation_id = COALESCE($3, operation_id), \
-             result_status = COALESCE($4, result_status), result_body = COALESCE($5, result_body), updated_at = $6 \
-             WHERE name = $1",
+            "UPDATE agent_operations SET state = $3, operation_id = COALESCE($4, operation_id), \
+             result_status = COALESCE($5, result_status), result_body = COALESCE($6, result_body), updated_at = $7 \
+             WHERE account = $1 AND name = $2",
         )
+        .bind(self.account.as_str())
         .bind(name)
         .bind(state.as_str())
         .bind(operation_id)
@@ -228,22 +307,27 @@ impl Journal {
         status: Option<u16>,
         note: &str,
     ) -> Result<(), AgentError> {
-        sqlx::query("INSERT INTO agent_attempts (name, at, action, status, note) VALUES ($1, $2, $3, $4, $5)")
-            .bind(name)
-            .bind(now())
-            .bind(action)
-            .bind(status.map(i64::from))
-            .bind(note)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO agent_attempts (account, name, at, action, status, note) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(self.account.as_str())
+        .bind(name)
+        .bind(now())
+        .bind(action)
+        .bind(status.map(i64::from))
+        .bind(note)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
-    /// Every attempt, in order (of one operation, if named).
+    /// Every attempt of the account, in order (of one operation, if named).
     pub async fn attempts(&self, name: Option<&str>) -> Result<Vec<AttemptRecord>, AgentError> {
         let rows: Vec<(String, String, String, Option<i64>, String)> = sqlx::query_as(
-            "SELECT name, at, action, status, note FROM agent_attempts WHERE $1 IS NULL OR name = $1 ORDER BY seq",
+            "SELECT name, at, action, status, note FROM agent_attempts WHERE account = $1 AND ($2 IS NULL OR name = $2) \
+             ORDER BY seq",
         )
+        .bind(self.account.as_str())
         .bind(name)
         .fetch_all(&self.pool)
         .await?;
@@ -268,6 +352,15 @@ impl Journal {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// The operation as the journal has it, if it was made for `request`: the
+/// same name with another payload is a new intention, refused.
+fn for_request(entry: Entry, request: &Request) -> Result<Entry, AgentError> {
+    if entry.payload_digest != payload_digest(request) {
+        return Err(AgentError::ChangedPayload { name: entry.name });
+    }
+    Ok(entry)
 }
 
 type EntryRow = (
@@ -312,5 +405,22 @@ impl From<EntryRow> for Entry {
             created_at,
             updated_at,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_account_outlives_its_key_and_an_unnamed_one_is_a_mark_of_the_key_never_the_key() {
+        assert_eq!(
+            Account::of(Some("acme"), "rs_live_old"),
+            Account::of(Some("acme"), "rs_live_new")
+        );
+        let marked = Account::of(None, "rs_live_secret");
+        assert_ne!(marked, Account::of(None, "rs_live_other"));
+        assert!(marked.as_str().starts_with("key "), "{marked}");
+        assert!(!marked.as_str().contains("secret"), "{marked}");
     }
 }

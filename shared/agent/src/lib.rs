@@ -29,7 +29,7 @@ use std::{path::Path, time::Duration};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use journal::{AttemptRecord, Entry, Journal};
+pub use journal::{Account, AttemptRecord, Entry, Journal};
 
 /// What a run of an operation came to (docs/contract.md §9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,6 +192,12 @@ pub enum AgentError {
     /// The same name with another payload: refused locally, nothing sent.
     #[error("operation `{name}` was asked for with another payload before: a new intention needs a new operation name")]
     ChangedPayload { name: String },
+    /// A key handed over for `name` is another operation's of the same
+    /// account: refused locally, nothing sent.
+    #[error(
+        "the key handed over for operation `{name}` is another operation's in this journal: a new intention needs a new key"
+    )]
+    KeyOfAnotherOperation { name: String },
     #[error("the agent's journal: {0}")]
     Journal(String),
     #[error("the operation status could not be read: {0}")]
@@ -251,13 +257,17 @@ struct OperationList {
 
 impl Agent {
     /// An agent with its journal at `journal` (made the first time), calling
-    /// services with `token` as its bearer key.
+    /// services with `token` as its bearer key; its operations are the key's
+    /// ([`Account::of_key`]).
     pub async fn open(journal: &Path, token: impl Into<String>, config: AgentConfig) -> Result<Agent, AgentError> {
-        Agent::new(Journal::open(journal).await?, token, config)
+        let token = token.into();
+        let journal = Journal::open(journal, Account::of_key(&token)).await?;
+        Agent::new(journal, token, config)
     }
 
-    /// An agent on a journal already open: agents that call services with
-    /// different keys share one journal, so one name is one key for them all.
+    /// An agent on a journal already open, for the journal's account: agents
+    /// of one account share its names and keys, whatever key each calls
+    /// with; another account's are never theirs.
     pub fn new(journal: Journal, token: impl Into<String>, config: AgentConfig) -> Result<Agent, AgentError> {
         let http = reqwest::Client::builder()
             .timeout(config.request_timeout)

@@ -4,6 +4,11 @@
 //! `./.agent/journal.db`), so running the same name again — after a timeout,
 //! a crash, a reboot — sends the same key.
 //!
+//! The operations are an account's (`--account`, `AGENT_ACCOUNT`): one file
+//! may serve several, and none sees another's names or keys. Unnamed, the
+//! account is the key's (a mark of `--token`, never the token), so a new
+//! token starts an empty list: name the account to keep it across a rotation.
+//!
 //! `agent run` prints its report as one JSON object and exits 0 when the
 //! operation is done (`created`, `replayed`, `matched_existing`), 2 when it
 //! must not be retried (`conflict`, `failed`, or a payload changed under the
@@ -12,7 +17,7 @@
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
-use agent::{Agent, AgentConfig, AgentError, Outcome, Request};
+use agent::{Account, Agent, AgentConfig, AgentError, Journal, Outcome, Request};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -27,6 +32,9 @@ struct Cli {
     /// The bearer key sent to the services.
     #[arg(long, env = "AGENT_TOKEN", default_value = "demo-acme-agent", global = true)]
     token: String,
+    /// Whose operations: an account's id (kept across a new token); unnamed, the token's.
+    #[arg(long, env = "AGENT_ACCOUNT", global = true)]
+    account: Option<String>,
     /// Seconds one request may take before its answer counts as lost.
     #[arg(long, default_value_t = 10.0, global = true)]
     timeout: f64,
@@ -63,7 +71,7 @@ enum Command {
         #[arg(long)]
         operation: Option<String>,
     },
-    /// Lists the journal: every operation, its key and what is known of it.
+    /// Lists the account's journal: every operation, its key and what is known of it.
     Journal {
         /// Every attempt too, in order.
         #[arg(long)]
@@ -79,7 +87,9 @@ async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("agent: {error}");
             ExitCode::from(match error {
-                AgentError::ChangedPayload { .. } | AgentError::Usage(_) => 2,
+                AgentError::ChangedPayload { .. } | AgentError::KeyOfAnotherOperation { .. } | AgentError::Usage(_) => {
+                    2
+                }
                 _ => 1,
             })
         }
@@ -91,6 +101,10 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
         request_timeout: Duration::from_secs_f64(cli.timeout.max(0.1)),
         ..AgentConfig::default()
     };
+    let account = Account::of(cli.account.as_deref(), &cli.token);
+    let open = |config: AgentConfig| async {
+        Agent::new(Journal::open(&cli.journal, account.clone()).await?, &cli.token, config)
+    };
     match cli.command {
         Command::Run {
             name,
@@ -100,14 +114,10 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
             follow,
         } => {
             let body = read_body(&data)?;
-            let agent = Agent::open(
-                &cli.journal,
-                cli.token,
-                AgentConfig {
-                    follow_for: Duration::from_secs_f64(follow.max(0.0)),
-                    ..config
-                },
-            )
+            let agent = open(AgentConfig {
+                follow_for: Duration::from_secs_f64(follow.max(0.0)),
+                ..config
+            })
             .await?;
             let report = agent.execute(&name, &Request::post(url, path, body)).await?;
             println!("{}", serde_json::to_string(&report).unwrap_or_default());
@@ -118,15 +128,13 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
             }))
         }
         Command::Status { url, name, operation } => {
-            let agent = Agent::open(&cli.journal, cli.token, config).await?;
+            let agent = open(config).await?;
             let status = match (name, operation) {
                 (_, Some(operation)) => agent.status(&url, &operation).await?,
                 (Some(name), None) => {
-                    let entry = agent
-                        .journal()
-                        .entry(&name)
-                        .await?
-                        .ok_or_else(|| AgentError::Usage(format!("no operation `{name}` in the journal")))?;
+                    let entry = agent.journal().entry(&name).await?.ok_or_else(|| {
+                        AgentError::Usage(format!("no operation `{name}` in the journal for {account}"))
+                    })?;
                     match agent.status_by_key(&url, &entry.idempotency_key).await? {
                         Some(operation) => agent.status(&url, &operation.operation_id).await?,
                         None => serde_json::json!({"state": null, "note": "the service never claimed this key"}),
@@ -138,7 +146,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Journal { attempts } => {
-            let agent = Agent::open(&cli.journal, cli.token, config).await?;
+            let agent = open(config).await?;
             for entry in agent.journal().entries().await? {
                 println!(
                     "{:<24} {:<18} key {}  {}  {}",

@@ -2,13 +2,18 @@
 //! fault proxy between them, on both of the service's backends: the key
 //! stored before the first send and reused after a restart, a dropped answer
 //! asked about and replayed, a changed payload refused locally, a conflict
-//! and a business failure never retried, an approval reported.
+//! and a business failure never retried, an approval reported; agents of
+//! two accounts on one journal file, each with its own operations; a journal
+//! made before it kept accounts, upgraded with every key.
 
 use std::time::Duration;
 
-use agent::{Agent, AgentConfig, AgentError, Outcome, Request};
+use agent::{Account, Agent, AgentConfig, AgentError, Outcome, Request, journal::payload_digest};
 use fault_proxy::{FaultProxy, ProxyFaults};
-use platform::{Backend, on_pool, testing::TestDb};
+use platform::{
+    Backend, on_pool,
+    testing::{ACME_AGENT, GLOBEX_AGENT, TestDb},
+};
 use serde_json::{Value, json};
 use tickets::domain::{Priority, TicketsPolicy};
 
@@ -41,12 +46,17 @@ async fn world(backend: Backend) -> World {
 
 impl World {
     async fn agent(&self) -> Agent {
+        self.agent_with(ACME_AGENT).await
+    }
+
+    /// An agent that calls with `api_key`, on the world's one journal file.
+    async fn agent_with(&self, api_key: &str) -> Agent {
         let config = AgentConfig {
             request_timeout: Duration::from_millis(800),
             backoff: Duration::from_millis(20),
             ..AgentConfig::default()
         };
-        Agent::open(&self.journal.path().join("journal.db"), "demo-acme-agent", config)
+        Agent::open(&self.journal.path().join("journal.db"), api_key, config)
             .await
             .unwrap()
     }
@@ -285,6 +295,166 @@ async fn an_approval_request_is_reported_and_the_run_after_the_decision_creates(
     assert_eq!(world.tickets().await, 1);
 }
 
+async fn agents_of_two_accounts_on_one_journal_each_send_their_own_operation_under_one_name(backend: Backend) {
+    let world = world(backend).await;
+    let acme = world.agent_with(ACME_AGENT).await;
+    let globex = world.agent_with(GLOBEX_AGENT).await;
+
+    let for_acme = acme
+        .execute("rotate-cert", &world.ticket("Rotate staging certificate"))
+        .await
+        .unwrap();
+    let for_globex = globex
+        .execute("rotate-cert", &world.ticket("Rotate staging certificate"))
+        .await
+        .unwrap();
+
+    assert_eq!(for_acme.outcome, Outcome::Created, "{}", for_acme.note);
+    assert_eq!(for_globex.outcome, Outcome::Created, "{}", for_globex.note);
+    assert_eq!(for_globex.sends, 1, "globex's operation was sent, not taken for acme's");
+    assert_ne!(for_globex.idempotency_key, for_acme.idempotency_key);
+    assert_ne!(for_globex.operation_id, for_acme.operation_id);
+    assert_eq!(world.tickets().await, 2, "one ticket for each account");
+}
+
+async fn a_key_handed_to_two_accounts_is_each_ones_own_operation(backend: Backend) {
+    let world = world(backend).await;
+    let acme = world.agent_with(ACME_AGENT).await;
+    let globex = world.agent_with(GLOBEX_AGENT).await;
+    // a workflow engine hands the same key to both accounts' agents
+    let key = uuid::Uuid::new_v4().to_string();
+    let acme_ticket = world.ticket("Rotate staging certificate");
+    let globex_ticket = world.ticket("Renew the wildcard certificate");
+
+    acme.journal().adopt("imported", &key, &acme_ticket).await.unwrap();
+    globex
+        .journal()
+        .adopt("handed over", &key, &globex_ticket)
+        .await
+        .unwrap();
+    let for_acme = acme.execute("imported", &acme_ticket).await.unwrap();
+    let for_globex = globex.execute("handed over", &globex_ticket).await.unwrap();
+
+    assert_eq!(for_acme.outcome, Outcome::Created, "{}", for_acme.note);
+    assert_eq!(for_globex.outcome, Outcome::Created, "{}", for_globex.note);
+    assert_eq!(
+        (&*for_acme.idempotency_key, &*for_globex.idempotency_key),
+        (&*key, &*key)
+    );
+    let acme_by_key = acme.journal().entry_by_key(&key).await.unwrap().unwrap();
+    let globex_by_key = globex.journal().entry_by_key(&key).await.unwrap().unwrap();
+    assert_eq!(acme_by_key.name, "imported");
+    assert_eq!(globex_by_key.name, "handed over");
+    assert!(
+        acme.journal().entry("handed over").await.unwrap().is_none(),
+        "globex's names are not acme's"
+    );
+    assert_eq!(world.tickets().await, 2);
+}
+
+async fn a_key_handed_over_that_names_another_operation_of_the_account_is_refused(backend: Backend) {
+    let world = world(backend).await;
+    let agent = world.agent().await;
+    let key = uuid::Uuid::new_v4().to_string();
+    agent
+        .journal()
+        .adopt("imported", &key, &world.ticket("Rotate staging certificate"))
+        .await
+        .unwrap();
+
+    let again = agent
+        .journal()
+        .adopt("imported again", &key, &world.ticket("Rotate production certificate"))
+        .await;
+
+    assert!(
+        matches!(again, Err(AgentError::KeyOfAnotherOperation { .. })),
+        "{again:?}"
+    );
+    assert!(agent.journal().entry("imported again").await.unwrap().is_none());
+    assert_eq!(world.sends_through_the_proxy(), 0, "nothing was sent");
+}
+
+async fn a_journal_made_before_accounts_keeps_every_operations_key(backend: Backend) {
+    let world = world(backend).await;
+    let path = world.journal.path().join("journal.db");
+    let rotate = world.ticket("Rotate staging certificate");
+    let ship = world.ticket("Ship it");
+    let [stored, acme_intent, globex_intent] = [(); 3].map(|()| uuid::Uuid::new_v4().to_string());
+    // the file as the agent and the MCP server left it before the journal kept accounts
+    let old = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true),
+    )
+    .await
+    .unwrap();
+    sqlx::migrate!("../../migrations/agent/sqlite")
+        .run_to(6, &old)
+        .await
+        .unwrap();
+    for (name, key, request) in [
+        ("rotate-cert", &stored, &rotate),
+        ("intent:account acme:ship it", &acme_intent, &ship),
+        ("intent:account globex:ship it", &globex_intent, &ship),
+    ] {
+        sqlx::query(
+            "INSERT INTO agent_operations (name, idempotency_key, payload_digest, method, target, state, \
+             created_at, updated_at) VALUES ($1, $2, $3, 'POST', $4, 'pending', '2020-01-01T00:00:00Z', \
+             '2020-01-01T00:00:00Z')",
+        )
+        .bind(name)
+        .bind(key)
+        .bind(payload_digest(request))
+        .bind(request.target())
+        .execute(&old)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO agent_attempts (name, at, action, status, note) \
+         VALUES ('rotate-cert', '2020-01-01T00:00:00Z', 'send', NULL, 'no answer in time')",
+    )
+    .execute(&old)
+    .await
+    .unwrap();
+    old.close().await;
+
+    // the upgraded agent retries the operation it sent before
+    let acme = world.agent().await;
+    let retried = acme.execute("rotate-cert", &rotate).await.unwrap();
+    let attempts = acme.journal().attempts(Some("rotate-cert")).await.unwrap();
+    let globex = world.agent_with(GLOBEX_AGENT).await;
+    let intent_key = |account: &str| {
+        let journal = acme.journal().for_account(Account::named(account));
+        async move {
+            journal
+                .entry("intent:ship it")
+                .await
+                .unwrap()
+                .map(|e| e.idempotency_key)
+        }
+    };
+
+    assert_eq!(retried.outcome, Outcome::Created, "{}", retried.note);
+    assert_eq!(
+        retried.idempotency_key, stored,
+        "the retry sent the key stored before the upgrade"
+    );
+    assert_eq!(attempts[0].note, "no answer in time", "its attempts came along");
+    assert!(
+        globex.journal().entry("rotate-cert").await.unwrap().is_none(),
+        "the account that named it first took it"
+    );
+    assert_eq!(
+        intent_key("acme").await,
+        Some(acme_intent),
+        "the MCP server's intents, each under its account"
+    );
+    assert_eq!(intent_key("globex").await, Some(globex_intent));
+    assert_eq!(world.tickets().await, 1);
+}
+
 platform::both_backends!(
     the_key_is_stored_before_the_first_send_and_a_restarted_agent_sends_the_same_key,
     a_restarted_agent_finishes_the_operation_under_the_key_it_stored,
@@ -294,4 +464,8 @@ platform::both_backends!(
     a_reused_key_is_a_conflict_and_the_agent_stops,
     a_known_business_failure_is_not_retried,
     an_approval_request_is_reported_and_the_run_after_the_decision_creates,
+    agents_of_two_accounts_on_one_journal_each_send_their_own_operation_under_one_name,
+    a_key_handed_to_two_accounts_is_each_ones_own_operation,
+    a_key_handed_over_that_names_another_operation_of_the_account_is_refused,
+    a_journal_made_before_accounts_keeps_every_operations_key,
 );

@@ -25,7 +25,7 @@ use serde_json::{Map, Value, json};
 
 pub use platform::testing::ACME_AGENT;
 #[allow(unused_imports)]
-pub use platform::testing::ACME_APPROVER;
+pub use platform::testing::{ACME_APPROVER, GLOBEX_AGENT};
 
 pub struct World {
     pub tickets: String,
@@ -160,6 +160,16 @@ impl World {
             },
             allowed_hosts: vec!["127.0.0.1".into()],
         }
+    }
+
+    /// … acting for another account, with its key, on the same journal.
+    pub fn config_for(&self, account: &str, api_key: &str) -> McpConfig {
+        let mut config = self.config();
+        config.account = Some(account.to_owned());
+        for target in [&mut config.tickets, &mut config.payments, &mut config.deployments] {
+            target.api_key = api_key.to_owned();
+        }
+        config
     }
 
     pub fn journal_path(&self) -> PathBuf {
