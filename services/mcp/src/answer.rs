@@ -165,6 +165,25 @@ impl ToolError {
         }
     }
 
+    /// The server's journal failed the call. The cause goes to the log, not
+    /// to the agent: a database's own text is never a tool's answer.
+    pub fn journal_unavailable(cause: &dyn std::fmt::Display) -> ToolError {
+        tracing::error!(error = %cause, "the MCP server's journal failed a call");
+        ToolError::new(
+            "journal_unavailable",
+            "the MCP server could not use its journal: call again with the same intent later",
+        )
+    }
+
+    /// The call ended in a fault of the server's own: logged, not answered.
+    pub fn internal(cause: &dyn std::fmt::Display) -> ToolError {
+        tracing::error!(error = %cause, "a tool call failed inside the MCP server");
+        ToolError::new(
+            "internal",
+            "the MCP server failed this call: call again with the same intent",
+        )
+    }
+
     /// Input that does not make a request: nothing was journaled or sent.
     pub fn invalid_input(detail: impl Into<String>) -> ToolError {
         ToolError::new("invalid_input", detail)

@@ -160,7 +160,7 @@ impl Gateway {
                 result
             })
             .await
-            .map_err(|e| ToolError::new("internal", e.to_string()))?
+            .map_err(|e| ToolError::internal(&e))?
     }
 
     async fn run_write(
@@ -219,13 +219,13 @@ impl Gateway {
             }
             // the key is another intent's, or another key's, of this account
             Err(AgentError::KeyOfAnotherOperation { .. }) => return Err(key_reused_here()),
-            Err(other) => return Err(ToolError::new("journal_unavailable", other.to_string())),
+            Err(other) => return Err(ToolError::journal_unavailable(&other)),
         };
         call.idempotency_key = Some(entry.idempotency_key);
         let report = agent
             .execute(&name, &request)
             .await
-            .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+            .map_err(|e| ToolError::journal_unavailable(&e))?;
         if matches!(report.status, Some(401 | 403)) && report.operation_id.is_none() {
             // the server's own key was refused: nothing was claimed, and once
             // the key is fixed the same intent must be sent again
@@ -233,7 +233,7 @@ impl Gateway {
                 .journal()
                 .reopen(&name)
                 .await
-                .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+                .map_err(|e| ToolError::journal_unavailable(&e))?;
             return Err(ToolError::new(
                 "api_key_refused",
                 format!(
@@ -303,7 +303,7 @@ impl Gateway {
                     ));
                 }
             };
-            let known = known.map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+            let known = known.map_err(|e| ToolError::journal_unavailable(&e))?;
             let service = known.as_ref().and_then(|e| self.service_of_target(&e.target));
             let mut answer = match key {
                 Some(key) => {
@@ -349,7 +349,7 @@ impl Gateway {
             let waited_for = self
                 .waited_for(&approval_id)
                 .await
-                .map_err(|e| ToolError::new("journal_unavailable", e.to_string()))?;
+                .map_err(|e| ToolError::journal_unavailable(&e))?;
             let Some((tool, operation_id)) = waited_for else {
                 let path = endpoints::APPROVAL_BY_ID.replace("{approval_id}", &path_segment(&approval_id));
                 return self.find(None, &path, &[]).await;

@@ -766,6 +766,55 @@ async fn a_key_another_account_sent_through_the_same_journal_is_not_this_account
     assert_eq!(world.tickets_in(&project).await.len(), 1, "acme's one ticket");
 }
 
+async fn a_failing_journal_is_a_tool_error_that_carries_none_of_the_databases_text(backend: Backend) {
+    let world = World::start(backend).await;
+    let project = unique("ops");
+    let mcp = world.connect().await;
+    let created = mcp
+        .call("create_ticket", ticket("before the failure", &project, "Disk full"))
+        .await;
+    assert_eq!(created.outcome(), "created");
+    // the journal's tables go away under the running server
+    let file = sqlx::SqlitePool::connect(&format!("sqlite://{}", world.journal_path().display()))
+        .await
+        .unwrap();
+    for gone in [
+        "ALTER TABLE agent_operations RENAME TO intents_elsewhere",
+        "ALTER TABLE mcp_tool_calls RENAME TO calls_elsewhere",
+    ] {
+        sqlx::query(gone).execute(&file).await.unwrap();
+    }
+
+    let failed = [
+        mcp.call("create_ticket", ticket("after the failure", &project, "Disk full"))
+            .await,
+        mcp.call("get_operation", json!({"intent": "before the failure"})).await,
+        mcp.call(
+            "get_operation",
+            json!({"idempotency_key": created.str("idempotency_key")}),
+        )
+        .await,
+        mcp.call("get_approval", json!({"approval_id": "apr_any"})).await,
+    ];
+    for call in failed {
+        assert_eq!(call.error_code(), "journal_unavailable");
+        let detail = call.str("detail").to_lowercase();
+        for database_text in [
+            "sqlite",
+            "database",
+            "no such table",
+            "agent_operations",
+            "mcp_tool_calls",
+        ] {
+            assert!(
+                !detail.contains(database_text),
+                "the database's text reached the agent: {detail}"
+            );
+        }
+    }
+    assert_eq!(world.tickets_in(&project).await.len(), 1, "nothing more was sent");
+}
+
 async fn a_key_one_of_the_accounts_intents_holds_is_refused_for_another_request(backend: Backend) {
     let world = World::start(backend).await;
     let project = unique("ops");
@@ -911,6 +960,7 @@ platform::both_backends!(
     a_refused_server_key_is_a_tool_error_and_the_intent_is_sent_again_once_it_is_fixed,
     servers_that_share_a_journal_but_not_an_account_never_share_an_intent,
     a_key_another_account_sent_through_the_same_journal_is_not_this_accounts,
+    a_failing_journal_is_a_tool_error_that_carries_none_of_the_databases_text,
     a_key_one_of_the_accounts_intents_holds_is_refused_for_another_request,
     a_journal_made_before_accounts_keeps_each_accounts_intents_and_approval_waits,
 );
