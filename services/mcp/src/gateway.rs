@@ -352,7 +352,14 @@ impl Gateway {
                 .map_err(|e| ToolError::journal_unavailable(&e))?;
             let Some((tool, operation_id)) = waited_for else {
                 let path = endpoints::APPROVAL_BY_ID.replace("{approval_id}", &path_segment(&approval_id));
-                return self.find(None, &path, &[]).await;
+                let answer = self.find(None, &path, &[]).await?;
+                // a key that may not read approvals (an agent's) sees none but
+                // those its calls waited for: any other is not there to it,
+                // whichever account's it is
+                return Ok(match answer.outcome {
+                    Outcome::Refused => Answer::not_found(),
+                    _ => answer,
+                });
             };
             let service = endpoints::WRITES
                 .iter()

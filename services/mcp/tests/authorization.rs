@@ -95,6 +95,12 @@ fn table() -> Vec<Row> {
             |s| with(acme_ticket(s), json!({"intent": "ticket for alert 4411"})),
             CreatedAnew,
         ),
+        // a key one of acme's intents holds is globex's own in globex's account
+        row(
+            "create_ticket",
+            |s| with(acme_ticket(s), json!({"idempotency_key": s.get("comment_key")})),
+            CreatedAnew,
+        ),
         row(
             "comment_on_ticket",
             |s| json!({"intent": "comment on alert 4411", "ticket_id": s.get("ticket_id"), "body": "Mine now"}),
@@ -203,6 +209,7 @@ async fn seed(acme: &Client) -> Seeds {
         .await;
     assert_eq!(comment.outcome(), "created", "seeding: {:?}", comment.json);
     seeds.add("comment_id", &comment.json["resource"]["id"]);
+    seeds.add("comment_key", &comment.json["idempotency_key"]);
     // an intent only acme's server ever sends
     let note = acme
         .call(
