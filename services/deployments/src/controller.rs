@@ -112,12 +112,20 @@ impl Controller {
         format!("{}{path}", self.config.url)
     }
 
+    /// `/v1/rollouts/{rollout_id}` and what follows it: the id one path
+    /// segment, encoded, so that no id reaches another of the controller's
+    /// routes with this service's key.
+    fn rollout_url(&self, rollout_id: &str, rest: &str) -> Result<String, platform::path::NotASegment> {
+        Ok(self.url(&format!("/v1/rollouts/{}{rest}", platform::path::segment(rollout_id)?)))
+    }
+
     /// A rollout the controller has; `None` when it does not know it (it
     /// lost its state, say).
     async fn rollout(&self, rollout_id: &str) -> Result<Option<Rollout>, String> {
+        let url = self.rollout_url(rollout_id, "").map_err(|e| e.to_string())?;
         let response = self
             .http
-            .get(self.url(&format!("/v1/rollouts/{rollout_id}")))
+            .get(url)
             .bearer_auth(&self.config.api_key)
             .send()
             .await
@@ -151,9 +159,12 @@ impl Controller {
     /// or before), or the controller does not know it — nothing runs;
     /// `Ok(false)`: it had finished already.
     pub async fn cancel(&self, rollout_id: &str) -> Result<bool, ApiError> {
+        let url = self
+            .rollout_url(rollout_id, "/cancel")
+            .map_err(|e| ApiError::internal(format!("controller: {e}")))?;
         let response = self
             .http
-            .post(self.url(&format!("/v1/rollouts/{rollout_id}/cancel")))
+            .post(url)
             .bearer_auth(&self.config.api_key)
             .send()
             .await

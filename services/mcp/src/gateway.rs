@@ -279,7 +279,7 @@ impl Gateway {
             no_more(&args)?;
             let (known, key) = match (operation_id, key, intent) {
                 (Some(id), None, None) => {
-                    let path = endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&id));
+                    let path = endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&id)?);
                     let mut answer = self.find(None, &path, &[]).await?;
                     if answer.outcome == Outcome::NotFound {
                         // no service has it: nothing to wait for
@@ -351,7 +351,7 @@ impl Gateway {
                 .await
                 .map_err(|e| ToolError::journal_unavailable(&e))?;
             let Some((tool, operation_id)) = waited_for else {
-                let path = endpoints::APPROVAL_BY_ID.replace("{approval_id}", &path_segment(&approval_id));
+                let path = endpoints::APPROVAL_BY_ID.replace("{approval_id}", &path_segment(&approval_id)?);
                 let answer = self.find(None, &path, &[]).await?;
                 // a key that may not read approvals (an agent's) sees none but
                 // those its calls waited for: any other is not there to it,
@@ -365,7 +365,7 @@ impl Gateway {
                 .iter()
                 .find(|(name, _)| *name == tool)
                 .map(|(_, endpoint)| endpoint.service);
-            let path = endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&operation_id));
+            let path = endpoints::OPERATION_BY_ID.replace("{operation_id}", &path_segment(&operation_id)?);
             let mut answer = self.find(service, &path, &[]).await?;
             let operation = match (answer.outcome, answer.resource.take()) {
                 (Outcome::Found, Some(operation)) => operation,
@@ -657,21 +657,15 @@ fn fill_route(route: &str, args: &mut JsonObject) -> Result<String, ToolError> {
     for parameter in path_parameters(route) {
         let name = argument_for(parameter);
         let value = take_id(args, name)?.ok_or_else(|| ToolError::invalid_input(format!("`{name}` is required")))?;
-        path = path.replace(&format!("{{{parameter}}}"), &path_segment(&value));
+        path = path.replace(&format!("{{{parameter}}}"), &path_segment(&value)?);
     }
     Ok(path)
 }
 
-/// A path segment, percent-encoded (dots too: `..` is a segment of its
-/// own): an id can never change the route.
-fn path_segment(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// An id as one path segment, percent-encoded: an id can never change the
+/// route. `.` and `..`, which no encoding keeps from climbing, are refused.
+fn path_segment(value: &str) -> Result<String, ToolError> {
+    platform::path::segment(value).map_err(|e| ToolError::invalid_input(e.to_string()))
 }
 
 /// The remaining arguments as the query's pairs: only the endpoint's own
@@ -818,10 +812,19 @@ mod tests {
         let mut args = JsonObject::new();
         args.insert("ticket_id".into(), json!("../operations?x=1"));
         let path = fill_route("/v1/tickets/{ticket_id}/comments", &mut args).unwrap();
-        assert_eq!(path, "/v1/tickets/%2E%2E%2Foperations%3Fx%3D1/comments");
+        let parsed = reqwest::Url::parse(&format!("http://tickets.test{path}")).unwrap();
+        assert_eq!(parsed.path(), "/v1/tickets/..%2Foperations%3Fx%3D1/comments");
+        assert_eq!(parsed.query(), None);
         assert!(args.is_empty(), "the parameter is taken out of the body");
-        args.insert("ticket_id".into(), json!(".."));
-        let path = fill_route("/v1/tickets/{ticket_id}/comments", &mut args).unwrap();
-        assert_eq!(path, "/v1/tickets/%2E%2E/comments");
+    }
+
+    #[test]
+    fn a_path_parameter_a_url_parser_reads_as_here_or_one_up_is_refused() {
+        for id in [".", ".."] {
+            let mut args = JsonObject::new();
+            args.insert("ticket_id".into(), json!(id));
+            let filled = fill_route("/v1/tickets/{ticket_id}/comments", &mut args);
+            assert!(filled.is_err(), "{id:?} became {filled:?}");
+        }
     }
 }

@@ -332,8 +332,9 @@ impl Agent {
         Ok(list.data.into_iter().next())
     }
 
-    /// An operation's status by its id.
+    /// An operation's status by its id: one path segment, whatever it holds.
     pub async fn status(&self, base_url: &str, operation_id: &str) -> Result<Value, AgentError> {
+        let operation_id = platform::path::segment(operation_id).map_err(|e| AgentError::Status(e.to_string()))?;
         let response = self
             .http
             .get(format!("{base_url}/v1/operations/{operation_id}"))

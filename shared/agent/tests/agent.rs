@@ -455,6 +455,24 @@ async fn a_journal_made_before_accounts_keeps_every_operations_key(backend: Back
     assert_eq!(world.tickets().await, 1);
 }
 
+/// An operation id asked about is data: one path segment at the service,
+/// never another of its routes read with the agent's key.
+async fn an_operation_id_asked_about_is_one_path_segment_never_another_route(backend: Backend) {
+    let world = world(backend).await;
+    let agent = world.agent().await;
+    let made = agent
+        .execute("make-one", &world.ticket("Something to list"))
+        .await
+        .unwrap();
+
+    let climbing = agent.status(&world.service, "../tickets").await.unwrap();
+    let one_up = agent.status(&world.service, "..").await;
+
+    assert_eq!(made.outcome, Outcome::Created, "{}", made.note);
+    assert_eq!(climbing["code"], "not_found", "not the tickets list: {climbing}");
+    assert!(matches!(one_up, Err(AgentError::Status(_))), "{one_up:?}");
+}
+
 platform::both_backends!(
     the_key_is_stored_before_the_first_send_and_a_restarted_agent_sends_the_same_key,
     a_restarted_agent_finishes_the_operation_under_the_key_it_stored,
@@ -468,4 +486,5 @@ platform::both_backends!(
     a_key_handed_to_two_accounts_is_each_ones_own_operation,
     a_key_handed_over_that_names_another_operation_of_the_account_is_refused,
     a_journal_made_before_accounts_keeps_every_operations_key,
+    an_operation_id_asked_about_is_one_path_segment_never_another_route,
 );

@@ -5,6 +5,7 @@
 //! - [`auth`]: bearer API keys → account, principal, role.
 //! - [`json`]: validated JSON bodies.
 //! - [`openapi`]: what every operation's OpenAPI entry answers by construction.
+//! - [`path`]: ids put into another system's URLs, as data.
 //! - [`time`]: the timestamp type of responses and both databases.
 //! - [`config`], [`telemetry`]: environment configuration and structured logs.
 //! - [`cli`]: the command line every binary shares (`--help`, `create-api-key`).
@@ -19,6 +20,7 @@ pub mod json;
 pub mod metrics;
 pub mod openapi;
 pub mod page;
+pub mod path;
 pub mod service;
 pub mod simulated;
 pub mod telemetry;
