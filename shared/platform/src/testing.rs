@@ -1,9 +1,10 @@
 //! Test support: a fresh database per test on either backend, the
 //! [`both_backends!`](crate::both_backends) macro that runs one test body on
 //! SQLite and on PostgreSQL, [`TestClient`], which sends a service requests
-//! as an agent does and reads each answer whole into a [`TestResponse`], and
+//! as an agent does and reads each answer whole into a [`TestResponse`],
 //! [`ServiceProcess`], a service binary run as a real process for tests that
-//! kill it.
+//! kill it, and [`LoopbackServer`], a simulated external system a test takes
+//! down and brings back.
 //!
 //! PostgreSQL is found at `TEST_DATABASE_URL` (else `DATABASE_URL`, else
 //! `postgres://postgres@127.0.0.1:5432/postgres`). Where it cannot be reached,
@@ -351,6 +352,70 @@ impl TestResponse {
         }
         let mut deserializer = serde_json::Deserializer::from_slice(&self.body);
         serde::Deserializer::deserialize_map(&mut deserializer, Names).expect("a JSON object")
+    }
+}
+
+/// A router served on a loopback port — a simulated external system — that a
+/// test takes down ([`LoopbackServer::go_down`]: every connection refused,
+/// as when the system is down) and brings back on the same port
+/// ([`LoopbackServer::come_back`]), its state as it was.
+#[derive(Debug)]
+pub struct LoopbackServer {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    addr: std::net::SocketAddr,
+    router: Router,
+    serving: tokio::sync::Mutex<Option<Serving>>,
+}
+
+/// The server while it is up: what stops it, and its task.
+#[derive(Debug)]
+struct Serving {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl LoopbackServer {
+    pub async fn start(router: Router) -> LoopbackServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let serving = Serving::on(listener, router.clone());
+        LoopbackServer {
+            url: format!("http://{addr}"),
+            addr,
+            router,
+            serving: tokio::sync::Mutex::new(Some(serving)),
+        }
+    }
+
+    /// Stops serving, once the requests under way are answered; the port is closed.
+    pub async fn go_down(&self) {
+        if let Some(Serving { stop, task }) = self.serving.lock().await.take() {
+            let _ = stop.send(());
+            task.await
+                .expect("the server stops")
+                .expect("the server stopped cleanly");
+        }
+    }
+
+    /// Serves again on the same port.
+    pub async fn come_back(&self) {
+        let mut serving = self.serving.lock().await;
+        if serving.is_none() {
+            let listener = tokio::net::TcpListener::bind(self.addr).await.unwrap();
+            *serving = Some(Serving::on(listener, self.router.clone()));
+        }
+    }
+}
+
+impl Serving {
+    fn on(listener: tokio::net::TcpListener, router: Router) -> Serving {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        let task = tokio::spawn(crate::serve(listener, router, Default::default(), shutdown));
+        Serving { stop, task }
     }
 }
 
