@@ -582,8 +582,8 @@ async fn other_writes(
         .await
         .expect("deployments migrations apply");
     let (pay_on_app, pay_off_app) = (
-        payments::App::new(pay_on_db.clone(), config(true), true),
-        payments::App::new(pay_off_db.clone(), config(false), true),
+        payments::App::new(pay_on_db.clone(), config(true), true, Default::default()),
+        payments::App::new(pay_off_db.clone(), config(false), true, Default::default()),
     );
     let dep_app = deployments::App::new(dep_db.clone(), config(true), true, Default::default());
     let (pay_on, stop_on) = serve_router(

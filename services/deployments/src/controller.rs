@@ -83,6 +83,11 @@ pub struct Rollout {
     pub state: String,
     pub reference: String,
     pub artifact_digest: String,
+    /// Where it rolls out: what a lookup checks beside the reference and the digest.
+    #[serde(default)]
+    pub service: String,
+    #[serde(default)]
+    pub environment: String,
     pub failure: Option<String>,
 }
 
@@ -191,6 +196,8 @@ impl Controller {
                     state: "failed".into(),
                     reference: watched.deployment_id.clone(),
                     artifact_digest: String::new(),
+                    service: String::new(),
+                    environment: String::new(),
                     failure: Some("the controller no longer knows the rollout".into()),
                 },
                 Err(reason) => {
@@ -344,27 +351,42 @@ impl Destination for Controller {
     }
 
     /// By the key, then by the deployment's id; what is found must be this
-    /// deployment's rollout of this digest (docs/design.md §6).
+    /// deployment's rollout of this digest, to this service and environment
+    /// (docs/design.md §6). Several accounts may share one controller key,
+    /// so a rollout that merely exists proves nothing.
     async fn look_up(&self, event: &OutboxEvent) -> Result<Lookup, String> {
         let order = order(event)?;
         let found = match self.find(&[("idempotency_key", &event.external_key)]).await? {
             Some(rollout) => Some(rollout),
             None => self.find(&[("reference", &order.deployment_id)]).await?,
         };
-        match found {
-            None => Ok(Lookup::Absent),
-            Some(rollout)
-                if rollout.reference == order.deployment_id && rollout.artifact_digest == order.artifact_digest =>
-            {
-                Ok(Lookup::Found {
-                    external_ref: rollout.id,
-                })
-            }
-            Some(rollout) => Err(format!(
-                "the controller holds {} for `{}` ({}) where {} of {} was asked for: a person must look",
-                rollout.id, rollout.reference, rollout.artifact_digest, order.deployment_id, order.artifact_digest
-            )),
+        let Some(rollout) = found else {
+            return Ok(Lookup::Absent);
+        };
+        if rollout.reference == order.deployment_id
+            && rollout.artifact_digest == order.artifact_digest
+            && rollout.service == order.service
+            && rollout.environment == order.environment
+        {
+            return Ok(Lookup::Found {
+                external_ref: rollout.id,
+            });
         }
+        Ok(Lookup::Mismatch {
+            reason: format!(
+                "the controller holds {} for `{}` ({} to {}/{}) where {} of {} to {}/{} was asked for: a person must look",
+                rollout.id,
+                rollout.reference,
+                rollout.artifact_digest,
+                rollout.service,
+                rollout.environment,
+                order.deployment_id,
+                order.artifact_digest,
+                order.service,
+                order.environment
+            ),
+            external_ref: rollout.id,
+        })
     }
 }
 

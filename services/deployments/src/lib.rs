@@ -112,13 +112,15 @@ impl Settings {
 
 impl App {
     pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool, controller: ControllerConfig) -> Self {
+        let controller = Controller::new(controller);
         App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("deployments")
-                .with_ledger(controller::Rollouts),
+                .with_ledger(controller::Rollouts)
+                .with_witness(controller.clone()),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: DeploymentsPolicy::default(),
-            controller: Controller::new(controller),
+            controller,
             db,
         }
     }

@@ -300,7 +300,10 @@ pub async fn change_state(
 /// Records how handing a rollout to the controller ended: taken (with the
 /// controller's id; an unknown deployment is queued again, the watcher follows
 /// it from there), refused (failed, which frees the environment), or unknown
-/// until the reconciler finds out (it keeps the lock: it may be running).
+/// until the reconciler finds out (it keeps the lock: it may be running). A
+/// person who found the release running with no rollout the controller
+/// confirms (it is gone for good) ends it `succeeded` — the environment's
+/// current release — with no rollout id: nothing follows it or cancels it there.
 pub async fn settle_rollout(
     tx: &mut Tx,
     account_id: &str,
@@ -329,8 +332,20 @@ pub async fn settle_rollout(
                 record_state(tx, deployment_id, DeploymentState::Queued, &note, now).await?;
             }
         }
+        Settlement::CompletedByHand => {
+            let note = "a person found it rolled out, with no rollout the controller confirms: nothing follows it";
+            change_state(
+                tx,
+                account_id,
+                deployment_id,
+                &handing,
+                DeploymentState::Succeeded,
+                note,
+            )
+            .await?;
+        }
         Settlement::FailedByHand => {
-            let note = "a person found the controller never took it";
+            let note = "the controller holds no rollout for it: a person settled it as failed";
             change_state(tx, account_id, deployment_id, &handing, DeploymentState::Failed, note).await?;
         }
         Settlement::Refused { reason } => {

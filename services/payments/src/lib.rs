@@ -52,6 +52,8 @@ pub struct App {
     pub idempotency: Idempotency,
     pub auth: Authenticator,
     pub policy: PaymentsPolicy,
+    /// The provider captures and refunds go to, which a person's resolution is checked with.
+    pub provider: Provider,
 }
 
 /// What the service needs beside its database: its approval policy, the
@@ -88,13 +90,16 @@ impl FromRef<App> for Authenticator {
 }
 
 impl App {
-    pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool) -> Self {
+    pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool, provider: ProviderConfig) -> Self {
+        let provider = Provider::new(provider);
         App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("payments")
-                .with_ledger(provider::Transfers),
+                .with_ledger(provider::Transfers)
+                .with_witness(provider.clone()),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: PaymentsPolicy::default(),
+            provider,
             db,
         }
     }
@@ -106,8 +111,8 @@ impl App {
 
     /// The outbox that carries captures and refunds to the provider, and its
     /// reconciler ([`Outbox::spawn`] runs both).
-    pub fn outbox(&self, provider: ProviderConfig, config: OutboxConfig) -> Outbox<Provider> {
-        Outbox::new(self.idempotency.clone(), Provider::new(provider), config)
+    pub fn outbox(&self, config: OutboxConfig) -> Outbox<Provider> {
+        Outbox::new(self.idempotency.clone(), self.provider.clone(), config)
     }
 }
 
@@ -147,11 +152,12 @@ pub async fn serve(
             "PAYMENTS_PROVIDER_KEY is not set: using the sandbox's merchant key, which only the simulated provider accepts"
         );
     }
-    let app = App::new(db.clone(), idempotency, config.sandbox).with_policy(settings.policy.clone());
+    let app = App::new(db.clone(), idempotency, config.sandbox, settings.provider.clone())
+        .with_policy(settings.policy.clone());
     let background = app
         .idempotency
         .spawn_background()
-        .with(app.outbox(settings.provider.clone(), settings.outbox.clone()).spawn());
+        .with(app.outbox(settings.outbox.clone()).spawn());
     let listener = platform::service::bind(listener, config.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
         provider = %settings.provider.url, capture_thresholds = ?settings.policy.capture_thresholds, "payments listening");

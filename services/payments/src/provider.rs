@@ -99,7 +99,19 @@ struct Listed {
     id: String,
     status: String,
     amount_minor: i64,
+    /// A charge's; a refund is in its charge's currency.
+    #[serde(default)]
+    currency: Option<String>,
     merchant_reference: String,
+}
+
+/// What an event asked the provider for, as a lookup must find it.
+struct Asked<'a> {
+    /// The capture's or the refund's id, sent as the merchant reference.
+    reference: &'a str,
+    amount_minor: i64,
+    /// A charge's currency; a refund names none.
+    currency: Option<&'a str>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -179,32 +191,49 @@ impl Provider {
     }
 
     /// By the idempotency key first, then by the merchant reference. What is
-    /// found must be what was asked for — a succeeded charge or refund of this
-    /// amount with this reference: anything else under the key is a collision
-    /// a person must look at, never taken for our money. Why two identities:
-    /// docs/design.md §6.
-    async fn look_up_at(&self, path: &str, key: &str, reference: &str, amount_minor: i64) -> Result<Lookup, String> {
+    /// found must be what was asked for — a succeeded charge or refund of
+    /// this amount (and currency) with this reference: anything else under the
+    /// key is a collision a person must look at, never taken for our money.
+    /// Several merchants' accounts may share one merchant key, so a charge
+    /// that merely exists proves nothing. Why two identities: docs/design.md §6.
+    async fn look_up_at(&self, path: &str, key: &str, asked: Asked<'_>) -> Result<Lookup, String> {
         let found = match self.find(path, &[("idempotency_key", key)]).await? {
             Some(listed) => Some(listed),
-            None => self.find(path, &[("merchant_reference", reference)]).await?,
+            None => self.find(path, &[("merchant_reference", asked.reference)]).await?,
         };
-        match found {
-            None => Ok(Lookup::Absent),
-            Some(listed)
-                if listed.status == "succeeded"
-                    && listed.amount_minor == amount_minor
-                    && listed.merchant_reference == reference =>
-            {
-                Ok(Lookup::Found {
-                    external_ref: listed.id,
-                })
-            }
-            Some(listed) => Err(format!(
-                "the provider holds {} ({}, {} minor units, reference `{}`) where {amount_minor} minor units \
-                 with reference `{reference}` were asked for: a person must look",
-                listed.id, listed.status, listed.amount_minor, listed.merchant_reference
-            )),
+        let Some(listed) = found else {
+            return Ok(Lookup::Absent);
+        };
+        let currency_matches = asked.currency.is_none_or(|currency| {
+            listed
+                .currency
+                .as_deref()
+                .is_some_and(|c| c.eq_ignore_ascii_case(currency))
+        });
+        if listed.status == "succeeded"
+            && listed.amount_minor == asked.amount_minor
+            && currency_matches
+            && listed.merchant_reference == asked.reference
+        {
+            return Ok(Lookup::Found {
+                external_ref: listed.id,
+            });
         }
+        Ok(Lookup::Mismatch {
+            reason: format!(
+                "the provider holds {} ({}, {} minor units{}, reference `{}`) where {} minor units{} with \
+                 reference `{}` were asked for: a person must look",
+                listed.id,
+                listed.status,
+                listed.amount_minor,
+                listed.currency.as_deref().map(|c| format!(" {c}")).unwrap_or_default(),
+                listed.merchant_reference,
+                asked.amount_minor,
+                asked.currency.map(|c| format!(" {c}")).unwrap_or_default(),
+                asked.reference
+            ),
+            external_ref: listed.id,
+        })
     }
 }
 
@@ -268,22 +297,20 @@ impl Destination for Provider {
     async fn look_up(&self, event: &OutboxEvent) -> Result<Lookup, String> {
         match Order::of(event)? {
             Order::Charge(charge) => {
-                self.look_up_at(
-                    "/v1/charges",
-                    &event.external_key,
-                    &charge.capture_id,
-                    charge.amount_minor,
-                )
-                .await
+                let asked = Asked {
+                    reference: &charge.capture_id,
+                    amount_minor: charge.amount_minor,
+                    currency: Some(&charge.currency),
+                };
+                self.look_up_at("/v1/charges", &event.external_key, asked).await
             }
             Order::Refund(refund) => {
-                self.look_up_at(
-                    "/v1/refunds",
-                    &event.external_key,
-                    &refund.refund_id,
-                    refund.amount_minor,
-                )
-                .await
+                let asked = Asked {
+                    reference: &refund.refund_id,
+                    amount_minor: refund.amount_minor,
+                    currency: None,
+                };
+                self.look_up_at("/v1/refunds", &event.external_key, asked).await
             }
         }
     }

@@ -264,9 +264,11 @@ async fn intent_state(tx: &mut Tx, account_id: &str, intent_id: &str) -> Result<
 }
 
 /// Records how a capture's charge ended, on the capture and on its intent:
-/// succeeded with the provider's charge id, failed (which frees the order for
-/// a new intent), or unknown until the reconciler finds out. A capture that
-/// has ended already is left as it is.
+/// succeeded with the provider's charge id (or, settled by a person with no
+/// reference, without one: then nothing here acts on a charge in its name,
+/// see [`begin_refund`]), failed (which frees the order for a new intent), or
+/// unknown until the reconciler finds out. A capture that has ended already
+/// is left as it is.
 pub async fn settle_capture(
     tx: &mut Tx,
     account_id: &str,
@@ -275,6 +277,7 @@ pub async fn settle_capture(
 ) -> Result<(), sqlx::Error> {
     let (state, intent_state, charge_id) = match settlement {
         Settlement::Accepted { external_ref } => (TransferState::Succeeded, IntentState::Succeeded, Some(external_ref)),
+        Settlement::CompletedByHand => (TransferState::Succeeded, IntentState::Succeeded, None),
         Settlement::Refused { .. } | Settlement::FailedByHand => (TransferState::Failed, IntentState::Failed, None),
         Settlement::Unknown => (TransferState::Unknown, IntentState::Unknown, None),
     };
@@ -312,14 +315,15 @@ pub async fn settle_capture(
 /// previous refund left it; SQLite has one writer), and the table's CHECK
 /// refuses it even if a statement forgot to ask. The provider's refund is the
 /// outbox's to send, with a key derived from the refund's operation; the
-/// charge it refunds is returned beside it.
+/// charge it refunds is returned beside it. A capture a person settled with
+/// no provider charge id has no charge to name: it is refused.
 pub async fn begin_refund(
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
     command: &RefundPayment,
 ) -> Result<(Refund, String), ApiError> {
-    // a succeeded capture always has its provider charge id
+    // only a charge the provider confirmed is refunded through it
     const HOLD: &str = "UPDATE payment_captures SET refunded_minor = refunded_minor + $3, updated_at = $4 \
          WHERE account_id = $1 AND intent_id = $2 AND state = 'succeeded' AND provider_charge_id IS NOT NULL \
            AND $3 <= amount_minor - refunded_minor \
@@ -361,12 +365,14 @@ pub async fn begin_refund(
     Ok((refund, charge_id))
 }
 
-/// Why a refund could not hold its amount: no succeeded capture (409
-/// `invalid_state`), or not that much left to refund (409 `refund_exceeds_captured`).
+/// Why a refund could not hold its amount: no succeeded capture, or one with
+/// no provider charge to refund (409 `invalid_state`), or not that much left
+/// to refund (409 `refund_exceeds_captured`).
 async fn why_no_refund(tx: &mut Tx, account_id: &str, command: &RefundPayment) -> Result<ApiError, sqlx::Error> {
-    let capture: Option<(String, i64, i64)> = on_tx!(tx, |conn| {
+    let capture: Option<(String, i64, i64, Option<String>)> = on_tx!(tx, |conn| {
         sqlx::query_as(
-            "SELECT state, amount_minor, refunded_minor FROM payment_captures WHERE account_id = $1 AND intent_id = $2",
+            "SELECT state, amount_minor, refunded_minor, provider_charge_id FROM payment_captures \
+             WHERE account_id = $1 AND intent_id = $2",
         )
         .bind(account_id)
         .bind(&command.intent_id)
@@ -385,7 +391,12 @@ async fn why_no_refund(tx: &mut Tx, account_id: &str, command: &RefundPayment) -
             "the capture is `{state}`; only a succeeded capture can be refunded"
         ))
         .with("state", state),
-        Some((_, captured, refunded)) => ApiError::new(
+        Some((state, _, _, None)) => ApiError::invalid_state(
+            "the capture was settled by hand with no charge the provider confirmed: there is no charge to refund \
+             through this service; refund it at the provider",
+        )
+        .with("state", state),
+        Some((_, captured, refunded, _)) => ApiError::new(
             StatusCode::CONFLICT,
             "refund_exceeds_captured",
             "Refund exceeds what was captured",
@@ -402,9 +413,9 @@ async fn why_no_refund(tx: &mut Tx, account_id: &str, command: &RefundPayment) -
     })
 }
 
-/// Records how a refund ended: succeeded with the provider's refund id,
-/// unknown until the reconciler finds out, or failed — which gives its amount
-/// back to the capture, once.
+/// Records how a refund ended: succeeded with the provider's refund id (none
+/// when a person settled it without one), unknown until the reconciler finds
+/// out, or failed — which gives its amount back to the capture, once.
 pub async fn settle_refund(
     tx: &mut Tx,
     account_id: &str,
@@ -413,6 +424,7 @@ pub async fn settle_refund(
 ) -> Result<(), sqlx::Error> {
     let (state, refund_ref) = match settlement {
         Settlement::Accepted { external_ref } => (TransferState::Succeeded, Some(external_ref)),
+        Settlement::CompletedByHand => (TransferState::Succeeded, None),
         Settlement::Refused { .. } | Settlement::FailedByHand => (TransferState::Failed, None),
         Settlement::Unknown => (TransferState::Unknown, None),
     };

@@ -285,8 +285,8 @@ async fn resolve(
             .with_problem(&session, &PageQuery::of(&service.name), problem)
             .await);
     };
-    // an empty reference is no reference, and then no member: the service requires
-    // one with `completed` and refuses one with `failed`
+    // an empty reference is no reference, and then no member: `completed` without
+    // one is what a person settles when the external system can no longer be asked
     let mut body = serde_json::json!({"outcome": outcome, "evidence": form.evidence});
     if let Some(external_ref) = Some(form.external_ref.trim()).filter(|r| !r.is_empty()) {
         body["external_ref"] = external_ref.into();
@@ -493,10 +493,10 @@ impl Console {
                 format!("Rejected {approval} of {service}. The operation will never run.")
             }
             ("completed", _, Some(operation)) => format!(
-                "Settled {operation} of {service} as completed, with the reference you gave. A retry with its key still gets the answer it was first given."
+                "Settled {operation} of {service} as completed. A retry with its key still gets the answer it was first given."
             ),
             ("failed", _, Some(operation)) => format!(
-                "Settled {operation} of {service} as failed: it did not take effect. A retry with its key still gets the answer it was first given."
+                "Settled {operation} of {service} as failed: the external system holds nothing for it. A retry with its key still gets the answer it was first given."
             ),
             ("resent", _, Some(operation)) => format!(
                 "Gave {operation} of {service} back to its outbox: it asks the external system first, and sends it again only if it finds no trace of it."
@@ -875,6 +875,14 @@ fn settling_in_words(service: &str, status: u16, problem: &Value) -> String {
             field_problems(problem).unwrap_or_else(|| detail.to_owned())
         ),
         "not_found" => format!("{service} has no such operation in this account."),
+        "external_ref_mismatch" => format!(
+            "{service} refused: the external system does not hold {} as this operation's work. Check that the reference is this operation's, not another's. Nothing changed; the attempt is in the journal.",
+            problem["external_ref"].as_str().unwrap_or("that reference")
+        ),
+        "external_outcome_exists" => format!("{service} did not settle it as failed: {detail}."),
+        "external_system_unavailable" => format!(
+            "{service} could not ask the external system whether that is so, and writes nothing it cannot check. Nothing changed; try again in a few seconds."
+        ),
         _ => in_words(service, status, problem),
     }
 }
@@ -1025,7 +1033,7 @@ fn unknown_card(service: &str, operation: &Value, form_token: &str) -> String {
 <label><input type="radio" name="outcome" value="failed"> failed — it did not take effect</label>
 </fieldset>
 <label>Evidence: what you found, and where (required)<textarea name="evidence" rows="3" maxlength="2000" required></textarea></label>
-<label>External reference (required for completed; for failed, what you found there, if anything)<input name="external_ref" maxlength="200" autocomplete="off"></label>
+<label>External reference: the external system's id for it (letters, digits, _ and -), which is checked there before anything is written. Leave it empty with completed only when the external system can no longer be asked: then nothing acts on it there in this operation's name<input name="external_ref" maxlength="200" pattern="[A-Za-z0-9_\-]+" autocomplete="off"></label>
 <button type="submit" class="settle" id="resolve-{id}">Settle</button>
 </form>
 </section>"#,

@@ -417,7 +417,7 @@ async fn pending_approvals_are_listed_a_page_at_a_time_with_their_count(backend:
 async fn payments_sandbox(backend: Backend) -> (TestDb, String, String) {
     let db = TestDb::new(backend).await;
     payments::migrate(&db.db).await.unwrap();
-    let app = payments::App::new(db.db.clone(), IdempotencyConfig::default(), true);
+    let app = payments::App::new(db.db.clone(), IdempotencyConfig::default(), true, Default::default());
     let payments_url = serve(payments::build_router(app)).await;
     let console_url = serve(console::router(ConsoleConfig {
         services: vec![ServiceLink {
@@ -617,21 +617,23 @@ async fn settling_sandbox(backend: Backend, max_failures: i32) -> Settling {
         provider.clone(),
         std::future::pending(),
     ));
-    let app = payments::App::new(db.db.clone(), IdempotencyConfig::default(), true);
-    let outbox = app.outbox(
+    let app = payments::App::new(
+        db.db.clone(),
+        IdempotencyConfig::default(),
+        true,
         ProviderConfig {
             url: provider_url.clone(),
             merchant_key: SANDBOX_MERCHANT_KEY.to_owned(),
         },
-        OutboxConfig {
-            delivery_timeout: Duration::from_secs(1),
-            lease: Duration::from_secs(3),
-            reconcile_after: Duration::ZERO,
-            backoff: Duration::from_millis(1),
-            max_failures,
-            ..OutboxConfig::default()
-        },
     );
+    let outbox = app.outbox(OutboxConfig {
+        delivery_timeout: Duration::from_secs(1),
+        lease: Duration::from_secs(3),
+        reconcile_after: Duration::ZERO,
+        backoff: Duration::from_millis(1),
+        max_failures,
+        ..OutboxConfig::default()
+    });
     let admin = new_bearer(&app.auth, "acme", "acme-admin", Role::Admin).await;
     let payments = serve(payments::build_router(app)).await;
     let console = serve(console::router(ConsoleConfig {
@@ -708,6 +710,30 @@ impl Settling {
         operation_id
     }
 
+    /// A capture the provider charged and then answered 500: `unknown` until
+    /// someone asks the provider. Its operation id and the provider's charge.
+    async fn capture_left_unknown_with_its_charge(&self, order_id: &str) -> (String, String) {
+        let operation_id = self.capture(order_id).await;
+        self.provider.set_faults(Faults {
+            answer_after_accepting: vec![500],
+            ..Faults::default()
+        });
+        self.outbox.deliver_due().await.unwrap();
+        assert_eq!(self.operation(&operation_id).await["state"], "unknown");
+        let charges: Value = reqwest::Client::new()
+            .get(format!("{}/v1/charges", self.provider_url))
+            .bearer_auth(SANDBOX_MERCHANT_KEY)
+            .query(&[("idempotency_key", outbox::external_key(&operation_id))])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let charge_id = charges["data"][0]["id"].as_str().unwrap().to_owned();
+        (operation_id, charge_id)
+    }
+
     /// A capture whose one delivery failed before the provider took it: with
     /// `max_failures: 1`, its event is dead.
     async fn capture_left_dead(&self, order_id: &str) -> String {
@@ -772,7 +798,7 @@ async fn followed(http: &reqwest::Client, console_url: &str, answer: reqwest::Re
 
 async fn an_admin_settles_an_unknown_capture_in_the_console_and_its_operation_is_completed(backend: Backend) {
     let sandbox = settling_sandbox(backend, 10).await;
-    let operation_id = sandbox.capture_left_unknown("order-1").await;
+    let (operation_id, charge_id) = sandbox.capture_left_unknown_with_its_charge("order-1").await;
     let http = http_client();
     let session = cookie_pair(&sign_in(&http, &sandbox.console, &sandbox.admin).await);
 
@@ -786,11 +812,8 @@ async fn an_admin_settles_an_unknown_capture_in_the_console_and_its_operation_is
             ("service", "payments"),
             ("operation_id", &operation_id),
             ("outcome", "completed"),
-            (
-                "evidence",
-                "ch_found_by_hand is this capture's charge in the provider's dashboard",
-            ),
-            ("external_ref", "ch_found_by_hand"),
+            ("evidence", "this capture's charge in the provider's dashboard"),
+            ("external_ref", &charge_id),
             ("form_token", &form_token(&listed)),
         ],
     )
@@ -812,10 +835,12 @@ async fn an_admin_settles_an_unknown_capture_in_the_console_and_its_operation_is
     );
     assert!(after.contains("id=\"no-unknown\""), "{after}");
     assert_eq!(operation["state"], "completed", "{operation}");
-    assert_eq!(operation["external_ref"], "ch_found_by_hand", "{operation}");
+    assert_eq!(operation["external_ref"], charge_id.as_str(), "{operation}");
 }
 
-async fn settling_as_completed_without_a_reference_is_explained_in_words_and_changes_nothing(backend: Backend) {
+async fn a_reference_the_provider_does_not_hold_for_the_operation_is_explained_in_words_and_changes_nothing(
+    backend: Backend,
+) {
     let sandbox = settling_sandbox(backend, 10).await;
     let operation_id = sandbox.capture_left_unknown("order-1").await;
     let http = http_client();
@@ -832,7 +857,7 @@ async fn settling_as_completed_without_a_reference_is_explained_in_words_and_cha
             ("operation_id", &operation_id),
             ("outcome", "completed"),
             ("evidence", "the provider's dashboard shows a charge"),
-            ("external_ref", " "),
+            ("external_ref", "ch_elsewhere"),
             ("form_token", &form_token(&listed)),
         ],
     )
@@ -841,7 +866,7 @@ async fn settling_as_completed_without_a_reference_is_explained_in_words_and_cha
     let page = refused.text().await.unwrap();
 
     assert!(
-        page.contains("payments refused the form: external_ref is required"),
+        page.contains("payments refused: the external system does not hold ch_elsewhere as this operation&#39;s work"),
         "{page}"
     );
     assert!(page.contains(&format!("id=\"unknown-{operation_id}\"")), "still listed");
@@ -1037,7 +1062,7 @@ platform::both_backends!(
     pending_approvals_are_listed_a_page_at_a_time_with_their_count,
     a_payee_with_hidden_characters_is_shown_with_visible_escapes_and_marked,
     an_admin_settles_an_unknown_capture_in_the_console_and_its_operation_is_completed,
-    settling_as_completed_without_a_reference_is_explained_in_words_and_changes_nothing,
+    a_reference_the_provider_does_not_hold_for_the_operation_is_explained_in_words_and_changes_nothing,
     a_dead_delivery_is_listed_and_an_admin_sends_it_again_from_the_console,
     an_approver_sees_what_needs_a_person_but_the_console_shows_the_refusal_when_they_act,
     a_key_only_one_service_has_signs_in_and_the_page_shows_what_each_service_says,

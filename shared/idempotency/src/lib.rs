@@ -200,6 +200,8 @@ pub struct Idempotency {
     outbox_wake: std::sync::Arc<tokio::sync::Notify>,
     /// The service's rows for its outbox work, if it has any.
     ledger: Option<std::sync::Arc<dyn outbox::Ledger>>,
+    /// The external system that work goes to, as a person's resolution asks it.
+    witness: Option<std::sync::Arc<dyn outbox::Witness>>,
     /// The service's metrics registry.
     metrics: platform::metrics::Metrics,
     /// When `/metrics` last read its gauges from the database.
@@ -218,6 +220,7 @@ impl Idempotency {
             journal: Default::default(),
             outbox_wake: Default::default(),
             ledger: None,
+            witness: None,
             metrics: platform::metrics::Metrics::new("unnamed"),
             gauges_read: Default::default(),
         }
@@ -254,6 +257,18 @@ impl Idempotency {
 
     pub(crate) fn ledger(&self) -> Option<std::sync::Arc<dyn outbox::Ledger>> {
         self.ledger.clone()
+    }
+
+    /// The layer of a service whose work leaves the process: `witness` is the
+    /// external system a person's resolution is checked with (its outbox's
+    /// [`Destination`](outbox::Destination), asked as the reconciler asks).
+    pub fn with_witness(mut self, witness: impl outbox::Witness) -> Self {
+        self.witness = Some(std::sync::Arc::new(witness));
+        self
+    }
+
+    pub(crate) fn witness(&self) -> Option<std::sync::Arc<dyn outbox::Witness>> {
+        self.witness.clone()
     }
 
     /// Writes attempt counts in the background, shortly after they arrive.

@@ -189,6 +189,21 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "The resource's current state does not allow this action.",
     ),
     (
+        "external_ref_mismatch",
+        422,
+        "A resolution's `external_ref` is not what the external system holds for this operation (under its key or reference, of its amount and currency, or its release and target). Nothing was written; the refusal is journaled (`external_ref_refused`).",
+    ),
+    (
+        "external_outcome_exists",
+        409,
+        "A resolution says `failed` while the external system holds something under the operation's key or reference; `external_ref` names it when it is the operation's own work. Nothing was written.",
+    ),
+    (
+        "external_system_unavailable",
+        503,
+        "The external system could not be asked whether a resolution is so. Nothing was written: send it again after `Retry-After` seconds.",
+    ),
+    (
         "version_mismatch",
         409,
         "`expected_version` is stale; read the resource again.",

@@ -5,5 +5,6 @@
 mod support;
 
 mod approvals;
+mod by_hand;
 mod deployments;
 mod references;

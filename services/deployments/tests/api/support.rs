@@ -11,7 +11,7 @@ use deployments::controller::{Controller, ControllerConfig, SANDBOX_CONTROLLER_K
 use idempotency::outbox::{Outbox, OutboxConfig};
 use platform::Backend;
 pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestResponse};
-use platform::testing::{TestClient, TestDb};
+use platform::testing::{LoopbackServer, TestClient, TestDb};
 use serde_json::{Value, json};
 
 /// How long each phase of a simulated rollout takes here.
@@ -36,10 +36,12 @@ pub struct TestApp {
     pub controller: TestController,
 }
 
-/// The simulated controller, serving on a loopback port for as long as the test runs.
+/// The simulated controller, serving on a loopback port for as long as the
+/// test runs, unless the test takes it down ([`TestController::server`]).
 pub struct TestController {
     pub url: String,
     pub state: deploy_controller::Controller,
+    pub server: LoopbackServer,
 }
 
 impl TestController {
@@ -49,14 +51,12 @@ impl TestController {
             ..SimulatedConfig::default()
         })
         .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(deploy_controller::serve(
-            listener,
-            state.clone(),
-            std::future::pending(),
-        ));
-        TestController { url, state }
+        let server = LoopbackServer::start(deploy_controller::router(state.clone())).await;
+        TestController {
+            url: server.url.clone(),
+            state,
+            server,
+        }
     }
 
     pub fn stats(&self) -> Stats {

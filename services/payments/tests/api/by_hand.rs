@@ -10,7 +10,7 @@ use payment_provider::Faults;
 use platform::{Backend, Role, on_pool};
 use serde_json::{Value, json};
 
-use crate::support::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestApp, outbox_config};
+use crate::support::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestApp, intent, outbox_config};
 
 /// Three failures make an event dead in these tests.
 fn dying_outbox() -> OutboxConfig {
@@ -42,6 +42,57 @@ async fn capture_left_unknown_by_a_key_collision(app: &TestApp, order_id: &str) 
     app.reconcile().await;
     assert_eq!(app.operation(&operation_id).await["state"], "unknown");
     (operation_id, intent_id, accepted.json())
+}
+
+/// A capture the provider charged and then answered 500: its outcome is
+/// `unknown` until the reconciler, or a person, asks the provider. Its
+/// operation id, its intent's id, its first answer and the provider's charge.
+async fn capture_left_unknown_with_its_charge_made(app: &TestApp, order_id: &str) -> (String, String, Value, String) {
+    let intent_id = app.intent_for(order_id, "40.00").await;
+    app.provider.set_faults(Faults {
+        answer_after_accepting: vec![500],
+        ..Faults::default()
+    });
+    let accepted = app.capture(&intent_id, &format!("cap-{order_id}"), &json!({})).await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{:?}", accepted.body);
+    let operation_id = accepted.operation_id().to_owned();
+    app.deliver().await;
+    assert_eq!(app.operation(&operation_id).await["state"], "unknown");
+    let charges = app
+        .provider
+        .charges_with_key(&outbox::external_key(&operation_id))
+        .await;
+    let charge_id = charges["data"][0]["id"]
+        .as_str()
+        .expect("the provider's charge")
+        .to_owned();
+    (operation_id, intent_id, accepted.json(), charge_id)
+}
+
+/// A capture the provider failed with a 503 before taking it: its outcome is
+/// `unknown` to the service, and the provider charged nothing. Its operation
+/// id, its intent's id and its first answer.
+async fn capture_left_unknown_with_nothing_charged(app: &TestApp, order_id: &str) -> (String, String, Value) {
+    let intent_id = app.intent_for(order_id, "40.00").await;
+    app.provider.set_faults(Faults {
+        fail_next: 1,
+        ..Faults::default()
+    });
+    let accepted = app.capture(&intent_id, &format!("cap-{order_id}"), &json!({})).await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{:?}", accepted.body);
+    let operation_id = accepted.operation_id().to_owned();
+    app.deliver().await;
+    assert_eq!(app.operation(&operation_id).await["state"], "unknown");
+    (operation_id, intent_id, accepted.json())
+}
+
+/// The journal entries of one operation, as an approver reads them.
+async fn journal(app: &TestApp, operation_id: &str) -> Vec<Value> {
+    let entries = app
+        .get(&format!("/v1/audit?operation_id={operation_id}"), ACME_APPROVER)
+        .await
+        .json();
+    entries["data"].as_array().unwrap().clone()
 }
 
 async fn resolve(app: &TestApp, bearer: &str, operation_id: &str, body: &Value) -> platform::testing::TestResponse {
@@ -186,19 +237,20 @@ async fn an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_a
     assert_eq!(events.last().map(String::as_str), Some("completed"), "{events:?}");
 }
 
-async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_every_later_retry_replays_its_answer(
+async fn an_admin_settles_an_unknown_capture_with_the_charge_the_provider_holds_for_it_and_every_later_retry_replays_its_answer(
     backend: Backend,
 ) {
     let app = TestApp::spawn(backend).await;
     let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
-    let (operation_id, intent_id, first_answer) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let (operation_id, intent_id, first_answer, charge_id) =
+        capture_left_unknown_with_its_charge_made(&app, "order-1").await;
     let listed = app.get("/v1/operations?state=unknown", ACME_APPROVER).await;
     let listed_as_dead = app.get("/v1/operations?outbox=dead", ACME_APPROVER).await.json();
 
     let resolution = json!({
         "outcome": "completed",
-        "evidence": "ch_found_by_hand is this capture's charge in the provider's dashboard",
-        "external_ref": "ch_found_by_hand",
+        "evidence": format!("{charge_id} is this capture's charge in the provider's dashboard"),
+        "external_ref": charge_id,
     });
     let resolved = resolve(&app, &admin, &operation_id, &resolution).await;
     let twice = resolve(&app, &admin, &operation_id, &resolution).await;
@@ -233,7 +285,7 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
     assert_eq!(listed_as_dead["data"], json!([]), "unknown, but its event is not dead");
     assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
     assert_eq!(resolved.json()["state"], "completed");
-    assert_eq!(resolved.json()["external_ref"], "ch_found_by_hand");
+    assert_eq!(resolved.json()["external_ref"], charge_id.as_str());
     assert_eq!(resolved.json()["outbox"], "delivered");
     for again in [&twice, &otherwise] {
         assert_eq!(
@@ -254,9 +306,9 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
         capture["state"], "succeeded",
         "settled as the reconciler settles what it finds"
     );
-    assert_eq!(capture["provider_charge_id"], "ch_found_by_hand");
+    assert_eq!(capture["provider_charge_id"], charge_id.as_str());
     assert_eq!(reconciled_after, 0, "the event is settled: nobody asks about it again");
-    assert_eq!(app.provider.stats().charges_made, 1, "only the squatter's charge");
+    assert_eq!(app.provider.stats().charges_made, 1, "the one charge");
 
     let entries = app
         .get(&format!("/v1/audit?operation_id={operation_id}"), ACME_APPROVER)
@@ -269,7 +321,7 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
         .expect("a resolved entry");
     assert_eq!(resolved_entry["principal_id"], "acme-admin");
     assert_eq!(resolved_entry["evidence"], resolution["evidence"]);
-    assert_eq!(resolved_entry["external_ref"], "ch_found_by_hand");
+    assert_eq!(resolved_entry["external_ref"], charge_id.as_str());
     let events: Vec<&str> = entries.iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert_eq!(
         &events[events.len() - 3..],
@@ -283,10 +335,12 @@ async fn an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_ever
     );
 }
 
-async fn a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order(backend: Backend) {
+async fn a_capture_settled_as_failed_by_an_admin_while_the_provider_holds_no_charge_for_it_fails_and_frees_its_order(
+    backend: Backend,
+) {
     let app = TestApp::spawn(backend).await;
     let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
-    let (operation_id, _, first_answer) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let (operation_id, _, first_answer) = capture_left_unknown_with_nothing_charged(&app, "order-1").await;
 
     let resolved = resolve(
         &app,
@@ -303,7 +357,8 @@ async fn a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order(backe
         )
         .await
         .json();
-    let events = app.journal_events(&operation_id).await;
+    let entries = journal(&app, &operation_id).await;
+    let events: Vec<&str> = entries.iter().map(|e| e["event"].as_str().unwrap()).collect();
     let order_again = app.create("intent-order-1-again", "order-1").await;
 
     assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
@@ -311,8 +366,13 @@ async fn a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order(backe
     assert_eq!(resolved.json()["outbox"], "failed");
     assert_eq!(
         resolved.json()["external_ref"],
+        Value::Null,
+        "nothing at the provider confirms what the person named: the operation keeps no reference"
+    );
+    assert_eq!(
+        entries.iter().find(|e| e["event"] == "resolved").unwrap()["external_ref"],
         "support-case-7",
-        "what the person found is kept"
+        "what the person named is in the journal"
     );
     assert_eq!(capture["state"], "failed");
     assert_eq!(
@@ -349,11 +409,11 @@ async fn only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whos
     let by_another_account = resolve(&app, &other_admin, &operation_id, &good).await;
     let by_another_account_agent = resolve(&app, GLOBEX_AGENT, &operation_id, &good).await;
     let on_a_completed_one = resolve(&app, &admin, &completed_operation, &good).await;
-    let without_a_reference = resolve(
+    let with_a_reference_that_is_not_an_id = resolve(
         &app,
         &admin,
         &operation_id,
-        &json!({"outcome": "completed", "evidence": "seen"}),
+        &json!({"outcome": "completed", "evidence": "seen", "external_ref": "ch 1"}),
     )
     .await;
     let without_evidence = resolve(
@@ -383,8 +443,11 @@ async fn only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whos
     assert_eq!(by_another_account.status, StatusCode::NOT_FOUND);
     assert_eq!(on_a_completed_one.status, StatusCode::CONFLICT);
     assert_eq!(on_a_completed_one.json()["state"], "completed");
-    assert_eq!(without_a_reference.status, StatusCode::BAD_REQUEST);
-    assert_eq!(without_a_reference.json()["errors"][0]["field"], "external_ref");
+    assert_eq!(with_a_reference_that_is_not_an_id.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        with_a_reference_that_is_not_an_id.json()["errors"][0]["field"],
+        "external_ref"
+    );
     assert_eq!(without_evidence.status, StatusCode::BAD_REQUEST);
     assert_eq!(without_evidence.json()["errors"][0]["field"], "evidence");
     assert_eq!(unknown_outcome.status, StatusCode::BAD_REQUEST);
@@ -437,7 +500,7 @@ async fn a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_ne
 async fn while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_changes_nothing(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
-    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let (operation_id, _, _) = capture_left_unknown_with_nothing_charged(&app, "order-1").await;
     // as the reconciler holds an event it is asking about
     let hold = |until: platform::Timestamp| {
         let (db, operation_id) = (app.db.db.clone(), operation_id.clone());
@@ -479,9 +542,10 @@ async fn a_resolution_sent_with_a_key_is_replayed_to_its_retry_and_the_key_sent_
 ) {
     let app = TestApp::spawn(backend).await;
     let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
-    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let (operation_id, _, _, charge_id) = capture_left_unknown_with_its_charge_made(&app, "order-1").await;
     let path = format!("/v1/operations/{operation_id}/resolution");
-    let completed = json!({"outcome": "completed", "evidence": "ch_1 in the dashboard", "external_ref": "ch_1"});
+    let completed =
+        json!({"outcome": "completed", "evidence": "its charge in the dashboard", "external_ref": charge_id});
 
     let first = app.client.post(&path, &admin, Some("settle-1"), &completed).await;
     let retry = app.client.post(&path, &admin, Some("settle-1"), &completed).await;
@@ -515,10 +579,11 @@ async fn another_admin_sending_an_admins_settlement_key_and_body_is_422_not_thei
     let app = TestApp::spawn(backend).await;
     let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
     let second_admin = app.create_key("acme", "acme-admin-2", Role::Admin).await;
-    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let (operation_id, _, _, charge_id) = capture_left_unknown_with_its_charge_made(&app, "order-1").await;
     let resolution = format!("/v1/operations/{operation_id}/resolution");
     let redelivery = format!("/v1/operations/{operation_id}/redelivery");
-    let completed = json!({"outcome": "completed", "evidence": "ch_1 in the dashboard", "external_ref": "ch_1"});
+    let completed =
+        json!({"outcome": "completed", "evidence": format!("{charge_id} in the dashboard"), "external_ref": charge_id});
 
     let settled = app.client.post(&resolution, &admin, Some("settle-1"), &completed).await;
     let settled_by_another = app
@@ -539,12 +604,298 @@ async fn another_admin_sending_an_admins_settlement_key_and_body_is_422_not_thei
     assert_eq!(events.iter().filter(|e| *e == "resolved").count(), 1, "{events:?}");
 }
 
+/// The reproduction: both accounts' services charge through one merchant key,
+/// so globex's charge is visible to acme's lookups. acme's admin names it for
+/// acme's capture: refused, journaled, nothing settled — and globex's charge
+/// is still globex's to refund, in full.
+async fn an_admin_cannot_settle_a_capture_with_another_account_s_charge_which_stays_theirs_to_refund(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, intent_id, first_answer) = capture_left_unknown_with_nothing_charged(&app, "order-1").await;
+    let theirs = app
+        .post(
+            "/v1/payment_intents",
+            GLOBEX_AGENT,
+            "globex-intent",
+            &intent("globex-order", json!("50.00")),
+        )
+        .await
+        .str("id");
+    let their_capture = app
+        .post(
+            &format!("/v1/payment_intents/{theirs}/capture"),
+            GLOBEX_AGENT,
+            "globex-capture",
+            &json!({}),
+        )
+        .await
+        .str("id");
+    app.deliver().await;
+    let their_charge = app
+        .get(&format!("/v1/captures/{their_capture}"), GLOBEX_AGENT)
+        .await
+        .json()["provider_charge_id"]
+        .as_str()
+        .expect("globex's capture is charged")
+        .to_owned();
+    let evidence = format!("{their_charge} in the provider's dashboard");
+
+    let refused = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "completed", "evidence": evidence, "external_ref": their_charge}),
+    )
+    .await;
+    let still = app.operation(&operation_id).await;
+    let capture = app
+        .get(
+            &format!("/v1/captures/{}", first_answer["id"].as_str().unwrap()),
+            ACME_AGENT,
+        )
+        .await
+        .json();
+    let our_refund = app.refund(&intent_id, "refund-ours", "40.00").await;
+    let their_refund = app
+        .post(
+            &format!("/v1/payment_intents/{theirs}/refunds"),
+            GLOBEX_AGENT,
+            "globex-refund",
+            &json!({"amount": "50.00"}),
+        )
+        .await;
+    app.deliver().await;
+    let their_refund = app
+        .get(&format!("/v1/refunds/{}", their_refund.str("id")), GLOBEX_AGENT)
+        .await
+        .json();
+    let entries = journal(&app, &operation_id).await;
+
+    refused.assert_problem(422, "external_ref_mismatch");
+    assert_eq!(
+        (
+            still["state"].clone(),
+            still["outbox"].clone(),
+            still["external_ref"].clone()
+        ),
+        (json!("unknown"), json!("unknown"), Value::Null),
+        "nothing written: {still}"
+    );
+    assert_eq!(capture["state"], "unknown", "{capture}");
+    assert_eq!(capture["provider_charge_id"], Value::Null);
+    our_refund.assert_problem(409, "invalid_state");
+    assert_eq!(their_refund["state"], "succeeded", "{their_refund}");
+    assert_eq!(app.provider.stats().refunds_made, 1, "globex's refund, and only it");
+    let refusal = entries
+        .iter()
+        .find(|e| e["event"] == "external_ref_refused")
+        .unwrap_or_else(|| panic!("the refusal is journaled: {entries:?}"));
+    assert_eq!(refusal["principal_id"], "acme-admin");
+    assert_eq!(refusal["external_ref"], their_charge.as_str());
+    assert_eq!(refusal["evidence"], evidence.as_str());
+    assert!(!entries.iter().any(|e| e["event"] == "resolved"), "{entries:?}");
+}
+
+/// Only the provider's word that it holds nothing under the capture's key
+/// frees its order; while it holds this capture's charge, `failed` is refused
+/// and names the charge.
+async fn failed_by_hand_is_refused_while_the_provider_holds_the_capture_s_charge_and_the_order_stays_held(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, _, _, charge_id) = capture_left_unknown_with_its_charge_made(&app, "order-1").await;
+
+    let refused = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "failed", "evidence": "the agent says it never went through"}),
+    )
+    .await;
+    let still = app.operation(&operation_id).await;
+    let order_again = app.create("intent-order-1-again", "order-1").await;
+
+    refused.assert_problem(409, "external_outcome_exists");
+    assert_eq!(refused.json()["external_ref"], charge_id.as_str(), "{:?}", refused.body);
+    assert_eq!(still["state"], "unknown", "{still}");
+    order_again.assert_problem(409, "order_already_has_payment");
+    assert!(!app.journal_events(&operation_id).await.iter().any(|e| e == "resolved"));
+}
+
+/// A charge under the capture's key that is not the capture's (another
+/// amount, another reference) is neither: `completed` with it is not this
+/// capture's charge, and `failed` is not the provider's word that it holds
+/// nothing. The capture stays `unknown`, its order held.
+async fn a_charge_under_the_capture_s_key_that_is_not_its_own_settles_it_neither_way(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let squatter = app
+        .provider
+        .charges_with_key(&outbox::external_key(&operation_id))
+        .await["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let as_completed = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "completed", "evidence": "a charge under its key", "external_ref": squatter}),
+    )
+    .await;
+    let as_failed = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "failed", "evidence": "not our amount"}),
+    )
+    .await;
+
+    as_completed.assert_problem(422, "external_ref_mismatch");
+    as_failed.assert_problem(409, "external_outcome_exists");
+    assert_eq!(
+        as_failed.json()["external_ref"],
+        Value::Null,
+        "what is not this capture's is not named"
+    );
+    assert_eq!(app.operation(&operation_id).await["state"], "unknown");
+}
+
+/// What cannot be checked is not taken on trust: while the provider is down a
+/// resolution is 503 with `Retry-After` and writes nothing, and once the
+/// provider answers again the same resolution goes through.
+async fn while_the_provider_cannot_answer_a_resolution_is_503_writes_nothing_and_goes_through_once_it_answers(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, _, _, charge_id) = capture_left_unknown_with_its_charge_made(&app, "order-1").await;
+    let completed =
+        json!({"outcome": "completed", "evidence": "its charge in the dashboard", "external_ref": charge_id});
+
+    app.provider.server.go_down().await;
+    let as_completed = resolve(&app, &admin, &operation_id, &completed).await;
+    let as_failed = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "failed", "evidence": "no charge"}),
+    )
+    .await;
+    let still = app.operation(&operation_id).await;
+    let events_while_down = app.journal_events(&operation_id).await;
+    app.provider.server.come_back().await;
+    let once_back = resolve(&app, &admin, &operation_id, &completed).await;
+
+    for refused in [&as_completed, &as_failed] {
+        refused.assert_problem(503, "external_system_unavailable");
+        let retry_after: u64 = refused.header("retry-after").expect("Retry-After").parse().unwrap();
+        assert!(retry_after >= 1, "{retry_after}");
+    }
+    assert_eq!(
+        (still["state"].clone(), still["outbox"].clone()),
+        (json!("unknown"), json!("unknown"))
+    );
+    assert!(
+        !events_while_down
+            .iter()
+            .any(|e| e == "resolved" || e == "external_ref_refused"),
+        "{events_while_down:?}"
+    );
+    assert_eq!(once_back.status, StatusCode::OK, "{:?}", once_back.body);
+    assert_eq!(once_back.json()["state"], "completed");
+}
+
+/// Ids from outside are data: a reference that is not of an id's form (a path
+/// that would climb out of the provider's charges) is refused where it enters.
+async fn an_external_ref_outside_its_documented_form_is_refused_with_400_and_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, _, _, _) = capture_left_unknown_with_its_charge_made(&app, "order-1").await;
+
+    let mut refused = Vec::new();
+    for external_ref in ["x/../../admin/faults", "ch_1?x=1", "ch%2F1", "..", "ch_1\n"] {
+        for outcome in ["completed", "failed"] {
+            let body = json!({"outcome": outcome, "evidence": "seen", "external_ref": external_ref});
+            refused.push((external_ref, resolve(&app, &admin, &operation_id, &body).await));
+        }
+    }
+
+    for (external_ref, answer) in &refused {
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{external_ref:?}: {:?}",
+            answer.body
+        );
+        assert_eq!(answer.json()["errors"][0]["field"], "external_ref", "{external_ref:?}");
+    }
+    assert_eq!(app.operation(&operation_id).await["state"], "unknown");
+}
+
+/// What a person can still settle when the provider is gone for good: the
+/// capture `completed` with no reference. Nothing from outside enters its
+/// rows, so nothing acts at the provider in its name: its order stays held,
+/// and a refund of it is refused in words.
+async fn a_capture_settled_completed_without_a_reference_holds_its_order_and_cannot_be_refunded_here(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (operation_id, intent_id, first_answer) = capture_left_unknown_with_nothing_charged(&app, "order-1").await;
+    app.provider.server.go_down().await;
+    let evidence = "the bank statement shows 40.00 EUR paid out by the provider for cap-order-1";
+
+    let resolved = resolve(
+        &app,
+        &admin,
+        &operation_id,
+        &json!({"outcome": "completed", "evidence": evidence}),
+    )
+    .await;
+    let capture = app
+        .get(
+            &format!("/v1/captures/{}", first_answer["id"].as_str().unwrap()),
+            ACME_AGENT,
+        )
+        .await
+        .json();
+    let order_again = app.create("intent-order-1-again", "order-1").await;
+    let refund = app.refund(&intent_id, "refund-1", "10.00").await;
+    let entries = journal(&app, &operation_id).await;
+
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    assert_eq!(resolved.json()["state"], "completed");
+    assert_eq!(resolved.json()["outbox"], "delivered");
+    assert_eq!(resolved.json()["external_ref"], Value::Null);
+    assert_eq!(capture["state"], "succeeded", "{capture}");
+    assert_eq!(capture["provider_charge_id"], Value::Null, "no charge id from outside");
+    order_again.assert_problem(409, "order_already_has_payment");
+    refund.assert_problem(409, "invalid_state");
+    assert!(
+        refund.json()["detail"].as_str().unwrap().contains("no charge"),
+        "{:?}",
+        refund.body
+    );
+    let resolved_entry = entries.iter().find(|e| e["event"] == "resolved").unwrap();
+    assert_eq!(resolved_entry["evidence"], evidence);
+    assert_eq!(resolved_entry["external_ref"], Value::Null);
+    assert_eq!(entries.last().unwrap()["event"], "completed", "{entries:?}");
+}
+
 platform::both_backends!(
     while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_changes_nothing,
     a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_never_reaches_the_caller,
     an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_again_only_when_an_admin_says_so,
-    an_admin_settles_a_capture_the_reconciler_cannot_with_evidence_and_every_later_retry_replays_its_answer,
-    a_capture_settled_as_failed_by_an_admin_fails_and_frees_its_order,
+    an_admin_settles_an_unknown_capture_with_the_charge_the_provider_holds_for_it_and_every_later_retry_replays_its_answer,
+    a_capture_settled_as_failed_by_an_admin_while_the_provider_holds_no_charge_for_it_fails_and_frees_its_order,
+    an_admin_cannot_settle_a_capture_with_another_account_s_charge_which_stays_theirs_to_refund,
+    failed_by_hand_is_refused_while_the_provider_holds_the_capture_s_charge_and_the_order_stays_held,
+    a_charge_under_the_capture_s_key_that_is_not_its_own_settles_it_neither_way,
+    while_the_provider_cannot_answer_a_resolution_is_503_writes_nothing_and_goes_through_once_it_answers,
+    an_external_ref_outside_its_documented_form_is_refused_with_400_and_changes_nothing,
+    a_capture_settled_completed_without_a_reference_holds_its_order_and_cannot_be_refunded_here,
     only_an_admin_of_the_account_settles_by_hand_and_only_an_operation_whose_outcome_is_unknown,
     a_resolution_sent_with_a_key_is_replayed_to_its_retry_and_the_key_sent_with_another_resolution_is_refused,
     another_admin_sending_an_admins_settlement_key_and_body_is_422_not_their_answer,

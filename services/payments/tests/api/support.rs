@@ -19,7 +19,7 @@ use payments::{
     provider::{Provider, ProviderConfig},
 };
 pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestResponse};
-use platform::testing::{TestClient, TestDb};
+use platform::testing::{LoopbackServer, TestClient, TestDb};
 use platform::{Backend, Role, on_pool};
 use serde_json::{Value, json};
 
@@ -34,19 +34,23 @@ pub struct TestApp {
     pub provider: TestProvider,
 }
 
-/// The simulated provider, serving on a loopback port for as long as the test runs.
+/// The simulated provider, serving on a loopback port for as long as the
+/// test runs, unless the test takes it down ([`TestProvider::server`]).
 pub struct TestProvider {
     pub url: String,
     pub state: payment_provider::Provider,
+    pub server: LoopbackServer,
 }
 
 impl TestProvider {
     pub async fn start() -> TestProvider {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let state = payment_provider::Provider::default();
-        tokio::spawn(payment_provider::serve(listener, state.clone(), std::future::pending()));
-        TestProvider { url, state }
+        let server = LoopbackServer::start(payment_provider::router(state.clone())).await;
+        TestProvider {
+            url: server.url.clone(),
+            state,
+            server,
+        }
     }
 
     pub fn stats(&self) -> Stats {
@@ -100,13 +104,13 @@ impl TestApp {
         let db = TestDb::new(backend).await;
         payments::migrate(&db.db).await.expect("migrations apply");
         let provider = TestProvider::start().await;
-        let app = payments::App::new(db.db.clone(), idempotency, true).with_policy(policy);
         let provider_config = ProviderConfig {
             url: provider.url.clone(),
             merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
         };
+        let app = payments::App::new(db.db.clone(), idempotency, true, provider_config).with_policy(policy);
         TestApp {
-            outbox: app.outbox(provider_config, outbox_config()),
+            outbox: app.outbox(outbox_config()),
             client: TestClient::new(payments::build_router(app.clone())),
             service: app,
             db,
@@ -196,11 +200,7 @@ impl TestApp {
 
     /// Another outbox on the same database and provider (another process's, say).
     pub fn another_outbox(&self, config: OutboxConfig) -> Outbox<Provider> {
-        let provider = ProviderConfig {
-            url: self.provider.url.clone(),
-            merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
-        };
-        self.service.outbox(provider, config)
+        self.service.outbox(config)
     }
 
     /// One round of the outbox worker: every due event sent and settled.

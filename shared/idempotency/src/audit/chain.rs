@@ -51,6 +51,10 @@ pub enum AuditEvent {
     DeadLettered,
     /// An admin gave a dead event back to be tried again.
     Redelivered,
+    /// A person's resolution named an external reference the external system
+    /// does not confirm as the operation's: who, with what evidence, and the
+    /// reference refused. Nothing else changed.
+    ExternalRefRefused,
 }
 
 impl AuditEvent {
@@ -77,6 +81,7 @@ impl AuditEvent {
             AuditEvent::Resolved => "resolved",
             AuditEvent::DeadLettered => "dead_lettered",
             AuditEvent::Redelivered => "redelivered",
+            AuditEvent::ExternalRefRefused => "external_ref_refused",
         }
     }
 
@@ -103,7 +108,8 @@ pub struct Record {
     pub attempt: Option<i64>,
     /// The resource a `state_changed` entry is about, and its new state.
     pub change: Option<StateChange>,
-    /// What a person gave for settling an operation by hand (`resolved`).
+    /// What a person gave for settling an operation by hand (`resolved`,
+    /// `external_ref_refused`).
     pub evidence: Option<String>,
 }
 
@@ -177,7 +183,7 @@ pub struct AuditEntry {
     pub resource_id: Option<String>,
     #[serde(default)]
     pub state: Option<String>,
-    /// `resolved`: what the person gave for it.
+    /// `resolved`, `external_ref_refused`: what the person gave for it.
     #[serde(default)]
     pub evidence: Option<String>,
     pub prev_hash: String,

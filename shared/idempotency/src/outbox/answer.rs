@@ -98,6 +98,13 @@ fn refusal_reason(status: u16, problem: Option<&Problem>, body: &str) -> String 
 /// What the external system knows of an event, asked by its key or reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
+    /// The work the event asked for, under this reference: it took effect.
     Found { external_ref: String },
+    /// No trace of it under the key nor under the reference.
     Absent,
+    /// Something under the key or the reference that is not what the event
+    /// asked for (another amount, another release), under `external_ref`:
+    /// never taken for the event's work, and not "nothing" either. A person
+    /// must look (`reason` says what differs).
+    Mismatch { external_ref: String, reason: String },
 }

@@ -3,14 +3,25 @@
 //! the evidence they found ([`resolve`]), or send a dead event again
 //! ([`redeliver`]). Each is one transaction of compare-and-sets, so it never
 //! races the worker or the reconciler into settling an event twice.
+//!
+//! What a person says is checked where it can be: before a resolution is
+//! written, the external system is asked what it holds for the operation,
+//! through the service's [`Witness`](super::Witness) — the reconciler's own
+//! lookup, by the operation's derived key and the service's reference.
+
+use std::time::Duration;
 
 use platform::{Principal, Timestamp};
 
-use super::{EventOf, EventState, plan, status, store};
+use super::{EventOf, EventState, Lookup, OutboxEvent, plan, status, store};
 use crate::{
     Idempotency, OperationState,
     audit::{self, AuditEvent, Record},
 };
+
+/// How long a resolution waits for the external system's answer: as long as
+/// the outbox waits by default for a delivery's.
+const ASKING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a person found out about an operation whose outcome was unknown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,11 +35,15 @@ pub struct Resolution {
 /// How the work ended at the external system.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
-    /// It took effect there, under this reference (the charge, the rollout):
-    /// settled as the reconciler settles what it finds.
-    Completed { external_ref: String },
-    /// It did not take effect: settled as a refusal, with what the person
-    /// found there, if anything.
+    /// It took effect there. With a reference, it is accepted only when the
+    /// external system confirms the reference is this operation's work, and
+    /// settled as the reconciler settles what it finds. With none (the
+    /// external system cannot be asked, for good), the operation ends
+    /// `completed` and no row keeps an external id.
+    Completed { external_ref: Option<String> },
+    /// It did not take effect: accepted only when the external system holds
+    /// nothing under the operation's key, and settled as a refusal. A
+    /// reference the person names is their note, journaled only.
     Failed { external_ref: Option<String> },
 }
 
@@ -41,10 +56,10 @@ impl Resolution {
         }
     }
 
+    /// The reference the person named, if any.
     fn external_ref(&self) -> Option<&str> {
         match &self.outcome {
-            Resolved::Completed { external_ref } => Some(external_ref),
-            Resolved::Failed { external_ref } => external_ref.as_deref(),
+            Resolved::Completed { external_ref } | Resolved::Failed { external_ref } => external_ref.as_deref(),
         }
     }
 }
@@ -62,16 +77,41 @@ pub enum ByHandError {
     /// hearing from the external system: ask again after.
     #[error("the event is held until {0}")]
     Held(Timestamp),
+    /// `completed` named a reference the external system does not confirm
+    /// as the operation's work (it holds another, or nothing, for it).
+    #[error("the external system does not confirm `{0}` as the operation's")]
+    ExternalRefMismatch(String),
+    /// `failed`, while the external system holds something under the
+    /// operation's key or reference: the operation's own work (`Some`, its
+    /// reference), or something that is not it and that a person must look at.
+    #[error("the external system holds something under the operation's key")]
+    ExternalOutcomeExists(Option<String>),
+    /// The external system could not be asked; nothing was written.
+    #[error("the external system could not be asked: {0}")]
+    ExternalSystemUnavailable(String),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
 
-/// Settles `operation_id`, whose outcome is unknown, as `resolution` says,
-/// in one transaction: its event (unless a worker or the reconciler holds it
-/// right now), the operation (compare-and-set from `unknown`), the service's
-/// rows through its [`Ledger`](super::Ledger) — the writes the reconciler
-/// makes — and the journal: `resolved` by `by`, with the evidence, then the
-/// outcome. The stored answer stays, replayed to every later attempt.
+/// Settles `operation_id`, whose outcome is unknown, as `resolution` says.
+///
+/// First the external system is asked what it holds for the operation
+/// ([`check`]); a resolution it does not bear out changes nothing (a refused
+/// reference is journaled). Then, in one transaction: its event (unless a
+/// worker or the reconciler holds it right now), the operation
+/// (compare-and-set from `unknown`), the service's rows through its
+/// [`Ledger`](super::Ledger) — the writes the reconciler makes — and the
+/// journal: `resolved` by `by`, with the evidence, then the outcome. The
+/// stored answer stays, replayed to every later attempt.
+///
+/// Asking comes before the transaction, which must not wait on the network.
+/// The order is safe because what the check confirmed still holds when the
+/// transaction writes: an external system keeps what it made, so a confirmed
+/// reference stays the operation's; and nothing can be sent under the
+/// operation's key in between without its event being taken by a worker —
+/// which the transaction's compare-and-set on the event's lease refuses
+/// (409 with `Retry-After`) — or settled by it, which the compare-and-set
+/// from `unknown` refuses.
 ///
 /// Sent again once it went through, it is refused with the state it left,
 /// which tells a person whose answer was lost that it did.
@@ -82,7 +122,22 @@ pub async fn resolve(
     resolution: &Resolution,
 ) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
+    let Some(event) = store::settleable_event(&idempotency.db, account_id, operation_id, Timestamp::now()).await?
+    else {
+        return Err(why_not(idempotency, account_id, operation_id).await);
+    };
+    if let Err(refused) = check(idempotency, &event, &resolution.outcome).await {
+        if let ByHandError::ExternalRefMismatch(external_ref) = &refused {
+            journal_refusal(idempotency, by, &event, external_ref, &resolution.evidence).await?;
+        }
+        return Err(refused);
+    }
     let failed_by_hand = matches!(resolution.outcome, Resolved::Failed { .. }).then_some(plan::FAILED_BY_HAND);
+    let ledger = idempotency
+        .ledger()
+        .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
+    let plan = plan::resolved(resolution, &by.principal_id, ledger.completes_on_acceptance(&event));
+    let settles = plan.settles.as_ref().expect("a resolution settles its operation");
     let mut tx = idempotency.begin().await?;
     // after the lock: a lease that ran out while this waited must look so
     let now = Timestamp::now();
@@ -93,7 +148,7 @@ pub async fn resolve(
         account_id,
         operation_id,
         resolution.event_state(),
-        resolution.external_ref(),
+        plan.external_ref,
         failed_by_hand,
         now,
     )
@@ -103,11 +158,6 @@ pub async fn resolve(
         tx.rollback().await?;
         return Err(why_not(idempotency, account_id, operation_id).await);
     };
-    let ledger = idempotency
-        .ledger()
-        .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
-    let plan = plan::resolved(resolution, &by.principal_id, ledger.completes_on_acceptance(&event));
-    let settles = plan.settles.as_ref().expect("a resolution settles its operation");
     let Some((idempotency_key, fingerprint, route)) = crate::store::settle_unknown(
         &mut tx,
         account_id,
@@ -129,19 +179,95 @@ pub async fn resolve(
         fingerprint: &fingerprint,
         route: &route,
     };
-    let journaled: Vec<Record> = plan
-        .settles
+    let journaled: Vec<Record> = settles
+        .journal
         .iter()
-        .flat_map(|settles| settles.journal.iter())
-        .map(|&(what, who)| Record {
-            evidence: (what == AuditEvent::Resolved).then(|| resolution.evidence.clone()),
-            ..operation.audit(what, who, plan.external_ref, now)
+        .map(|&(what, who)| match what {
+            // the person's entry names what they named; the outcome's, what the rows keep
+            AuditEvent::Resolved => Record {
+                evidence: Some(resolution.evidence.clone()),
+                ..operation.audit(what, who, resolution.external_ref(), now)
+            },
+            _ => operation.audit(what, who, plan.external_ref, now),
         })
         .collect();
     audit::record(&mut tx, &journaled).await?;
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, state = settles.operation.as_str(),
         "an operation whose outcome was unknown was settled by hand");
+    Ok(())
+}
+
+/// Whether the external system bears out `outcome` for `event`'s operation,
+/// asked as the reconciler asks ([`Witness`](super::Witness)):
+///
+/// - `completed` with a reference: it must be what the lookup finds for the
+///   operation — the work under its key or its reference, of its amount and
+///   currency, or its release and target. A reference that merely exists is
+///   not enough: another account's work may be visible to the same lookup.
+/// - `completed` with none: nothing from outside enters the rows, so there
+///   is nothing to check (it is what can still be settled when the external
+///   system is gone for good).
+/// - `failed`: the external system must hold nothing under the key or the
+///   reference.
+async fn check(idempotency: &Idempotency, event: &OutboxEvent, outcome: &Resolved) -> Result<(), ByHandError> {
+    let named = match outcome {
+        Resolved::Completed { external_ref: None } => return Ok(()),
+        Resolved::Completed {
+            external_ref: Some(named),
+        } => Some(named.as_str()),
+        Resolved::Failed { .. } => None,
+    };
+    let witness = idempotency
+        .witness()
+        .ok_or_else(|| ByHandError::ExternalSystemUnavailable("the service gives its layer no witness".into()))?;
+    let held = tokio::time::timeout(ASKING_TIMEOUT, witness.holds(event))
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {ASKING_TIMEOUT:?}")))
+        .map_err(|reason| {
+            tracing::warn!(operation_id = %event.operation_id, %reason,
+                "a resolution could not be checked: the external system could not be asked");
+            ByHandError::ExternalSystemUnavailable(reason)
+        })?;
+    match (named, held) {
+        (Some(named), Lookup::Found { external_ref }) if external_ref == named => Ok(()),
+        (Some(named), _) => Err(ByHandError::ExternalRefMismatch(named.to_owned())),
+        (None, Lookup::Absent) => Ok(()),
+        (None, Lookup::Found { external_ref }) => Err(ByHandError::ExternalOutcomeExists(Some(external_ref))),
+        (None, Lookup::Mismatch { .. }) => Err(ByHandError::ExternalOutcomeExists(None)),
+    }
+}
+
+/// Journals a refused reference — who named it, with what evidence — in a
+/// transaction of its own: nothing else is written.
+async fn journal_refusal(
+    idempotency: &Idempotency,
+    by: &Principal,
+    event: &OutboxEvent,
+    external_ref: &str,
+    evidence: &str,
+) -> Result<(), sqlx::Error> {
+    let operation = EventOf {
+        account_id: &event.account_id,
+        operation_id: &event.operation_id,
+        idempotency_key: &event.idempotency_key,
+        fingerprint: &event.fingerprint,
+        route: &event.route,
+    };
+    let refusal = Record {
+        evidence: Some(evidence.to_owned()),
+        ..operation.audit(
+            AuditEvent::ExternalRefRefused,
+            &by.principal_id,
+            Some(external_ref),
+            Timestamp::now(),
+        )
+    };
+    let mut tx = idempotency.begin().await?;
+    audit::record(&mut tx, &[refusal]).await?;
+    tx.commit().await?;
+    tracing::warn!(operation_id = %event.operation_id, by = %by.principal_id, %external_ref,
+        "a resolution named a reference the external system does not confirm as the operation's; refused");
     Ok(())
 }
 

@@ -44,8 +44,8 @@
 //! |---|---|---|---|
 //! | found it | `delivered` | as accepted | `reconciled`, `completed` |
 //! | found no trace of it | `pending`, due at once: sent again with the **same** key | unchanged | — |
-//! | could not be made, the event `sending` | `unknown` | `unknown` | `unknown` |
-//! | could not be made, the event `unknown` | `unknown`, asked again after a backoff | unchanged | — |
+//! | could not be made, or found something that is not it, the event `sending` | `unknown` | `unknown` | `unknown` |
+//! | could not be made, or found something that is not it, the event `unknown` | `unknown`, asked again after a backoff | unchanged | — |
 //!
 //! Events are held under a lease (a token and the time it ends) while a worker
 //! or the reconciler handles them, and every settlement is a compare-and-set on
@@ -63,7 +63,8 @@
 //!   shows (an operation's status, the lists that wait for a person);
 //! - `ending.rs`: what the service ends itself ([`withdraw`], [`finish`]);
 //! - `by_hand.rs`: what a person does when the outbox cannot settle an
-//!   operation by itself ([`resolve`], [`redeliver`]);
+//!   operation by itself ([`resolve`], checked with the external system
+//!   through the service's [`Witness`]; [`redeliver`]);
 //! - `answer.rs`: how an answer is read ([`Delivery::from_refusal`], [`Lookup`]);
 //! - `config.rs`: the pace ([`OutboxConfig`]).
 
@@ -218,8 +219,14 @@ pub enum Settlement<'a> {
     Refused {
         reason: &'a str,
     },
-    /// A person found that it did not take effect (see [`resolve`]): an end
-    /// like a refusal, but nobody at the external system said so.
+    /// A person found that it took effect, and named no reference (the
+    /// external system may be gone for good; see [`resolve`]): an end like an
+    /// acceptance, with no external id for the rows to keep — so nothing
+    /// acts at the external system in the operation's name afterwards.
+    CompletedByHand,
+    /// A person settled it as not taken effect, on the external system's word
+    /// that it holds nothing under the operation's key (see [`resolve`]): an
+    /// end like a refusal.
     FailedByHand,
     /// Sent, and nobody knows yet whether it took effect.
     Unknown,
@@ -235,6 +242,28 @@ pub trait Destination: Send + Sync + 'static {
     /// Asks the external system what became of `event`, by its key or by the
     /// service's own reference. `Err`: it could not be asked.
     fn look_up(&self, event: &OutboxEvent) -> impl Future<Output = Result<Lookup, String>> + Send;
+}
+
+/// The external system as a person's resolution asks it ([`resolve`]): the
+/// reconciler's own lookup ([`Destination::look_up`]), as a trait object the
+/// layer holds beside its [`Ledger`], since a resolution is a request
+/// handler's and not the outbox's. Every [`Destination`] is one; the service
+/// gives it to its layer with
+/// [`Idempotency::with_witness`](crate::Idempotency::with_witness).
+pub trait Witness: std::fmt::Debug + Send + Sync + 'static {
+    /// What the external system holds for `event`, by its key or by the
+    /// service's own reference. `Err`: it could not be asked.
+    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> Asking<'a>;
+}
+
+/// What [`Witness::holds`] returns: the lookup, as a boxed future, so that
+/// the layer can hold any service's witness.
+pub type Asking<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Lookup, String>> + Send + 'a>>;
+
+impl<D: Destination + std::fmt::Debug> Witness for D {
+    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> Asking<'a> {
+        Box::pin(self.look_up(event))
+    }
 }
 
 /// The service's own rows for the work its events carry: how an event's
@@ -320,8 +349,10 @@ impl<D: Destination> Outbox<D> {
     ///
     /// # Panics
     ///
-    /// If `idempotency` has no [`Ledger`]: events could be delivered but
-    /// never settled in the service's rows. A wiring mistake, caught at start-up.
+    /// If `idempotency` has no [`Ledger`] (events could be delivered but
+    /// never settled in the service's rows) or no [`Witness`] (a person could
+    /// not settle an operation the outbox cannot: nothing would check what
+    /// they say). A wiring mistake, caught at start-up.
     pub fn new(idempotency: Idempotency, destination: D, mut config: OutboxConfig) -> Self {
         if config.lease <= config.delivery_timeout {
             tracing::warn!(lease = ?config.lease, timeout = ?config.delivery_timeout,
@@ -331,6 +362,10 @@ impl<D: Destination> Outbox<D> {
         let ledger = idempotency
             .ledger()
             .expect("an outbox settles its events in the service's ledger: give it with Idempotency::with_ledger");
+        assert!(
+            idempotency.witness().is_some(),
+            "a person's resolution is checked with the external system: give it with Idempotency::with_witness"
+        );
         Outbox {
             idempotency,
             ledger,

@@ -22,8 +22,10 @@ pub(super) enum Outcome {
     Found { external_ref: String },
     /// The reconciler found no trace of it.
     Absent,
-    /// The reconciler could not ask. `sending`: the event was taken from a
-    /// worker that died holding it, so nobody has said yet that it is unknown.
+    /// The reconciler could not ask, or found something that is not what was
+    /// asked for (which a person must look at). `sending`: the event was
+    /// taken from a worker that died holding it, so nobody has said yet that
+    /// it is unknown.
     NotAsked { reason: String, sending: bool },
 }
 
@@ -55,7 +57,7 @@ impl Outcome {
         match found {
             Ok(Lookup::Found { external_ref }) => Outcome::Found { external_ref },
             Ok(Lookup::Absent) => Outcome::Absent,
-            Err(reason) => Outcome::NotAsked {
+            Ok(Lookup::Mismatch { reason, .. }) | Err(reason) => Outcome::NotAsked {
                 reason,
                 sending: state == EventState::Sending,
             },
@@ -166,27 +168,58 @@ pub(super) fn plan(outcome: &Outcome, completes_on_acceptance: bool) -> Plan<'_>
 pub(super) const FAILED_BY_HAND: &str = "settled as failed by a person";
 
 /// What a person's settling of an operation whose outcome was unknown writes
-/// ([`resolve`](super::resolve)): what the reconciler writes when it finds the
-/// work done (`external_ref`) or refused, journaled `resolved` by `by` first.
+/// ([`resolve`](super::resolve)), journaled `resolved` by `by` first:
+///
+/// - `completed` with the reference the external system confirmed: what the
+///   reconciler writes when it finds the work (a rollout goes on);
+/// - `completed` with none: an end, with no external reference in any row —
+///   nothing follows it or acts on it at the external system;
+/// - `failed`: what a refusal writes. A reference the person named is only
+///   their note, for the journal: the external system holds nothing for the
+///   operation, so no row keeps it.
 pub(super) fn resolved<'a>(resolution: &'a Resolution, by: &'a str, completes_on_acceptance: bool) -> Plan<'a> {
     match &resolution.outcome {
-        Resolved::Completed { external_ref } => {
-            accepted(external_ref, AuditEvent::Resolved, by, completes_on_acceptance)
-        }
-        Resolved::Failed { external_ref } => {
-            let mut failed = settled(
-                EventState::Failed,
-                FAILED_BY_HAND,
-                OperationState::Failed,
-                Settlement::FailedByHand,
-                (AuditEvent::Resolved, by),
-            );
-            if let Some(settles) = &mut failed.settles {
-                settles.journal.push((AuditEvent::Failed, by));
-            }
-            failed.external_ref = external_ref.as_deref();
-            failed
-        }
+        Resolved::Completed {
+            external_ref: Some(external_ref),
+        } => accepted(external_ref, AuditEvent::Resolved, by, completes_on_acceptance),
+        Resolved::Completed { external_ref: None } => ended_by_hand(
+            EventState::Delivered,
+            None,
+            (OperationState::Completed, AuditEvent::Completed),
+            Settlement::CompletedByHand,
+            by,
+        ),
+        Resolved::Failed { .. } => ended_by_hand(
+            EventState::Failed,
+            Some(FAILED_BY_HAND),
+            (OperationState::Failed, AuditEvent::Failed),
+            Settlement::FailedByHand,
+            by,
+        ),
+    }
+}
+
+/// An operation a person ended with no external reference, journaled
+/// `resolved` and then its end.
+fn ended_by_hand<'a>(
+    event: EventState,
+    last_error: Option<&'a str>,
+    (operation, end): (OperationState, AuditEvent),
+    business: Settlement<'a>,
+    by: &'a str,
+) -> Plan<'a> {
+    Plan {
+        event,
+        external_ref: None,
+        last_error,
+        due: Due::AfterReconcileWait,
+        settles: Some(Settles {
+            operation,
+            business,
+            journal: vec![(AuditEvent::Resolved, by), (end, by)],
+        }),
+        wake_worker: false,
+        failure: false,
     }
 }
 

@@ -175,11 +175,54 @@ pub(super) async fn count_failed_settlement(
     Ok(counted.map(|state| state == EventState::Dead.as_str()))
 }
 
-/// Settles the event of an operation a person settled by hand: from any
-/// state but a final one, to `state`, provided no worker or reconciler holds
-/// it under a live lease (one that may be hearing from the external system
-/// right now). `None`: the operation has no event, it is held, or it was
-/// settled already.
+/// An event a person may settle by hand, as of `$now`: from any state but a
+/// final one, provided no worker or reconciler holds it under a live lease
+/// (one that may be hearing from the external system right now).
+macro_rules! settleable_by_hand {
+    ($now:literal) => {
+        concat!(
+            "state IN ('pending', 'sending', 'unknown', 'dead') AND (lease_token IS NULL OR next_attempt_at <= ",
+            $now,
+            ")"
+        )
+    };
+}
+
+/// The event of an `unknown` operation that a person may settle now (see
+/// [`settle_by_hand`]), read to ask the external system about it before the
+/// settling transaction. `None`: the operation is not `unknown`, has no
+/// event, or its event is held.
+pub(super) async fn settleable_event(
+    db: &platform::Db,
+    account_id: &str,
+    operation_id: &str,
+    now: Timestamp,
+) -> Result<Option<OutboxEvent>, sqlx::Error> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        event_columns!(),
+        " FROM idempotency_outbox o WHERE account_id = $1 AND operation_id = $2 AND ",
+        settleable_by_hand!("$3"),
+        " AND EXISTS (SELECT 1 FROM idempotency_operations op \
+           WHERE op.account_id = o.account_id AND op.operation_id = o.operation_id AND op.state = 'unknown')"
+    );
+    let found = platform::on_pool!(db.read(), |pool| {
+        sqlx::query(SQL)
+            .bind(account_id)
+            .bind(operation_id)
+            .bind(now)
+            .fetch_optional(pool)
+            .await?
+            .as_ref()
+            .map(decode_event)
+            .transpose()?
+    });
+    Ok(found)
+}
+
+/// Settles the event of an operation a person settled by hand, to `state`,
+/// if it may be ([`settleable_by_hand`]). `None`: the operation has no event,
+/// it is held, or it was settled already.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn settle_by_hand(
     tx: &mut Tx,
@@ -193,9 +236,9 @@ pub(super) async fn settle_by_hand(
     const SQL: &str = concat!(
         "UPDATE idempotency_outbox SET state = $3, lease_token = NULL, external_ref = COALESCE($4, external_ref), \
          last_error = $5, updated_at = $6 \
-         WHERE account_id = $1 AND operation_id = $2 AND state IN ('pending', 'sending', 'unknown', 'dead') \
-           AND (lease_token IS NULL OR next_attempt_at <= $6) \
-         RETURNING ",
+         WHERE account_id = $1 AND operation_id = $2 AND ",
+        settleable_by_hand!("$6"),
+        " RETURNING ",
         event_columns!()
     );
     let settled = on_tx!(tx, |conn| {

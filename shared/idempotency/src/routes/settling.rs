@@ -4,6 +4,7 @@
 
 use axum::{
     extract::State,
+    http::StatusCode,
     response::{IntoResponse, Response},
 };
 use platform::{ApiError, ApiJson, ApiPath, Principal, Role};
@@ -18,13 +19,17 @@ use crate::{
 };
 
 /// How the work ended at the external system, as a person found it, and
-/// what they saw. Work that took effect needs its reference there, which the
-/// service's rows act on later (a refund names the charge, the watcher
-/// follows the rollout); work that did not may name what the person found.
+/// what they saw. What they say is checked with the external system where it
+/// can be (docs/contract.md §5): a reference must be what it holds for this
+/// operation, and `failed` needs it to hold nothing under the operation's key.
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResolutionBody {
-    /// It took effect there: settled as the reconciler settles what it finds.
+    /// It took effect there: with the external system's reference for it,
+    /// which the external system must confirm is this operation's (then the
+    /// service's rows record it, as they record what the reconciler finds);
+    /// or with none, when the external system cannot be asked for good (then
+    /// the operation ends `completed`, and no row keeps an external id).
     // each text has a character that is not a space, and none is NUL
     Completed {
         /// What the person saw, in their words; journaled with the resolution.
@@ -35,17 +40,14 @@ pub enum ResolutionBody {
             example = "ch_1 is this capture's charge in the provider's dashboard"
         )]
         evidence: String,
-        /// The external system's reference for the work (the charge, the
-        /// rollout): the service's rows record it, as they record what the
-        /// reconciler finds.
-        #[schema(
-            min_length = 1,
-            max_length = 200,
-            pattern = r"^[^\u0000]*[^\s\u0000\u0085][^\u0000]*$"
-        )]
-        external_ref: String,
+        /// The external system's id for the work (the charge, the rollout):
+        /// letters, digits, `_` and `-`.
+        #[serde(default)]
+        #[schema(min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9_-]+$")]
+        external_ref: Option<String>,
     },
-    /// It did not take effect: settled as failed.
+    /// It did not take effect: settled as failed, once the external system
+    /// answers that it holds nothing under the operation's key.
     Failed {
         /// What the person saw, in their words; journaled with the resolution.
         #[schema(
@@ -55,14 +57,11 @@ pub enum ResolutionBody {
             example = "no charge under this key in the provider's dashboard"
         )]
         evidence: String,
-        /// What the person found there, if anything (a declined charge):
-        /// journaled and kept on the operation.
+        /// An id the person found there (a declined charge, a support
+        /// case), of the same form: journaled with the resolution, and kept
+        /// by no row, since nothing at the external system confirms it.
         #[serde(default)]
-        #[schema(
-            min_length = 1,
-            max_length = 200,
-            pattern = r"^[^\u0000]*[^\s\u0000\u0085][^\u0000]*$"
-        )]
+        #[schema(min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9_-]+$")]
         external_ref: Option<String>,
     },
 }
@@ -70,14 +69,12 @@ pub enum ResolutionBody {
 impl Validate for ResolutionBody {
     fn validate(&self) -> Result<(), ValidationErrors> {
         let mut errors = ValidationErrors::new();
-        let (evidence, external_ref) = match self {
-            ResolutionBody::Completed { evidence, external_ref } => (evidence, Some(external_ref)),
-            ResolutionBody::Failed { evidence, external_ref } => (evidence, external_ref.as_ref()),
-        };
+        let (ResolutionBody::Completed { evidence, external_ref } | ResolutionBody::Failed { evidence, external_ref }) =
+            self;
         if let Err(e) = text(evidence, 2000) {
             errors.add("evidence", e);
         }
-        if let Some(Err(e)) = external_ref.map(|r| text(r, 200)) {
+        if let Some(Err(e)) = external_ref.as_deref().map(external_id) {
             errors.add("external_ref", e);
         }
         if errors.is_empty() { Ok(()) } else { Err(errors) }
@@ -94,6 +91,22 @@ fn text(value: &str, max: usize) -> Result<(), ValidationError> {
         return Err(ValidationError::new("length").with_message(format!("must be at most {max} characters").into()));
     }
     Ok(())
+}
+
+/// An external system's id, as a person copies it: 1 to 200 letters,
+/// digits, `_` and `-`. Ids are data, never paths: one with a `/`, a `.`, a
+/// `%`, a `?` or a space is refused here, before anything is asked.
+fn external_id(value: &str) -> Result<(), ValidationError> {
+    let of_its_form = (1..=200).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if of_its_form {
+        Ok(())
+    } else {
+        Err(ValidationError::new("external_id")
+            .with_message("must be 1 to 200 letters, digits, `_` and `-` (the external system's id)".into()))
+    }
 }
 
 impl From<&ResolutionBody> for Resolution {
@@ -155,9 +168,53 @@ fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
         ))
         .with("state", OperationState::Unknown)
         .with_retry_after(until.seconds_from_now().max(1)),
+        ByHandError::ExternalRefMismatch(external_ref) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "external_ref_mismatch",
+            "External reference not this operation's",
+            format!(
+                "the external system does not hold `{external_ref}` as operation `{operation_id}`'s work \
+                 (under its key or reference, of its amount and currency, or its release and target): \
+                 nothing was written, and the refusal is journaled"
+            ),
+        )
+        .with("external_ref", external_ref),
+        ByHandError::ExternalOutcomeExists(Some(external_ref)) => ApiError::new(
+            StatusCode::CONFLICT,
+            "external_outcome_exists",
+            "The external system holds the operation's work",
+            format!(
+                "the external system holds `{external_ref}` for operation `{operation_id}`: it took effect. \
+                 Nothing was written; settle it `completed` with that reference"
+            ),
+        )
+        .with("external_ref", external_ref),
+        ByHandError::ExternalOutcomeExists(None) => ApiError::new(
+            StatusCode::CONFLICT,
+            "external_outcome_exists",
+            "The external system holds something under the operation's key",
+            format!(
+                "the external system holds something under operation `{operation_id}`'s key or reference that \
+                 is not its work: nothing was written. Look there: it is not the external system's word that \
+                 nothing happened"
+            ),
+        ),
+        ByHandError::ExternalSystemUnavailable(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "external_system_unavailable",
+            "External system unavailable",
+            format!(
+                "the external system could not be asked about operation `{operation_id}`, and what cannot be \
+                 checked is not written: nothing was. Send it again later"
+            ),
+        )
+        .with_retry_after(EXTERNAL_SYSTEM_RETRY_AFTER),
         ByHandError::Database(e) => e.into(),
     }
 }
+
+/// When to ask again after the external system could not be asked, in seconds.
+const EXTERNAL_SYSTEM_RETRY_AFTER: u64 = 5;
 
 /// The operation as it is now.
 async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &str) -> Result<OperationView, ApiError> {
@@ -168,7 +225,10 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
 }
 
 /// Settle an operation whose outcome is unknown, as a person found it at the
-/// external system. Role `admin`, same account. A compare-and-set from
+/// external system. Role `admin`, same account. What they say is checked
+/// with the external system first: `completed` with an `external_ref` only if
+/// it holds that reference as this operation's work, `failed` only if it
+/// holds nothing under the operation's key. Then a compare-and-set from
 /// `unknown`: the operation's event, the service's rows (as the reconciler
 /// writes what it finds) and the journal (`resolved` by the admin, with the
 /// evidence, then the outcome) in one transaction. The operation's stored
@@ -187,11 +247,12 @@ async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &s
     request_body = ResolutionBody,
     responses(
         (status = 200, description = "Settled: the operation as it is now", body = OperationView),
-        (status = 400, description = "`invalid_request`: no evidence, or `external_ref` missing with `completed`; `idempotency_key_invalid`", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_request`: no evidence, or an `external_ref` that is not of an id's form; `idempotency_key_invalid`", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in this account", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given), or a worker holds its event right now (with `Retry-After`); `request_in_progress` (with a key)", body = platform::error::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`idempotency_key_reused`: the key was sent with another resolution", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`invalid_state`: the operation is not `unknown` (its `state` is given), or a worker holds its event right now (with `Retry-After`); `external_outcome_exists`: `failed`, while the external system holds something under the operation's key (`external_ref` names it when it is the operation's work); `request_in_progress` (with a key)", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`external_ref_mismatch`: the external system does not hold `external_ref` as this operation's work (the refusal is journaled); `idempotency_key_reused`: the key was sent with another resolution", body = platform::error::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`external_system_unavailable`: the external system could not be asked; nothing was written (with `Retry-After`)", body = platform::error::Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

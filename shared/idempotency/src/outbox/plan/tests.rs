@@ -163,7 +163,7 @@ fn an_event_is_dead_at_its_last_allowed_failure_and_not_before() {
 fn a_resolution_writes_what_the_reconciler_would_after_a_resolved_entry_by_the_person() {
     let completed = Resolution {
         outcome: Resolved::Completed {
-            external_ref: external_ref(),
+            external_ref: Some(external_ref()),
         },
         evidence: "seen in the provider's dashboard".to_owned(),
     };
@@ -196,9 +196,8 @@ fn a_resolution_writes_what_the_reconciler_would_after_a_resolved_entry_by_the_p
     let by_hand = resolved(&failed, by, true);
     assert_eq!(by_hand.event, E::Failed);
     assert_eq!(
-        by_hand.external_ref,
-        Some("declined_1"),
-        "what the person found is kept"
+        by_hand.external_ref, None,
+        "what the person named is their note, for the journal: no row keeps it"
     );
     assert_eq!(
         by_hand.last_error,
@@ -209,4 +208,48 @@ fn a_resolution_writes_what_the_reconciler_would_after_a_resolved_entry_by_the_p
     assert_eq!(settles.operation, O::Failed);
     assert_eq!(settles.business, Settlement::FailedByHand);
     assert_eq!(settles.journal, vec![(A::Resolved, by), (A::Failed, by)]);
+}
+
+#[test]
+fn a_completed_resolution_without_a_reference_ends_the_operation_and_leaves_no_external_id() {
+    let completed = Resolution {
+        outcome: Resolved::Completed { external_ref: None },
+        evidence: "the bank statement shows the payment".to_owned(),
+    };
+    let by = "key_admin";
+    for completes_on_acceptance in [true, false] {
+        let by_hand = resolved(&completed, by, completes_on_acceptance);
+        assert_eq!((by_hand.event, by_hand.external_ref), (E::Delivered, None));
+        let settles = by_hand.settles.unwrap();
+        assert_eq!(
+            (settles.operation, settles.business),
+            (O::Completed, Settlement::CompletedByHand),
+            "nothing follows it at the external system, so even a rollout ends here"
+        );
+        assert_eq!(settles.journal, vec![(A::Resolved, by), (A::Completed, by)]);
+    }
+}
+
+#[test]
+fn something_under_the_key_that_is_not_the_event_s_work_is_left_to_a_person_as_if_not_asked() {
+    let mismatch = || {
+        Ok(Lookup::Mismatch {
+            external_ref: external_ref(),
+            reason: reason(),
+        })
+    };
+    assert_eq!(
+        Outcome::looked_up(mismatch(), E::Unknown),
+        Outcome::NotAsked {
+            reason: reason(),
+            sending: false
+        }
+    );
+    assert_eq!(
+        Outcome::looked_up(mismatch(), E::Sending),
+        Outcome::NotAsked {
+            reason: reason(),
+            sending: true
+        }
+    );
 }
