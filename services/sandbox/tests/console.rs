@@ -978,7 +978,12 @@ async fn a_key_only_one_service_has_signs_in_and_the_page_shows_what_each_servic
     tickets::migrate(&tickets_db.db).await.unwrap();
     payments::migrate(&payments_db.db).await.unwrap();
     let tickets_app = tickets::App::new(tickets_db.db.clone(), IdempotencyConfig::default(), true);
-    let payments_app = payments::App::new(payments_db.db.clone(), IdempotencyConfig::default(), true);
+    let payments_app = payments::App::new(
+        payments_db.db.clone(),
+        IdempotencyConfig::default(),
+        true,
+        ProviderConfig::default(),
+    );
     let payments_admin = new_bearer(&payments_app.auth, "acme", "acme-admin", Role::Admin).await;
     let link = |name: &str, url: String| ServiceLink { name: name.into(), url };
     let services = vec![

@@ -243,19 +243,17 @@ pub async fn payments(backend: Backend) -> Seeded {
         payment_provider::Provider::default(),
         std::future::pending(),
     ));
-    let app = payments::App::new(db.db.clone(), IdempotencyConfig::default(), true);
-    let outbox = app.outbox(
-        payments::provider::ProviderConfig {
-            url: provider_url.clone(),
-            merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
-        },
-        outbox::OutboxConfig {
-            delivery_timeout: Duration::from_secs(2),
-            reconcile_after: Duration::ZERO,
-            backoff: Duration::from_millis(1),
-            ..outbox::OutboxConfig::default()
-        },
-    );
+    let provider = payments::provider::ProviderConfig {
+        url: provider_url.clone(),
+        merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
+    };
+    let app = payments::App::new(db.db.clone(), IdempotencyConfig::default(), true, provider);
+    let outbox = app.outbox(outbox::OutboxConfig {
+        delivery_timeout: Duration::from_secs(2),
+        reconcile_after: Duration::ZERO,
+        backoff: Duration::from_millis(1),
+        ..outbox::OutboxConfig::default()
+    });
     let (acme_admin, globex_admin) = admins(&app.auth).await;
     let router = payments::build_router(app);
     let client = TestClient::new(router.clone());
