@@ -556,3 +556,22 @@ fn an_entry_hashed_by_the_published_formula_verifies() {
     assert_eq!(holds(&entries), Ok(1));
     assert_eq!(entries[0].state, None);
 }
+
+/// An exported entry carries nothing its hash does not cover: a line with an
+/// added member (`extra`, a made-up `amount`) is refused, naming its entry
+/// and the member, though every member the hash covers is unchanged. (No
+/// database: the same on both backends.)
+#[test]
+fn an_exported_entry_with_a_member_no_hash_covers_is_refused() {
+    let line = r#"{"seq":1,"account_id":"acme","principal_id":"acme-agent","operation_id":"op_1","idempotency_key":"key-1","fingerprint":null,"route":"/v1/tickets","event":"completed","external_ref":null,"at":"2026-12-01T09:30:00.000000Z","prev_hash":"0000000000000000000000000000000000000000000000000000000000000000","hash":"f5b9292f95ff433ebc0a1b0bbc03ba67b6374ce128faac3e7519711666c47ea3"}"#;
+    assert_eq!(holds(&audit::from_json_lines(line).unwrap()), Ok(1));
+
+    for (member, added) in [("extra", r#","extra":"x"}"#), ("amount", r#","amount":100000}"#)] {
+        let refused = audit::from_json_lines(&line.replacen('}', added, 1));
+        let said = refused.expect_err("a member no hash covers is refused");
+        assert!(
+            said.contains("entry 1") && said.contains(&format!("`{member}`")),
+            "{said}"
+        );
+    }
+}

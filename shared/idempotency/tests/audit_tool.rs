@@ -72,6 +72,18 @@ async fn the_audit_tool_exports_verifies_pins_and_names_the_first_broken_entry(b
         &format!("{}\n{}\n{}\n{}\n", all[0], all[1], all[3], all[4]),
     );
     let cut = file("cut.jsonl", &format!("{}\n{}\n{}\n", all[0], all[1], all[2]));
+    // a member the hash does not cover, on entry 3: every hashed member is as it was
+    let unhashed = file(
+        "unhashed.jsonl",
+        &format!(
+            "{}\n{}\n{},\"amount\":100000}}\n{}\n{}\n",
+            all[0],
+            all[1],
+            &all[2][..all[2].len() - 1],
+            all[3],
+            all[4]
+        ),
+    );
 
     assert!(audit_tool(&["verify", "--file", &whole, "--pin", &head]).0);
     let (ok, said) = audit_tool(&["verify", "--file", &changed, "--pin", &head]);
@@ -80,6 +92,8 @@ async fn the_audit_tool_exports_verifies_pins_and_names_the_first_broken_entry(b
     assert!(!ok && said.contains("entry 4"), "{said}");
     let (ok, said) = audit_tool(&["verify", "--file", &cut, "--pin", &head]);
     assert!(!ok && said.contains("entry 5") && said.contains("cut"), "{said}");
+    let (ok, said) = audit_tool(&["verify", "--file", &unhashed, "--pin", &head]);
+    assert!(!ok && said.contains("entry 3") && said.contains("`amount`"), "{said}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -10,7 +10,8 @@
 //! `TICKETS_DATABASE_URL`, `DATABASE_URL`, or `./.sandbox/tickets.db`).
 //! `verify` checks every link, prints the head to pin, and with `--pin`
 //! refuses a journal whose tail was cut below (or rewritten up to) that head.
-//! It names the first broken entry and exits with status 1.
+//! It names the first broken entry (or, in a file, the first line that is not
+//! an entry, or carries a member no hash covers) and exits with status 1.
 
 use std::process::ExitCode;
 
@@ -78,7 +79,13 @@ async fn run(args: Vec<String>) -> Result<ExitCode, Error> {
         "verify" => {
             let entries = match source {
                 Source::Database(url) => read_database(&url).await?,
-                Source::File(path) => audit::from_json_lines(&std::fs::read_to_string(&path)?)?,
+                Source::File(path) => match audit::from_json_lines(&std::fs::read_to_string(&path)?) {
+                    Ok(entries) => entries,
+                    Err(unreadable) => {
+                        println!("the journal does not verify: {unreadable}");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                },
             };
             match audit::verify(&entries, pin.as_ref()) {
                 Ok(verified) => {
