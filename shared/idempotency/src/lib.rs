@@ -195,7 +195,7 @@ pub struct Idempotency {
     config: IdempotencyConfig,
     attempts: std::sync::Arc<attempts::AttemptCounter>,
     replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
-    journal: std::sync::Arc<audit::Journal>,
+    journal: audit::Journal,
     /// Wakes this process's outbox worker when an effect wrote an event.
     outbox_wake: std::sync::Arc<tokio::sync::Notify>,
     /// The service's rows for its outbox work, if it has any.
@@ -289,11 +289,14 @@ impl Idempotency {
 
     /// Links journal events into the hash chain in the background, shortly
     /// after they are recorded (see [`audit::Journal`]). It logs the chain's
-    /// head first: the head the service starts from, for operators to pin.
+    /// head first: the head the service starts from, for operators to pin,
+    /// and the one its rounds refuse to go behind.
     pub fn spawn_journal_chainer(&self) -> tokio::task::JoinHandle<()> {
         let (journal, db, metrics) = (self.journal.clone(), self.db.clone(), self.metrics.clone());
         tokio::spawn(async move {
-            audit::log_head(&db, "at start-up").await;
+            if let Some(head) = audit::log_head(&db, "at start-up").await {
+                journal.remember(head);
+            }
             journal.chain_continuously(&db, &metrics).await
         })
     }
@@ -301,17 +304,9 @@ impl Idempotency {
     /// Links every journal event recorded or observed so far into the chain,
     /// so a read of the journal shows them. A failure is logged: the events
     /// wait for the next round.
-    ///
-    /// The round runs as a task of its own. A round takes the queued
-    /// observations out of memory, so a caller that went away mid-round (a
-    /// client that hung up on `GET /v1/audit`, dropping its handler) would
-    /// otherwise take them with it.
     pub async fn flush_journal(&self) {
-        let (journal, db, metrics) = (self.journal.clone(), self.db.clone(), self.metrics.clone());
-        match tokio::spawn(async move { journal.chain_pending(&db, &metrics).await }).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not link audit events; they wait for the next round"),
-            Err(e) => tracing::warn!(error = %e, "a journal round panicked or was cancelled"),
+        if let Err(e) = self.journal.chain_pending(&self.db, &self.metrics).await {
+            audit::log_unlinked(&e);
         }
     }
 

@@ -78,7 +78,10 @@ async fn thousands_of_waiting_entries_are_linked_in_rounds_as_one_chain_in_order
     let db = journal(backend).await;
     let journal = audit::Journal::default();
     let waiting = 12_500;
-    journal.observe((0..waiting).flat_map(|n| record(AuditEvent::Replayed, &format!("op_{n}"))));
+    for n in 0..waiting {
+        let [replayed] = record(AuditEvent::Replayed, &format!("op_{n}"));
+        journal.observe(&db.db, replayed).await;
+    }
 
     assert_eq!(
         journal
@@ -115,6 +118,49 @@ async fn a_changed_or_missing_entry_is_named_by_verification(backend: Backend) {
     assert_eq!(holds(&missing).unwrap_err().seq, 3, "the entry after the gap is named");
 }
 
+/// Observations are not starved by a busy inbox: with more transitions
+/// recorded before every round than a round takes, every round full, an
+/// observation is linked once the rounds have taken what waited when it was
+/// first passed over — after the transition it saw.
+async fn observations_are_linked_after_what_they_saw_while_the_inbox_stays_full(backend: Backend) {
+    let db = journal(backend).await;
+    let journal = audit::Journal::default();
+    let metrics = platform::metrics::Metrics::new("test");
+    let round_size = 5_000;
+    let transitions = async |first: usize| {
+        let records: Vec<Record> = (first..first + round_size)
+            .flat_map(|n| record(AuditEvent::Completed, &format!("op_{n}")))
+            .collect();
+        let mut tx = db.db.begin().await.unwrap();
+        audit::record(&mut tx, &records).await.unwrap();
+        tx.commit().await.unwrap();
+    };
+    transitions(0).await;
+    let [replayed] = record(AuditEvent::Replayed, "op_0");
+    journal.observe(&db.db, replayed).await;
+
+    let mut rounds = Vec::new();
+    // the first full round passes the observation over, the second links it
+    for n in 1..=2 {
+        transitions(n * round_size).await;
+        rounds.push(journal.chain_round(&db.db, &metrics).await.unwrap());
+    }
+
+    let entries = audit::all_entries(&db.db).await.unwrap();
+    assert!(
+        rounds.iter().all(|round| round.full),
+        "every round was full: {rounds:?}"
+    );
+    let of_op_0: Vec<AuditEvent> = entries
+        .iter()
+        .filter(|e| e.operation_id.as_deref() == Some("op_0"))
+        .map(|e| e.event)
+        .collect();
+    assert_eq!(of_op_0, [AuditEvent::Completed, AuditEvent::Replayed]);
+    assert_eq!(journal.queued(), 0);
+    assert_eq!(holds(&entries), Ok(entries.len() as u64));
+}
+
 /// An observation never goes into the chain before the transition it saw,
 /// even when more transitions wait than one round takes.
 async fn an_observation_is_never_linked_before_the_transition_it_saw(backend: Backend) {
@@ -126,7 +172,8 @@ async fn an_observation_is_never_linked_before_the_transition_it_saw(backend: Ba
     audit::record(&mut tx, &waiting).await.unwrap();
     tx.commit().await.unwrap();
     let journal = audit::Journal::default();
-    journal.observe(record(AuditEvent::Replayed, "op_5000"));
+    let [replayed] = record(AuditEvent::Replayed, "op_5000");
+    journal.observe(&db.db, replayed).await;
 
     assert_eq!(
         journal
@@ -350,6 +397,9 @@ platform::both_backends!(
     the_database_refuses_an_insert_that_would_replace_an_entry,
     an_entry_changed_inserted_or_moved_behind_the_triggers_back_is_named_by_verification,
     a_tail_cut_behind_the_triggers_back_is_caught_only_against_a_pinned_head,
+    observations_never_outgrow_their_bound_while_the_chain_is_held_and_each_is_journaled_once,
+    a_chainer_refuses_to_link_onto_a_journal_cut_under_it_until_its_tail_is_restored,
+    observations_are_linked_after_what_they_saw_while_the_inbox_stays_full,
 );
 
 /// Runs `sql` on the journal's database, each statement on its own.
@@ -455,7 +505,13 @@ async fn journal_without_its_guards(backend: Backend) -> (TestDb, Vec<audit::Aud
     }
     let entries = audit::all_entries(&db.db).await.unwrap();
     let pinned = audit::head(&db.db).await.unwrap();
-    let unguard: &[&str] = match backend {
+    unguard(&db).await;
+    (db, entries, pinned)
+}
+
+/// Drops the journal's append-only triggers.
+async fn unguard(db: &TestDb) {
+    let unguard: &[&str] = match db.db.backend() {
         Backend::Postgres => &["ALTER TABLE audit_journal DISABLE TRIGGER USER"],
         Backend::Sqlite => &[
             "DROP TRIGGER audit_journal_no_update",
@@ -464,8 +520,7 @@ async fn journal_without_its_guards(backend: Backend) -> (TestDb, Vec<audit::Aud
             "DROP TRIGGER audit_journal_links_onto_the_entry_before",
         ],
     };
-    run(&db, unguard).await.unwrap();
-    (db, entries, pinned)
+    run(db, unguard).await.unwrap();
 }
 
 /// What the database can no longer refuse once its triggers are dropped, a
@@ -555,6 +610,179 @@ fn an_entry_hashed_by_the_published_formula_verifies() {
 
     assert_eq!(holds(&entries), Ok(1));
     assert_eq!(entries[0].state, None);
+}
+
+/// The chain held from outside, as a stalled round of another process
+/// would hold it. On PostgreSQL another session takes the chain's advisory
+/// lock: rounds wait for it, and inbox writes go on. On SQLite a round and an
+/// inbox write need the same one writer, so a held chain is a held writer:
+/// another connection's `BEGIN IMMEDIATE`, which every write waits for.
+enum HeldChain {
+    Postgres(sqlx::PgConnection),
+    Sqlite(sqlx::SqliteConnection),
+}
+
+impl HeldChain {
+    async fn hold(db: &TestDb) -> HeldChain {
+        use sqlx::Connection;
+        match db.db.backend() {
+            Backend::Postgres => {
+                let mut session = sqlx::PgConnection::connect(&db.url).await.unwrap();
+                sqlx::query("SELECT pg_advisory_lock($1)")
+                    .bind(audit::CHAIN_LOCK)
+                    .execute(&mut session)
+                    .await
+                    .unwrap();
+                HeldChain::Postgres(session)
+            }
+            Backend::Sqlite => {
+                let mut writer = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+                sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut writer).await.unwrap();
+                HeldChain::Sqlite(writer)
+            }
+        }
+    }
+
+    async fn release(self) {
+        use sqlx::Connection;
+        match self {
+            HeldChain::Postgres(session) => session.close().await.unwrap(),
+            HeldChain::Sqlite(mut writer) => {
+                sqlx::raw_sql("COMMIT").execute(&mut writer).await.unwrap();
+                writer.close().await.unwrap();
+            }
+        }
+    }
+}
+
+/// A process holds a bounded number of observations. While the chain is
+/// held from outside and a flood of replays comes in, what does not fit is
+/// written to the inbox (PostgreSQL), or its producers wait for the writer
+/// the chain is held by (SQLite) — never dropped, never more held. Once the
+/// chain is free every replay is journaled exactly once, in one chain that
+/// verifies.
+async fn observations_never_outgrow_their_bound_while_the_chain_is_held_and_each_is_journaled_once(backend: Backend) {
+    let db = Arc::new(journal(backend).await);
+    let journal = audit::Journal::default();
+    let held = HeldChain::hold(&db).await;
+    // the chainer goes on trying meanwhile, as a service's does
+    let chainer = tokio::spawn({
+        let (journal, db) = (journal.clone(), db.clone());
+        async move {
+            journal
+                .chain_continuously(&db.db, &platform::metrics::Metrics::new("test"))
+                .await
+        }
+    });
+    let (producers, per_producer) = (4, 25_000);
+    let producing = join_all((0..producers).map(|p| {
+        let (journal, db) = (journal.clone(), db.clone());
+        tokio::spawn(async move {
+            let mut most = 0;
+            for n in 0..per_producer {
+                let [replayed] = record(AuditEvent::Replayed, &format!("op_{p}_{n}"));
+                journal.observe(&db.db, replayed).await;
+                most = most.max(journal.queued());
+            }
+            most
+        })
+    }));
+    let (most_held, linked_while_held) = match held {
+        HeldChain::Postgres(_) => {
+            let most_held = producing.await.into_iter().map(Result::unwrap).max();
+            let linked_while_held = audit::all_entries(&db.db).await.unwrap().len();
+            held.release().await;
+            (most_held, linked_while_held)
+        }
+        HeldChain::Sqlite(_) => {
+            // the producers fill what the process may hold, then wait for the writer
+            while journal.queued() < audit::OBSERVATIONS_HELD_AT_MOST {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            let linked_while_held = audit::all_entries(&db.db).await.unwrap().len();
+            held.release().await;
+            let most_held = producing.await.into_iter().map(Result::unwrap).max();
+            (most_held, linked_while_held)
+        }
+    };
+    chainer.abort();
+    journal
+        .chain_pending(&db.db, &platform::metrics::Metrics::new("test"))
+        .await
+        .unwrap();
+
+    let entries = audit::all_entries(&db.db).await.unwrap();
+    let most_held = most_held.unwrap();
+    assert!(
+        most_held <= audit::OBSERVATIONS_HELD_AT_MOST,
+        "{most_held} observations held, more than {}",
+        audit::OBSERVATIONS_HELD_AT_MOST
+    );
+    assert_eq!(linked_while_held, 0, "nothing was linked while the chain was held");
+    let replayed: std::collections::HashSet<&str> = entries
+        .iter()
+        .filter(|e| e.event == AuditEvent::Replayed)
+        .filter_map(|e| e.operation_id.as_deref())
+        .collect();
+    assert_eq!(entries.len(), producers * per_producer, "each replay once");
+    assert_eq!(replayed.len(), producers * per_producer, "every replay");
+    assert_eq!(holds(&entries), Ok((producers * per_producer) as u64));
+    assert_eq!(journal.queued(), 0);
+}
+
+/// A running chainer remembers the entry it last linked. A journal cut under
+/// it (its guards dropped, its tail deleted) is refused: nothing is linked,
+/// no entry number is taken again, the refusal is counted, and what waits
+/// keeps waiting. Once the tail is restored, linking goes on from it.
+async fn a_chainer_refuses_to_link_onto_a_journal_cut_under_it_until_its_tail_is_restored(backend: Backend) {
+    let db = journal(backend).await;
+    let journal = audit::Journal::default();
+    let metrics = platform::metrics::Metrics::new("test");
+    for n in 0..6 {
+        let mut tx = db.db.begin().await.unwrap();
+        audit::record(&mut tx, &record(AuditEvent::Completed, &format!("op_{n}")))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        journal.chain_pending(&db.db, &metrics).await.unwrap();
+    }
+    let linked = audit::all_entries(&db.db).await.unwrap();
+    let pinned = audit::head(&db.db).await.unwrap();
+    unguard(&db).await;
+    run(&db, &["DELETE FROM audit_journal WHERE seq > 4"]).await.unwrap();
+
+    let mut tx = db.db.begin().await.unwrap();
+    audit::record(&mut tx, &record(AuditEvent::Completed, "op_after_the_cut"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let refused = journal.chain_pending(&db.db, &metrics).await;
+    let after_the_cut = audit::all_entries(&db.db).await.unwrap();
+    let waiting = on_pool!(db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM audit_inbox"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap());
+
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(after_the_cut, linked[..4], "no entry number is taken again");
+    assert_eq!(waiting, 1, "the new transition waits in the inbox");
+    let counted = metrics
+        .render()
+        .lines()
+        .find(|line| line.starts_with("retrysafe_journal_head_behind_total"))
+        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(counted.is_some_and(|n| n >= 1.0), "{}", metrics.render());
+
+    // the operator restores the tail; the chainer links onto it again
+    for entry in &linked[4..] {
+        insert_as_is(&db, "INSERT", entry, "").await.unwrap();
+    }
+    journal.chain_pending(&db.db, &metrics).await.unwrap();
+    let restored = audit::all_entries(&db.db).await.unwrap();
+    assert_eq!(verify(&restored, Some(&pinned)).map(|v| v.entries), Ok(7));
+    assert_eq!(restored[6].operation_id.as_deref(), Some("op_after_the_cut"));
 }
 
 /// An exported entry carries nothing its hash does not cover: a line with an

@@ -48,6 +48,7 @@ pub mod names {
     pub const OLDEST_UNKNOWN: &str = "retrysafe_operations_oldest_unknown_age_seconds";
     pub const JOURNAL_BACKLOG: &str = "retrysafe_journal_inbox_backlog";
     pub const CHAIN_ROUND_DURATION: &str = "retrysafe_journal_chain_round_duration_seconds";
+    pub const JOURNAL_HEAD_BEHIND: &str = "retrysafe_journal_head_behind_total";
 }
 
 #[derive(Clone, Copy)]
@@ -136,6 +137,11 @@ const DESCRIBED: &[(&str, Kind, &str)] = &[
         "Journal records waiting to be linked into the chain.",
     ),
     (names::CHAIN_ROUND_DURATION, Kind::Histogram, "One chain round."),
+    (
+        names::JOURNAL_HEAD_BEHIND,
+        Kind::Counter,
+        "Chain rounds that linked nothing because the journal no longer held the entry this process last linked: it was cut or rewritten under the running service.",
+    ),
 ];
 
 /// One service's registry.

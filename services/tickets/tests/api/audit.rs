@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::http::Method;
 use futures::future::join_all;
 use idempotency::{IdempotencyConfig, audit};
-use platform::Backend;
+use platform::{Backend, on_pool};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -269,7 +269,70 @@ async fn the_journal_head_is_the_chains_newest_entry_and_is_read_like_the_journa
         .assert_problem(403, "forbidden");
 }
 
+/// A running service remembers the head it last linked. With the journal's
+/// guards dropped and its tail deleted under it, it links nothing and takes
+/// no removed entry's number again: it counts the refusal in its metrics,
+/// keeps publishing the head it linked, and a new ticket's entries wait.
+async fn a_journal_cut_under_the_running_service_is_not_linked_onto(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    for n in 0..3 {
+        app.create_ticket(&format!("key-{n}"), ROTATE_CERT).await;
+    }
+    let linked: audit::Head = serde_json::from_value(app.get("/v1/audit/head", ACME_APPROVER).await.json()).unwrap();
+    assert_eq!(linked.seq, 3);
+    let unguard: &[&str] = match backend {
+        Backend::Postgres => &["ALTER TABLE audit_journal DISABLE TRIGGER USER"],
+        Backend::Sqlite => &[
+            "DROP TRIGGER audit_journal_no_update",
+            "DROP TRIGGER audit_journal_no_delete",
+            "DROP TRIGGER audit_journal_no_replace",
+            "DROP TRIGGER audit_journal_links_onto_the_entry_before",
+        ],
+    };
+    for statement in unguard.iter().chain(&["DELETE FROM audit_journal WHERE seq > 1"]) {
+        on_pool!(app.db.db.write(), |pool| {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(*statement))
+                .execute(pool)
+                .await
+                .unwrap();
+        });
+    }
+
+    assert_eq!(
+        app.create_ticket("key-after-the-cut", ROTATE_CERT)
+            .await
+            .status
+            .as_u16(),
+        201
+    );
+    let head = app.get("/v1/audit/head", ACME_APPROVER).await.json();
+    let entries = audit::all_entries(&app.db.db).await.unwrap();
+    let scrape = axum::http::Request::get("/metrics")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let metrics = String::from_utf8(app.send(scrape).await.body.to_vec()).unwrap();
+
+    assert_eq!(entries.len(), 1, "nothing is linked onto the cut journal: {entries:?}");
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM audit_inbox").await,
+        1,
+        "the new ticket's entry waits"
+    );
+    assert_eq!(
+        head,
+        json!({"seq": linked.seq, "hash": linked.hash}),
+        "the published head does not go back"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("retrysafe_journal_head_behind_total") && !line.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
 platform::both_backends!(
+    a_journal_cut_under_the_running_service_is_not_linked_onto,
     a_status_change_without_a_key_is_journaled_with_its_principal_route_and_new_status,
     the_journal_head_is_the_chains_newest_entry_and_is_read_like_the_journal,
     the_journal_records_every_step_of_an_approved_operation_in_order,

@@ -28,7 +28,8 @@ mod inbox;
 mod query;
 
 pub use chain::*;
-pub use chainer::*;
+pub(crate) use chainer::log_unlinked;
+pub use chainer::{CHAIN_LOCK, ChainError, Journal, OBSERVATIONS_HELD_AT_MOST, Round};
 pub(crate) use inbox::bind_records;
 pub use inbox::*;
 pub use query::*;

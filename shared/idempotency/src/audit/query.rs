@@ -138,13 +138,19 @@ pub async fn head(db: &Db) -> Result<Head, sqlx::Error> {
     Ok(Head { seq, hash })
 }
 
-/// Logs the chain's head `when` (the service starts, stops): kept in the
-/// log, it is a pin that `audit verify --pin SEQ:HASH` can later check a
-/// journal against, and so catch a cut tail.
-pub async fn log_head(db: &Db, when: &str) {
+/// Logs the chain's head `when` (the service starts, stops), and returns
+/// it: kept in the log, it is a pin that `audit verify --pin SEQ:HASH` can
+/// later check a journal against, and so catch a cut tail.
+pub async fn log_head(db: &Db, when: &str) -> Option<Head> {
     match head(db).await {
-        Ok(head) => tracing::info!(seq = head.seq, hash = %head.hash, "audit journal head {when}: {head}"),
-        Err(e) => tracing::warn!(error = %e, "could not read the audit journal's head {when}"),
+        Ok(head) => {
+            tracing::info!(seq = head.seq, hash = %head.hash, "audit journal head {when}: {head}");
+            Some(head)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the audit journal's head {when}");
+            None
+        }
     }
 }
 

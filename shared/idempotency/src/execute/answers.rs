@@ -17,7 +17,7 @@ use crate::{
 
 impl Idempotency {
     /// The answer to a retry whose operation is in the replay cache.
-    pub(super) fn replay_cached(
+    pub(super) async fn replay_cached(
         &self,
         attempt: &Attempt<'_>,
         answer: &CachedAnswer,
@@ -32,7 +32,8 @@ impl Idempotency {
         } else {
             AuditEvent::KeyReused
         };
-        self.observe(attempt, &answer.operation_id, fingerprint, Some(outcome));
+        self.observe(attempt, &answer.operation_id, fingerprint, Some(outcome))
+            .await;
         if replayed {
             telemetry::record_outcome("replayed");
             stored_response(&answer.response, &answer.operation_id, true)
@@ -43,7 +44,7 @@ impl Idempotency {
     }
 
     /// The operation's stored answer, replayed (and journaled as `replayed`).
-    pub(super) fn replay_stored(
+    pub(super) async fn replay_stored(
         &self,
         attempt: &Attempt<'_>,
         operation: &OperationRecord,
@@ -59,7 +60,8 @@ impl Idempotency {
             &operation.operation_id,
             fingerprint,
             Some(AuditEvent::Replayed),
-        );
+        )
+        .await;
         Ok(stored_response(stored, &operation.operation_id, true))
     }
 
@@ -67,7 +69,7 @@ impl Idempotency {
     /// it was told (`replayed`, `key_reused`, `in_progress`), which stands
     /// for the attempt too (docs/contract.md §8), or `attempted` when what it
     /// was told has no event of its own.
-    pub(super) fn observe(
+    pub(super) async fn observe(
         &self,
         attempt: &Attempt<'_>,
         operation_id: &str,
@@ -78,7 +80,7 @@ impl Idempotency {
             Some(told) => attempt.audit(told, Some(operation_id), fingerprint, Timestamp::now()),
             None => attempt.audit(AuditEvent::Attempted, Some(operation_id), fingerprint, attempt.started),
         };
-        self.journal.observe([observed]);
+        self.journal.observe(&self.db, observed).await;
     }
 
     /// Keeps a finished answer for replays from memory. An operation still
@@ -107,14 +109,18 @@ impl Idempotency {
 
     /// A server error before anything was claimed: the attempt is journaled
     /// (nothing else happened), and the client may retry with the same key.
-    pub(super) fn server_error_unclaimed(
+    pub(super) async fn server_error_unclaimed(
         &self,
         attempt: &Attempt<'_>,
         fingerprint: &Fingerprint,
         error: ApiError,
     ) -> Response {
         self.journal
-            .observe([attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started)]);
+            .observe(
+                &self.db,
+                attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started),
+            )
+            .await;
         telemetry::record_outcome("server_error");
         error.into_response()
     }

@@ -88,7 +88,7 @@ impl Idempotency {
                 self.answer_taken_key(attempt, fingerprint, nothing_to_call, without_call_out!(effect))
                     .await
             }
-            Err(e) => self.server_error_unclaimed(attempt, fingerprint, e.into()),
+            Err(e) => self.server_error_unclaimed(attempt, fingerprint, e.into()).await,
         }
     }
 }

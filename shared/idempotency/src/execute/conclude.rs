@@ -276,7 +276,7 @@ impl Idempotency {
     /// `released`.
     pub(super) async fn give_back(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Response {
         let Claim::Leased { operation, token } = claim else {
-            return self.server_error_unclaimed(attempt, claim.fingerprint(), error);
+            return self.server_error_unclaimed(attempt, claim.fingerprint(), error).await;
         };
         let operation_id = &operation.operation_id;
         let freed = async {

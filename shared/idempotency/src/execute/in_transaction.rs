@@ -42,7 +42,7 @@ impl Idempotency {
             // committed finds its answer here, and never starts the effect.
             if let Some(answer) = self.replay_cache.get(new.account_id, new.key.as_str()) {
                 let _ = tx.rollback().await;
-                return self.replay_cached(attempt, &answer, fingerprint);
+                return self.replay_cached(attempt, &answer, fingerprint).await;
             }
             // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
             let ran = effect.clone()(&mut tx, &new.operation_id).await;
@@ -56,13 +56,16 @@ impl Idempotency {
         };
         match tokio::time::timeout(self.config.lease, attempt_in_transaction).await {
             Ok(response) => response,
-            Err(_) => self.server_error_unclaimed(
-                attempt,
-                fingerprint,
-                ApiError::internal("the effect's transaction outlived the lease").with_detail(
-                    "the operation took too long and was rolled back; nothing was committed. Retry with the same key",
-                ),
-            ),
+            Err(_) => {
+                self.server_error_unclaimed(
+                    attempt,
+                    fingerprint,
+                    ApiError::internal("the effect's transaction outlived the lease").with_detail(
+                        "the operation took too long and was rolled back; nothing was committed. Retry with the same key",
+                    ),
+                )
+                .await
+            }
         }
     }
 }

@@ -47,7 +47,11 @@ impl Idempotency {
             }
             Err(error) => {
                 self.journal
-                    .observe([attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started)]);
+                    .observe(
+                        &self.db,
+                        attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started),
+                    )
+                    .await;
                 error.into_response()
             }
         }

@@ -110,7 +110,7 @@ impl Idempotency {
             Err(refused) => return refused.into_response(),
         };
         if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
-            return self.replay_cached(&attempt, &answer, &fingerprint);
+            return self.replay_cached(&attempt, &answer, &fingerprint).await;
         }
         if let Some(summary) = &attempt.approval {
             return self.request_approval(&attempt, &fingerprint, summary, effect).await;
@@ -163,7 +163,7 @@ impl Idempotency {
             Err(refused) => return refused.into_response(),
         };
         if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
-            return self.replay_cached(&attempt, &answer, &fingerprint);
+            return self.replay_cached(&attempt, &answer, &fingerprint).await;
         }
         self.execute_leased(&attempt, &fingerprint, call_out, effect).await
     }

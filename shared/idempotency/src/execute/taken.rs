@@ -64,14 +64,17 @@ impl Idempotency {
             Ok(Resolution::Answer(response)) => response,
             Ok(Resolution::Run(operation)) => self.run(attempt, *operation, call_out, effect).await,
             // freed by a failed first attempt, or reaped: nothing holds the key now
-            Ok(Resolution::Vanished) => self.server_error_unclaimed(
-                attempt,
-                fingerprint,
-                ApiError::internal("the operation holding the key vanished").with_detail(
-                    "the operation holding this key was freed while this attempt waited; retry with the same key",
-                ),
-            ),
-            Err(error) => self.server_error_unclaimed(attempt, fingerprint, error),
+            Ok(Resolution::Vanished) => {
+                self.server_error_unclaimed(
+                    attempt,
+                    fingerprint,
+                    ApiError::internal("the operation holding the key vanished").with_detail(
+                        "the operation holding this key was freed while this attempt waited; retry with the same key",
+                    ),
+                )
+                .await
+            }
+            Err(error) => self.server_error_unclaimed(attempt, fingerprint, error).await,
         }
     }
 
@@ -146,11 +149,12 @@ impl Idempotency {
                         &operation.operation_id,
                         fingerprint,
                         Some(AuditEvent::KeyReused),
-                    );
+                    )
+                    .await;
                     return Ok(Resolution::Answer(key_reused(&operation.operation_id, operation.state)));
                 }
                 Verdict::Replay => {
-                    let response = self.replay_stored(attempt, &operation, fingerprint)?;
+                    let response = self.replay_stored(attempt, &operation, fingerprint).await?;
                     // only a finished answer is kept in memory: the others still change
                     if let Some(stored) = operation.response.as_ref().filter(|_| operation.state.is_finished()) {
                         self.replay_cache.put(
@@ -172,7 +176,8 @@ impl Idempotency {
                         &operation.operation_id,
                         fingerprint,
                         Some(AuditEvent::InProgress),
-                    );
+                    )
+                    .await;
                     return Ok(Resolution::Answer(in_progress(&operation)));
                 }
                 Verdict::Wait => {
@@ -223,7 +228,7 @@ impl Idempotency {
                 }
                 Verdict::OutcomeUnknown => {
                     telemetry::record_outcome("outcome_unknown");
-                    self.observe(attempt, &operation.operation_id, fingerprint, None);
+                    self.observe(attempt, &operation.operation_id, fingerprint, None).await;
                     let error = ApiError::new(
                         StatusCode::CONFLICT,
                         "operation_outcome_unknown",

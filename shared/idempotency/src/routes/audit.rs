@@ -85,7 +85,9 @@ pub async fn read_audit(
 /// cut tail. The chain is one per service database, not per account, so the
 /// head is the service's: it reveals only a number and a hash, nothing of any
 /// entry, and the number only how many entries the service has journaled.
-/// Read by approvers and admins, like the journal.
+/// Read by approvers and admins, like the journal. A journal cut under the
+/// running service does not take it back: the process answers the entry it
+/// last linked until the journal holds it again.
 #[utoipa::path(
     get,
     path = "/v1/audit/head",
@@ -103,5 +105,7 @@ pub async fn read_audit_head(
     may_read_approvals(&principal)?;
     // what was recorded or observed until now is in the chain the head ends
     idempotency.flush_journal().await;
-    Ok(Json(audit::head(&idempotency.db).await?))
+    let in_database = audit::head(&idempotency.db).await?;
+    // never behind what this process linked: a journal cut under it is verified against that
+    Ok(Json(idempotency.journal.published_head(in_database)))
 }
