@@ -6,16 +6,41 @@
 //! are counted in memory and written in coalesced batches, with relaxed
 //! durability; a status read in this process writes them first, so what it
 //! shows is exact. A crash may lose the last few increments: `attempts` is
-//! for people reading the history, and no outcome depends on it.
+//! for people reading the history, and no outcome depends on them.
+//!
+//! Memory holds the counts of at most [`KEYS_COUNTED_AT_MOST`] keys. A count
+//! for one key more writes those waiting first; while the database refuses
+//! writes, that request waits and tries again. No count is dropped.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
 
 use platform::Db;
 
 use crate::store;
 
-#[derive(Debug, Default)]
+/// Keys whose counts one process holds at most while they wait to be
+/// written: a few MB.
+pub const KEYS_COUNTED_AT_MOST: usize = 10_000;
+
+/// How long a request that found no room waits before it tries again to
+/// write the counts, when the database refused them.
+const WRITE_AGAIN_AFTER: Duration = Duration::from_millis(100);
+
+/// The attempt counts of one process. A cheap handle: clones share them.
+#[derive(Debug, Clone, Default)]
 pub struct AttemptCounter {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// Counts not written yet, by `(account_id, key)`; never more than
+    /// [`KEYS_COUNTED_AT_MOST`] keys. A write takes a count out only once it
+    /// is written, so what is held never outgrows the bound.
     pending: Mutex<HashMap<(String, String), i32>>,
     wake: tokio::sync::Notify,
     /// One flush at a time, so two never add the same increments.
@@ -23,26 +48,67 @@ pub struct AttemptCounter {
 }
 
 impl AttemptCounter {
-    /// Counts one more request for `(account_id, key)`; never waits.
-    pub fn count(&self, account_id: &str, key: &str) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        *pending.entry((account_id.to_owned(), key.to_owned())).or_insert(0) += 1;
-        self.wake.notify_one();
+    /// How many keys have counts waiting to be written.
+    pub fn pending(&self) -> usize {
+        self.counts().len()
     }
 
-    /// Writes every pending count.
+    /// Counts one more request for `(account_id, key)`. It waits only when
+    /// the counts of [`KEYS_COUNTED_AT_MOST`] other keys are waiting: then
+    /// they are written first.
+    pub async fn count(&self, db: &Db, account_id: &str, key: &str) {
+        while !self.add(account_id, key) {
+            if let Err(e) = self.flush(db).await {
+                tracing::warn!(error = %e, "could not write attempt counts to make room; this request waits and tries again");
+                tokio::time::sleep(WRITE_AGAIN_AFTER).await;
+            }
+        }
+        self.shared.wake.notify_one();
+    }
+
+    /// Adds one to the key's count, unless it is a new key and there is no room.
+    fn add(&self, account_id: &str, key: &str) -> bool {
+        let mut counts = self.counts();
+        let id = (account_id.to_owned(), key.to_owned());
+        if let Some(n) = counts.get_mut(&id) {
+            *n += 1;
+            return true;
+        }
+        if counts.len() >= KEYS_COUNTED_AT_MOST {
+            return false;
+        }
+        counts.insert(id, 1);
+        true
+    }
+
+    fn counts(&self) -> MutexGuard<'_, HashMap<(String, String), i32>> {
+        self.shared.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes every pending count. The writes run as a task of their own:
+    /// each count leaves memory once it is written, so a caller that went
+    /// away (a client that hung up on a status read) must not stop it
+    /// between the two.
     pub async fn flush(&self, db: &Db) -> Result<(), sqlx::Error> {
-        let _one_at_a_time = self.flushing.lock().await;
-        let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut unwritten = batch.into_iter();
-        while let Some(((account_id, key), n)) = unwritten.next() {
-            if let Err(e) = store::add_attempts(db, &account_id, &key, n).await {
-                // keep what was not written for the next round
-                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-                for (id, count) in std::iter::once(((account_id, key), n)).chain(unwritten) {
-                    *pending.entry(id).or_insert(0) += count;
+        let (counter, db) = (self.clone(), db.clone());
+        tokio::spawn(async move { counter.write_pending(&db).await })
+            .await
+            // the task panicked, or the runtime is shutting down
+            .unwrap_or_else(|stopped| Err(sqlx::Error::Io(std::io::Error::other(stopped))))
+    }
+
+    async fn write_pending(&self, db: &Db) -> Result<(), sqlx::Error> {
+        let _one_at_a_time = self.shared.flushing.lock().await;
+        let batch: Vec<((String, String), i32)> = self.counts().iter().map(|(id, n)| (id.clone(), *n)).collect();
+        for (id, n) in batch {
+            store::add_attempts(db, &id.0, &id.1, n).await?;
+            // what was counted meanwhile stays for the next flush
+            let mut counts = self.counts();
+            if let Some(left) = counts.get_mut(&id) {
+                *left -= n;
+                if *left == 0 {
+                    counts.remove(&id);
                 }
-                return Err(e);
             }
         }
         Ok(())
@@ -51,7 +117,7 @@ impl AttemptCounter {
     /// Flushes shortly after counts arrive, coalescing whatever comes meanwhile.
     pub async fn write_continuously(&self, db: &Db) {
         loop {
-            self.wake.notified().await;
+            self.shared.wake.notified().await;
             tokio::time::sleep(Duration::from_millis(20)).await;
             if let Err(e) = self.flush(db).await {
                 tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");

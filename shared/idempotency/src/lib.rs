@@ -193,7 +193,7 @@ pub(crate) fn number(name: &str) -> Result<Option<f64>, String> {
 pub struct Idempotency {
     db: Db,
     config: IdempotencyConfig,
-    attempts: std::sync::Arc<attempts::AttemptCounter>,
+    attempts: attempts::AttemptCounter,
     replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
     journal: audit::Journal,
     /// Wakes this process's outbox worker when an effect wrote an event.

@@ -21,6 +21,7 @@ use idempotency::{
     Attempt, ClaimMode, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey,
     OperationState,
     approval::{self, ApprovalSummary, Decision},
+    attempts::{AttemptCounter, KEYS_COUNTED_AT_MOST},
     audit::AuditEvent,
     store::{self, NewOperation},
 };
@@ -1021,7 +1022,53 @@ platform::both_backends!(
     an_approved_run_whose_summary_no_longer_reads_as_approved_is_refused_as_stale_and_never_runs,
     an_effect_that_finds_its_approvals_promise_broken_is_refused_as_stale_and_leaves_nothing,
     an_approved_run_whose_promise_holds_runs_once,
+    attempt_counts_wait_in_memory_for_a_bounded_number_of_keys_and_past_it_are_written_first,
 );
+
+/// Attempts are counted in memory for a bounded number of keys: a count for
+/// one key more writes those waiting first, so memory never holds more, and
+/// no count is lost.
+async fn attempt_counts_wait_in_memory_for_a_bounded_number_of_keys_and_past_it_are_written_first(backend: Backend) {
+    let f = fixture(backend).await;
+    let until = Timestamp::now().plus(Duration::from_secs(30));
+    for key in ["first", "last"] {
+        f.claim(key, &json!({"n": 1}), until).await.unwrap();
+    }
+    let attempts = async |key: &str| {
+        store::find_by_key(&f.db.db, "acme", key)
+            .await
+            .unwrap()
+            .unwrap()
+            .attempts
+    };
+    let counter = AttemptCounter::default();
+
+    counter.count(&f.db.db, "acme", "first").await;
+    // keys of operations reaped meanwhile count too, and write nothing
+    for n in 1..KEYS_COUNTED_AT_MOST {
+        counter.count(&f.db.db, "acme", &format!("reaped-{n}")).await;
+    }
+    let (held_at_the_bound, written_at_the_bound) = (counter.pending(), attempts("first").await);
+    counter.count(&f.db.db, "acme", "last").await;
+    let (held_past_the_bound, written_past_the_bound) = (counter.pending(), attempts("first").await);
+    counter.flush(&f.db.db).await.unwrap();
+
+    assert_eq!(
+        (held_at_the_bound, written_at_the_bound),
+        (KEYS_COUNTED_AT_MOST, 1),
+        "counts wait in memory up to the bound"
+    );
+    assert_eq!(
+        (held_past_the_bound, written_past_the_bound),
+        (1, 2),
+        "one key more writes what waits first"
+    );
+    assert_eq!(
+        (attempts("first").await, attempts("last").await),
+        (2, 2),
+        "no count is lost"
+    );
+}
 
 /// A takeover in a transaction of its own, as an attempt makes it.
 async fn take_over(

@@ -24,7 +24,7 @@ impl Idempotency {
         fingerprint: &Fingerprint,
     ) -> Response {
         let (account_id, key) = (&attempt.principal.account_id, &attempt.headers.key);
-        self.attempts.count(account_id, key.as_str());
+        self.attempts.count(&self.db, account_id, key.as_str()).await;
         attempt.record_operation(&answer.operation_id, fingerprint);
         let replayed = &answer.fingerprint == fingerprint;
         let outcome = if replayed {

@@ -86,7 +86,7 @@ impl Idempotency {
     ) -> Result<Option<OperationRecord>, sqlx::Error> {
         let found = store::find_by_key(&self.db, account_id, key.as_str()).await?;
         if found.is_some() {
-            self.attempts.count(account_id, key.as_str());
+            self.attempts.count(&self.db, account_id, key.as_str()).await;
         }
         Ok(found)
     }
