@@ -277,7 +277,7 @@ td,th{{text-align:left;vertical-align:top;padding:.3rem .6rem;border-bottom:1px 
 <a href="/openapi.json">/openapi.json</a> (OpenAPI 3.1).</p>
 <h2>Retrying safely</h2>
 <ul>
-<li>Every POST that creates an effect needs an <code>Idempotency-Key</code>: made once per intended action, stored before the first send, sent again unchanged with every retry.</li>
+<li>Every POST that creates an effect needs an <code>Idempotency-Key</code>: made once per intended action, stored before the first send, sent again unchanged with every retry. A key is scoped by account and by service: this service knows only the keys sent to it.</li>
 <li>A retry with the same key and the same request gets the first answer again, byte for byte, with <code>Idempotent-Replayed: true</code>. The same key with a different request is refused with 422.</li>
 <li>Every answer that belongs to an operation carries <code>Operation-Id</code>; <code>GET /v1/operations/{{id}}</code> and <code>GET /v1/operations?idempotency_key=</code> tell an agent that timed out what happened.</li>
 <li>An operation the service's policy gives to a human answers 202 with an approval request. An <code>approver</code> of the account (never the requester) decides with <code>POST /v1/approvals/{{id}}/decision</code>, echoing the fingerprint they saw; the approved operation runs on the agent's next retry with the same key and body.</li>

@@ -216,7 +216,9 @@ pub async fn get_operation(
 }
 
 /// Find the caller's operation by the key it was sent with: after a timeout,
-/// an empty list means the server never claimed the key. Without a key, for
+/// an empty list means the server never claimed the key. A key's scope is the
+/// account and the service: this service knows only the keys sent to it, so
+/// ask the service the request went to. Without a key, for
 /// an `approver` or `admin`, the account's operations that need a person,
 /// oldest first: those whose outcome is unknown or whose outbox event is
 /// dead (`state=unknown`, `outbox=dead`: only those).
