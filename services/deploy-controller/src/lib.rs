@@ -420,15 +420,16 @@ pub fn router(controller: Controller) -> Router {
     )
 }
 
-/// Serves the controller until `shutdown` resolves.
+/// Serves the controller, its connections held to `limits`, until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     controller: Controller,
+    limits: platform::config::ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing::info!(addr = %listener.local_addr()?, step = ?controller.config.step,
         state_file = ?controller.config.state_file, "simulated deployment controller listening");
-    Ok(platform::serve(listener, router(controller), Default::default(), shutdown).await?)
+    Ok(platform::serve(listener, router(controller), limits, shutdown).await?)
 }
 
 async fn create_rollout(

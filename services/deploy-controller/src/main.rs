@@ -35,6 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         state_file: cli.state_file,
         may_exit: true,
     };
+    let limits = platform::config::ConnectionLimits::from_env()?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    deploy_controller::serve(listener, Controller::open(config)?, platform::shutdown_signal()).await
+    deploy_controller::serve(listener, Controller::open(config)?, limits, platform::shutdown_signal()).await
 }

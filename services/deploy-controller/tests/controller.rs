@@ -28,6 +28,7 @@ async fn start() -> Running {
     tokio::spawn(deploy_controller::serve(
         listener,
         controller.clone(),
+        Default::default(),
         std::future::pending(),
     ));
     Running {

@@ -28,6 +28,7 @@ mod tools;
 
 use std::sync::Arc;
 
+use platform::config::ConnectionLimits;
 use rmcp::{
     RoleServer, ServerHandler, ServiceExt,
     handler::server::router::tool::ToolRouter,
@@ -129,11 +130,13 @@ pub fn http_router(
     axum::Router::new().nest_service("/mcp", service)
 }
 
-/// Serves streamable HTTP on `listener` until `shutdown` resolves; runs
-/// under way finish before this returns.
+/// Serves streamable HTTP on `listener` with the services' connection
+/// `limits` until `shutdown` resolves; runs under way finish before this
+/// returns.
 pub async fn serve_http(
     config: McpConfig,
     listener: tokio::net::TcpListener,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let documents = schema::Documents::new(&config.environments);
@@ -141,12 +144,11 @@ pub async fn serve_http(
     let stop = CancellationToken::new();
     let router = http_router(&config, gateway.clone(), &documents, stop.clone());
     tracing::info!(addr = %listener.local_addr()?, "MCP over streamable HTTP at /mcp");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            stop.cancel();
-        })
-        .await?;
+    platform::serve(listener, router, limits, async move {
+        shutdown.await;
+        stop.cancel();
+    })
+    .await?;
     gateway.finish_runs().await;
     Ok(())
 }

@@ -66,8 +66,9 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     match command {
         Command::Http => {
             let addr = platform::config::listen_addr("mcp", mcp::DEFAULT_PORT)?;
+            let limits = platform::config::ConnectionLimits::from_env()?;
             let listener = tokio::net::TcpListener::bind(addr).await?;
-            mcp::serve_http(config, listener, platform::shutdown_signal()).await
+            mcp::serve_http(config, listener, limits, platform::shutdown_signal()).await
         }
         _ => {
             let documents = Documents::new(&config.environments);

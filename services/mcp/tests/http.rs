@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use platform::Backend;
+use platform::{Backend, config::ConnectionLimits};
 use serde_json::{Value, json};
 use support::*;
 
@@ -18,7 +18,7 @@ async fn replica(world: &World, allowed_hosts: &[&str]) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     tokio::spawn(async move {
-        if let Err(e) = mcp::serve_http(config, listener, std::future::pending()).await {
+        if let Err(e) = mcp::serve_http(config, listener, ConnectionLimits::default(), std::future::pending()).await {
             panic!("the replica stopped: {e}");
         }
     });

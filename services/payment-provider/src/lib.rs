@@ -246,14 +246,15 @@ fn routes(provider: Provider) -> Router {
         .with_state(provider)
 }
 
-/// Serves the provider until `shutdown` resolves.
+/// Serves the provider, its connections held to `limits`, until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     provider: Provider,
+    limits: platform::config::ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing::info!(addr = %listener.local_addr()?, "simulated payment provider listening");
-    Ok(platform::serve(listener, router(provider), Default::default(), shutdown).await?)
+    Ok(platform::serve(listener, router(provider), limits, shutdown).await?)
 }
 
 /// What the faults do to a charge or refund request before it is accepted:

@@ -26,6 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     platform::telemetry::init();
     let addr = platform::config::listen_addr("payment_provider", DEFAULT_PORT)?;
     let provider = Provider::open(cli.state_file)?;
+    let limits = platform::config::ConnectionLimits::from_env()?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    payment_provider::serve(listener, provider, platform::shutdown_signal()).await
+    payment_provider::serve(listener, provider, limits, platform::shutdown_signal()).await
 }

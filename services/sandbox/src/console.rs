@@ -86,14 +86,15 @@ pub fn router(config: ConsoleConfig) -> Router {
         .layer(middleware::map_response(protect))
 }
 
-/// Serves the console until `shutdown` resolves.
+/// Serves the console, its connections held to `limits`, until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: ConsoleConfig,
+    limits: platform::config::ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing::info!(addr = %listener.local_addr()?, "approval console listening");
-    Ok(platform::serve(listener, router(config), Default::default(), shutdown).await?)
+    Ok(platform::serve(listener, router(config), limits, shutdown).await?)
 }
 
 /// On every answer, pages, redirects and errors alike: no other page may

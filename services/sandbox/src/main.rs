@@ -8,7 +8,11 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::Parser;
 use idempotency::IdempotencyConfig;
-use platform::{auth::DEMO_KEYS, cli::NewKey, config::ServiceConfig};
+use platform::{
+    auth::DEMO_KEYS,
+    cli::NewKey,
+    config::{ConnectionLimits, ServiceConfig},
+};
 use sandbox::console::{self, ConsoleConfig, ServiceLink};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -64,9 +68,14 @@ async fn main() -> Result<(), Error> {
 
     let idempotency = IdempotencyConfig::from_env()?;
     let tickets_policy = tickets::domain::TicketsPolicy::from_env()?;
-    let tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
-    let payments = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, true)?;
-    let deployments = ServiceConfig::from_env("deployments", deployments::DEFAULT_PORT, true)?;
+    let mut tickets = ServiceConfig::from_env("tickets", tickets::DEFAULT_PORT, true)?;
+    let mut payments = ServiceConfig::from_env("payments", payments::DEFAULT_PORT, true)?;
+    let mut deployments = ServiceConfig::from_env("deployments", deployments::DEFAULT_PORT, true)?;
+    // one cap for the process: every server in it draws on the same connections
+    let limits = ConnectionLimits::from_env()?;
+    for service in [&mut tickets, &mut payments, &mut deployments] {
+        service.limits = limits.clone();
+    }
     let mut payments_settings = payments::Settings::from_env()?;
     let mut deployments_settings = deployments::Settings::from_env()?;
     let provider_addr = platform::config::listen_addr("payment_provider", payment_provider::DEFAULT_PORT)?;
@@ -139,14 +148,25 @@ async fn main() -> Result<(), Error> {
         }
     };
     let mut services = tokio::task::JoinSet::new();
-    services.spawn(payment_provider::serve(provider_listener, provider, until_stopped()));
+    services.spawn(payment_provider::serve(
+        provider_listener,
+        provider,
+        limits.clone(),
+        until_stopped(),
+    ));
     services.spawn(deploy_controller::serve(
         controller_listener,
         controller,
+        limits.clone(),
         until_stopped(),
     ));
-    services.spawn(console::serve(console_listener, console_config, until_stopped()));
-    services.spawn(mcp::serve_http(mcp_config, mcp_listener, until_stopped()));
+    services.spawn(console::serve(
+        console_listener,
+        console_config,
+        limits.clone(),
+        until_stopped(),
+    ));
+    services.spawn(mcp::serve_http(mcp_config, mcp_listener, limits, until_stopped()));
     services.spawn(tickets::serve(
         tickets,
         idempotency.clone(),

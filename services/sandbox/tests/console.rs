@@ -615,6 +615,7 @@ async fn settling_sandbox(backend: Backend, max_failures: i32) -> Settling {
     tokio::spawn(payment_provider::serve(
         listener,
         provider.clone(),
+        Default::default(),
         std::future::pending(),
     ));
     let app = payments::App::new(

@@ -9,9 +9,13 @@
 //! | `RETRYSAFE_SANDBOX` | `true` turns on the demo keys | `false` (`true` under `cargo run`) |
 //! | `RETRYSAFE_HEADER_TIMEOUT_SECONDS` | a connection whose request headers take longer is closed | `10` |
 //! | `RETRYSAFE_BODY_TIMEOUT_SECONDS` | a request body that takes longer after its headers is answered 408 | `10` |
+//! | `RETRYSAFE_WRITE_TIMEOUT_SECONDS` | a connection whose answer the client does not read for this long is closed | `10` |
+//! | `RETRYSAFE_MAX_CONNECTIONS` | the connections the process holds open at once, across all its servers; past it, 503 | `512` |
 //! | `LOG_FORMAT` | `text` or `json` | `text` |
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+pub use crate::server::ConnectionCap;
 
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -25,9 +29,10 @@ pub struct ServiceConfig {
     pub limits: ConnectionLimits,
 }
 
-/// What one client may hold of a server (docs/contract.md §1): a slow or idle
-/// client costs a socket for a bounded time, never a worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What one client may hold of a server (docs/contract.md §1, §14): a slow
+/// or idle client costs a socket for a bounded time, never a worker, and
+/// all clients together hold at most [`ConnectionCap`] sockets.
+#[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     /// A connection whose request headers are not complete within this is
     /// closed; so is a kept-alive connection idle for this long.
@@ -36,7 +41,18 @@ pub struct ConnectionLimits {
     pub max_header_bytes: usize,
     /// A request body not all received within this of its headers → 408.
     pub body_timeout: Duration,
+    /// A connection whose answer makes no progress for this long (the client
+    /// reads none of it) is closed.
+    pub write_timeout: Duration,
+    /// The connections open at once. Shared by every server given the same
+    /// cap: a process makes one and hands it to each server it runs.
+    pub connections: ConnectionCap,
 }
+
+/// The default of `RETRYSAFE_MAX_CONNECTIONS`: under the common default limit
+/// of 1024 open files, with room for what the process opens itself (its
+/// database pools, its calls to other services, its files).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
@@ -44,18 +60,36 @@ impl Default for ConnectionLimits {
             header_timeout: Duration::from_secs(10),
             max_header_bytes: 32 * 1024,
             body_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
+            connections: ConnectionCap::new(DEFAULT_MAX_CONNECTIONS),
         }
     }
 }
 
 impl ConnectionLimits {
-    /// The defaults, with `RETRYSAFE_HEADER_TIMEOUT_SECONDS` and
-    /// `RETRYSAFE_BODY_TIMEOUT_SECONDS` applied.
+    /// The defaults, with `RETRYSAFE_HEADER_TIMEOUT_SECONDS`,
+    /// `RETRYSAFE_BODY_TIMEOUT_SECONDS`, `RETRYSAFE_WRITE_TIMEOUT_SECONDS` and
+    /// `RETRYSAFE_MAX_CONNECTIONS` applied, and a new cap: call it once per
+    /// process and give every server the result (or a clone of it).
     pub fn from_env() -> Result<Self, ConfigError> {
         let defaults = ConnectionLimits::default();
+        let max_connections = match env("RETRYSAFE_MAX_CONNECTIONS") {
+            Some(v) => match v.parse::<usize>() {
+                Ok(max) if (1..=ConnectionCap::MAX).contains(&max) => max,
+                _ => {
+                    return Err(ConfigError(format!(
+                        "RETRYSAFE_MAX_CONNECTIONS `{v}` is not a whole number from 1 to {}",
+                        ConnectionCap::MAX
+                    )));
+                }
+            },
+            None => DEFAULT_MAX_CONNECTIONS,
+        };
         Ok(ConnectionLimits {
             header_timeout: seconds("RETRYSAFE_HEADER_TIMEOUT_SECONDS")?.unwrap_or(defaults.header_timeout),
             body_timeout: seconds("RETRYSAFE_BODY_TIMEOUT_SECONDS")?.unwrap_or(defaults.body_timeout),
+            write_timeout: seconds("RETRYSAFE_WRITE_TIMEOUT_SECONDS")?.unwrap_or(defaults.write_timeout),
+            connections: ConnectionCap::new(max_connections),
             ..defaults
         })
     }

@@ -213,6 +213,17 @@ impl ApiError {
         )
     }
 
+    /// The process holds as many connections as it may (docs/contract.md
+    /// §14): answered before the request is read, so nothing was claimed.
+    pub fn too_many_connections() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            "Too many connections",
+            "the server holds as many connections as it may; nothing of this request was read: send it again after `Retry-After` seconds",
+        )
+    }
+
     pub fn idempotency_key_missing() -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,

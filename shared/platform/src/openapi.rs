@@ -5,7 +5,8 @@
 //!
 //! - the problems the shared layers answer before a handler runs: a key that
 //!   authenticates nothing, input that does not parse, a body too large or
-//!   not JSON, the idempotency layer's refusals, slow or oversized headers;
+//!   not JSON, the idempotency layer's refusals, slow or oversized headers,
+//!   a connection past the process's cap;
 //! - the problem schema's `code` as an enumeration of [`PROBLEM_CODES`];
 //! - the exact form of an `Idempotency-Key`, the bounds of a page's `limit`,
 //!   and the NUL character that no string of a request may hold;
@@ -148,6 +149,7 @@ fn answered_by_construction(path: &str, operation: &Map<String, Value>) -> Vec<(
     }
     answers.push(("408", vec!["request_timeout"]));
     answers.push(("500", vec!["internal_error"]));
+    answers.push(("503", vec!["too_many_connections"]));
     answers
 }
 
@@ -452,11 +454,13 @@ mod tests {
         create.sort();
         assert_eq!(
             create,
-            ["201", "400", "401", "408", "409", "413", "415", "422", "431", "500"]
+            [
+                "201", "400", "401", "408", "409", "413", "415", "422", "431", "500", "503"
+            ]
         );
         let mut read = statuses(&doc, "/v1/things/{thing_id}", "get");
         read.sort();
-        assert_eq!(read, ["200", "401", "404", "408", "431", "500"]);
+        assert_eq!(read, ["200", "401", "404", "408", "431", "500", "503"]);
         let missing_key = &doc["paths"]["/v1/things"]["post"]["responses"]["400"];
         assert_eq!(
             missing_key["content"]["application/problem+json"]["schema"]["$ref"],

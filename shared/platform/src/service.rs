@@ -209,6 +209,11 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "`expected_version` is stale; read the resource again.",
     ),
     (
+        "too_many_connections",
+        503,
+        "The server holds as many connections as it may. Nothing of the request was read, so nothing was claimed: send it again after `Retry-After` seconds (with the same key).",
+    ),
+    (
         "internal_error",
         500,
         "The server failed and committed nothing; retry with the same key.",

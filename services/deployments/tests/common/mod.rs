@@ -34,6 +34,7 @@ pub async fn controller(step: Duration) -> (deploy_controller::Controller, Strin
     tokio::spawn(deploy_controller::serve(
         listener,
         controller.clone(),
+        Default::default(),
         std::future::pending(),
     ));
     (controller, url)

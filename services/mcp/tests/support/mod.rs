@@ -67,6 +67,7 @@ impl World {
         tokio::spawn(payment_provider::serve(
             provider_listener,
             payment_provider::Provider::default(),
+            Default::default(),
             std::future::pending(),
         ));
         let controller = deploy_controller::Controller::open(deploy_controller::ControllerConfig {
@@ -78,6 +79,7 @@ impl World {
         tokio::spawn(deploy_controller::serve(
             controller_listener,
             controller.clone(),
+            Default::default(),
             std::future::pending(),
         ));
 

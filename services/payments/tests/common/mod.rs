@@ -65,6 +65,7 @@ pub async fn provider() -> (payment_provider::Provider, String) {
     tokio::spawn(payment_provider::serve(
         listener,
         provider.clone(),
+        Default::default(),
         std::future::pending(),
     ));
     (provider, url)

@@ -246,8 +246,9 @@ async fn the_service_serves_health_and_its_openapi_document(backend: Backend) {
 }
 
 /// Every status an operation can answer is in the document: the ones the
-/// shared layers answer before a handler runs as problems, and the 431 of
-/// headers too large, which the HTTP layer answers with no body.
+/// shared layers answer before a handler runs as problems (the 503 of a
+/// connection past the cap among them), and the 431 of headers too large,
+/// which the HTTP layer answers with no body.
 async fn each_operation_documents_every_status_it_can_answer_with_the_problem_schema(backend: Backend) {
     let app = TestApp::spawn(backend).await;
 
@@ -257,7 +258,7 @@ async fn each_operation_documents_every_status_it_can_answer_with_the_problem_sc
     for (path, item) in openapi["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
             let responses = operation["responses"].as_object().unwrap();
-            for status in ["401", "408", "431", "500"] {
+            for status in ["401", "408", "431", "500", "503"] {
                 assert!(responses.contains_key(status), "{method} {path} documents {status}");
             }
             let errors = responses
