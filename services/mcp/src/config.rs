@@ -10,10 +10,16 @@
 //! | `MCP_JOURNAL` | the SQLite file of intents, keys and tool calls | `<RETRYSAFE_DATA_DIR>/mcp.db` |
 //! | `MCP_ADDR` | where the sandbox serves streamable HTTP | `127.0.0.1:7004` |
 //! | `MCP_ALLOWED_HOSTS` | `Host` values HTTP accepts, comma-separated | loopback only |
+//! | `MCP_ALLOWED_ORIGINS` | `Origin` values HTTP accepts, comma-separated (`http://host:port`, `:*` for any port) | the loopback origins |
+//! | `MCP_HTTP_TOKEN` | the bearer token an MCP client must present over HTTP, at least 32 characters; the server's own, never a service's key | none in the sandbox; required outside it |
+//! | `MCP_MAX_RUNS` | write calls under way at once; past it a call waits for one to end | `64` |
 //!
 //! Demo keys are the sandbox's: the MCP server uses acme's unless told
 //! otherwise (`--account`, `MCP_ACCOUNT`, `MCP_API_KEY`); with
-//! `RETRYSAFE_SANDBOX=false` a key or an account must be named.
+//! `RETRYSAFE_SANDBOX=false` a key or an account must be named, and
+//! streamable HTTP is not served without `MCP_HTTP_TOKEN`, whatever address
+//! it listens on: a loopback port is open to every process and user of the
+//! machine, and whoever calls the endpoint acts with the server's keys.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -24,6 +30,49 @@ use crate::endpoints::Service;
 
 /// The sandbox's port for streamable HTTP.
 pub const DEFAULT_PORT: u16 = 7004;
+
+/// The browser origins streamable HTTP accepts unless configured: pages
+/// served from this machine (an MCP client's own page, as the MCP
+/// Inspector's is); a request with no `Origin` (any client but a browser)
+/// is not a cross-site one and passes.
+pub const LOOPBACK_ORIGINS: [&str; 3] = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"];
+
+/// The default of `MCP_MAX_RUNS`.
+pub const DEFAULT_MAX_RUNS: usize = 64;
+
+/// The bearer token an MCP client presents over streamable HTTP: the
+/// endpoint's own, so the services' keys never leave the server. Its
+/// `Debug` never shows it.
+#[derive(Clone)]
+pub struct HttpToken(String);
+
+impl HttpToken {
+    /// The fewest characters a token has: one that can be guessed is none.
+    pub const MIN_CHARS: usize = 32;
+
+    pub fn new(token: impl Into<String>) -> Result<HttpToken, ConfigError> {
+        let token = token.into();
+        if token.chars().count() < Self::MIN_CHARS || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError(format!(
+                "MCP_HTTP_TOKEN must be at least {} visible ASCII characters (`openssl rand -hex 32` makes one)",
+                Self::MIN_CHARS
+            )));
+        }
+        Ok(HttpToken(token))
+    }
+
+    /// Whether `presented` is this token, compared in a time that does not
+    /// tell how much of it was right.
+    pub fn matches(&self, presented: &str) -> bool {
+        constant_time_eq::constant_time_eq(self.0.as_bytes(), presented.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for HttpToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HttpToken(***)")
+    }
+}
 
 /// One service as the MCP server calls it.
 #[derive(Clone)]
@@ -56,6 +105,14 @@ pub struct McpConfig {
     pub agent: AgentConfig,
     /// `Host` values streamable HTTP accepts.
     pub allowed_hosts: Vec<String>,
+    /// `Origin` values streamable HTTP accepts, when a request has one.
+    pub allowed_origins: Vec<String>,
+    /// The token streamable HTTP requires, if any.
+    pub http_token: Option<HttpToken>,
+    /// Sandbox mode: streamable HTTP may be served without a token.
+    pub sandbox: bool,
+    /// Write calls under way at once; past it a call waits for one to end.
+    pub max_runs: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,20 +174,56 @@ impl McpConfig {
             &var("DEPLOYMENTS_APPROVAL_ENVIRONMENTS").unwrap_or_else(|| "production".into()),
         )
         .map_err(ConfigError)?;
+        let list = |name: &str| {
+            var(name).map(|values| {
+                values
+                    .split(',')
+                    .map(|v| v.trim().to_owned())
+                    .filter(|v| !v.is_empty())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let (tickets, payments, deployments) = (
+            target(Service::Tickets, tickets::DEFAULT_PORT)?,
+            target(Service::Payments, payments::DEFAULT_PORT)?,
+            target(Service::Deployments, deployments::DEFAULT_PORT)?,
+        );
+        let http_token = var("MCP_HTTP_TOKEN").map(HttpToken::new).transpose()?;
+        if let Some(token) = &http_token
+            && [&tickets, &payments, &deployments]
+                .iter()
+                .any(|t| token.matches(&t.api_key))
+        {
+            return Err(ConfigError(
+                "MCP_HTTP_TOKEN is a service's API key: the endpoint needs a token of its own, so that the keys stay in the server".into(),
+            ));
+        }
+        let max_runs = match var("MCP_MAX_RUNS") {
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|max| *max > 0)
+                .ok_or_else(|| ConfigError(format!("MCP_MAX_RUNS `{v}` is not a whole number above 0")))?,
+            None => DEFAULT_MAX_RUNS,
+        };
         Ok(McpConfig {
             account,
-            tickets: target(Service::Tickets, tickets::DEFAULT_PORT)?,
-            payments: target(Service::Payments, payments::DEFAULT_PORT)?,
-            deployments: target(Service::Deployments, deployments::DEFAULT_PORT)?,
+            tickets,
+            payments,
+            deployments,
             environments: policy.environments,
             journal: journal_path(&var)?,
             agent: AgentConfig {
                 request_timeout: Duration::from_secs(10),
                 ..AgentConfig::default()
             },
-            allowed_hosts: var("MCP_ALLOWED_HOSTS")
-                .map(|hosts| hosts.split(',').map(|h| h.trim().to_owned()).collect())
+            allowed_hosts: list("MCP_ALLOWED_HOSTS")
                 .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]),
+            allowed_origins: list("MCP_ALLOWED_ORIGINS")
+                .unwrap_or_else(|| LOOPBACK_ORIGINS.map(str::to_owned).to_vec()),
+            http_token,
+            sandbox,
+            max_runs,
         })
     }
 
@@ -208,6 +301,40 @@ mod tests {
         let config = McpConfig::from_vars(None, true, vars(&[("RETRYSAFE_DATA_DIR", "data")])).unwrap();
         assert!(config.journal.is_absolute());
         assert!(config.journal.ends_with("data/mcp.db"));
+    }
+
+    #[test]
+    fn the_http_token_is_long_its_own_and_never_shown() {
+        let token = "t".repeat(HttpToken::MIN_CHARS);
+        let config = McpConfig::from_vars(None, true, vars(&[("MCP_HTTP_TOKEN", &token)])).unwrap();
+        let configured = config.http_token.unwrap();
+        assert!(configured.matches(&token));
+        assert!(!configured.matches(&token[1..]));
+        assert!(!format!("{configured:?}").contains(&token));
+
+        let short = McpConfig::from_vars(None, true, vars(&[("MCP_HTTP_TOKEN", "secret")])).unwrap_err();
+        assert!(short.to_string().contains("at least 32"), "{short}");
+        let key = "rs_live_0123456789abcdef0123456789abcdef";
+        let a_service_key =
+            McpConfig::from_vars(None, false, vars(&[("MCP_API_KEY", key), ("MCP_HTTP_TOKEN", key)])).unwrap_err();
+        assert!(a_service_key.to_string().contains("of its own"), "{a_service_key}");
+    }
+
+    #[test]
+    fn streamable_http_takes_loopback_origins_unless_configured() {
+        let sandbox = McpConfig::from_vars(None, true, vars(&[])).unwrap();
+        assert_eq!(sandbox.allowed_origins, LOOPBACK_ORIGINS);
+        assert!(sandbox.http_token.is_none() && sandbox.sandbox);
+        let configured = McpConfig::from_vars(
+            None,
+            true,
+            vars(&[("MCP_ALLOWED_ORIGINS", "https://a.example:443, https://b.example:*")]),
+        )
+        .unwrap();
+        assert_eq!(
+            configured.allowed_origins,
+            ["https://a.example:443", "https://b.example:*"]
+        );
     }
 
     #[test]

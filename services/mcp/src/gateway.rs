@@ -7,9 +7,12 @@
 //! even if the MCP client cancels it or goes away, so the next call with the
 //! same intent finds its answer rather than a half-done request.
 
+use std::sync::Arc;
+
 use agent::{Account, Agent, AgentError, Journal, Report};
 use rmcp::model::JsonObject;
 use serde_json::Value;
+use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::{
@@ -58,6 +61,9 @@ pub struct Gateway {
     http: reqwest::Client,
     /// Calls under way: they outlive a cancelled call and a client that left.
     runs: TaskTracker,
+    /// A place for each call under way, `max_runs` in all: a client that
+    /// sends calls and leaves at once cannot pile up runs without end.
+    run_places: Arc<Semaphore>,
 }
 
 /// Who made a call: `stdio <id>`, one per server process, or `http <id>`,
@@ -86,10 +92,11 @@ impl Gateway {
             .map_err(|e| AgentError::Usage(format!("an HTTP client: {e}")))?;
         let gateway = Gateway {
             agents,
-            config,
             calls,
             http,
             runs: TaskTracker::new(),
+            run_places: Arc::new(Semaphore::new(config.max_runs.clamp(1, Semaphore::MAX_PERMITS))),
+            config,
         };
         // where every intent's key is: a server started elsewhere must find the same file
         let accounts: Vec<&str> = gateway.accounts().into_iter().map(Account::as_str).collect();
@@ -151,8 +158,15 @@ impl Gateway {
         args: JsonObject,
     ) -> Result<Answer, ToolError> {
         let (gateway, session, endpoint) = (self.clone(), session.clone(), *endpoint);
+        // past the bound a call waits here, before its key is made or anything
+        // is sent: a client that leaves meanwhile leaves nothing behind
+        let place = Arc::clone(&self.run_places)
+            .acquire_owned()
+            .await
+            .map_err(|e| ToolError::internal(&e))?;
         self.runs
             .spawn(async move {
+                let _place = place;
                 let mut call = ToolCall::new(&session, tool);
                 call.account = Some(gateway.agent(endpoint.service).journal().account().to_string());
                 let result = gateway.run_write(&mut call, &endpoint, args).await;

@@ -28,6 +28,12 @@ mod tools;
 
 use std::sync::Arc;
 
+use axum::{
+    extract::{Request, State},
+    http::{HeaderValue, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
 use platform::config::ConnectionLimits;
 use rmcp::{
     RoleServer, ServerHandler, ServiceExt,
@@ -41,7 +47,7 @@ use rmcp::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use config::{DEFAULT_PORT, McpConfig};
+pub use config::{DEFAULT_PORT, HttpToken, McpConfig};
 pub use gateway::Gateway;
 
 use crate::gateway::Session;
@@ -108,8 +114,15 @@ pub async fn serve_stdio(
     Ok(())
 }
 
+/// The largest JSON-RPC message streamable HTTP reads (413 past it): a
+/// service's largest body, with room for the envelope and the intent.
+pub const MAX_MESSAGE_BYTES: usize = 2 * platform::json::MAX_BODY_BYTES;
+
 /// Streamable HTTP at `/mcp`, stateless: any replica behind one address can
-/// answer any request. `stop` ends its streams.
+/// answer any request. Only the configured `Host` and `Origin` values pass
+/// (a page elsewhere, or a name rebound to this machine, is refused with
+/// 403), and with a token configured, only a request that presents it.
+/// `stop` ends its streams.
 pub fn http_router(
     config: &McpConfig,
     gateway: Gateway,
@@ -121,29 +134,58 @@ pub fn http_router(
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_allowed_hosts(config.allowed_hosts.clone())
+        .with_allowed_origins(config.allowed_origins.clone())
+        // an empty list refuses every `Origin`, rather than none
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(MAX_MESSAGE_BYTES)
         .with_cancellation_token(stop);
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(NeverSessionManager::default()),
         http,
     );
-    axum::Router::new().nest_service("/mcp", service)
+    let router = axum::Router::new().nest_service("/mcp", service);
+    match &config.http_token {
+        Some(token) => router.layer(axum::middleware::from_fn_with_state(token.clone(), require_token)),
+        None => router,
+    }
+}
+
+/// Answers 401 to a request that does not present the endpoint's token.
+async fn require_token(State(token): State<HttpToken>, request: Request, next: Next) -> Response {
+    if platform::auth::bearer(request.headers()).is_some_and(|presented| token.matches(presented)) {
+        return next.run(request).await;
+    }
+    let mut refused = platform::ApiError::unauthenticated()
+        .with_detail("send `Authorization: Bearer <token>` with this MCP server's own token (MCP_HTTP_TOKEN)")
+        .into_response();
+    refused
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    refused
 }
 
 /// Serves streamable HTTP on `listener` with the services' connection
 /// `limits` until `shutdown` resolves; runs under way finish before this
-/// returns.
+/// returns. Outside the sandbox it does not start without a token.
 pub async fn serve_http(
     config: McpConfig,
     listener: tokio::net::TcpListener,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if config.http_token.is_none() && !config.sandbox {
+        return Err(
+            "outside the sandbox streamable HTTP needs MCP_HTTP_TOKEN, the token its clients must \
+                    present: whoever calls the endpoint acts with the server's API keys"
+                .into(),
+        );
+    }
     let documents = schema::Documents::new(&config.environments);
     let gateway = Gateway::open(config.clone()).await?;
     let stop = CancellationToken::new();
     let router = http_router(&config, gateway.clone(), &documents, stop.clone());
-    tracing::info!(addr = %listener.local_addr()?, "MCP over streamable HTTP at /mcp");
+    tracing::info!(addr = %listener.local_addr()?, token = config.http_token.is_some(), "MCP over streamable HTTP at /mcp");
     platform::serve(listener, router, limits, async move {
         shutdown.await;
         stop.cancel();

@@ -4,7 +4,13 @@
 
 mod support;
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use fault_proxy::ProxyFaults;
 use platform::Backend;
@@ -909,6 +915,60 @@ async fn a_journal_made_before_accounts_keeps_each_accounts_intents_and_approval
 }
 
 /// Approves an approval as the approver does, over HTTP, echoing its fingerprint.
+/// Requests a stand-in tickets service holds: now, the most at once, and in all.
+#[derive(Debug, Default)]
+struct Held {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    all: AtomicUsize,
+}
+
+/// A stand-in for the tickets service that holds each request a moment
+/// before it creates the ticket, counting the requests it holds at once.
+async fn holding_tickets_service() -> (String, Arc<Held>) {
+    let held = Arc::new(Held::default());
+    let counted = held.clone();
+    let router = axum::Router::new().route(
+        "/v1/tickets",
+        axum::routing::post(move || {
+            let held = counted.clone();
+            async move {
+                let now = held.now.fetch_add(1, Ordering::SeqCst) + 1;
+                held.most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                held.now.fetch_sub(1, Ordering::SeqCst);
+                let n = held.all.fetch_add(1, Ordering::SeqCst);
+                (
+                    axum::http::StatusCode::CREATED,
+                    [("operation-id", format!("op_{n}"))],
+                    axum::Json(json!({"id": format!("tkt_{n}"), "status": "open"})),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (url, held)
+}
+
+async fn past_the_bound_on_calls_under_way_a_call_waits_for_one_to_end_and_none_is_dropped(backend: Backend) {
+    let world = World::start(backend).await;
+    let (url, held) = holding_tickets_service().await;
+    let mut config = world.config();
+    config.tickets.url = url;
+    config.max_runs = 2;
+    let mcp = world.connect_with(config).await;
+    let project = unique("ops");
+
+    let calls = (0..6).map(|n| mcp.call("create_ticket", ticket(&format!("run {n}"), &project, "Disk full")));
+    futures::future::join_all(calls).await;
+
+    let most = held.most.load(Ordering::SeqCst);
+    assert!(most <= 2, "{most} requests were sent at once; the bound is 2");
+    assert_eq!(held.all.load(Ordering::SeqCst), 6, "every call was sent, once");
+}
+
 async fn approve(world: &World, approval_id: &str) {
     let approval = world
         .get(
@@ -963,4 +1023,5 @@ platform::both_backends!(
     a_failing_journal_is_a_tool_error_that_carries_none_of_the_databases_text,
     a_key_one_of_the_accounts_intents_holds_is_refused_for_another_request,
     a_journal_made_before_accounts_keeps_each_accounts_intents_and_approval_waits,
+    past_the_bound_on_calls_under_way_a_call_waits_for_one_to_end_and_none_is_dropped,
 );

@@ -200,6 +200,20 @@ impl Authenticator {
     }
 }
 
+/// The credential of `Authorization: Bearer <credential>`, if there is one.
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        // the scheme name is case-insensitive (RFC 9110 §11.1)
+        .and_then(|v| {
+            v.split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        })
+        .map(|(_, credential)| credential.trim())
+        .filter(|credential| !credential.is_empty())
+}
+
 impl<S> FromRequestParts<S> for Principal
 where
     S: Send + Sync,
@@ -208,18 +222,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let key = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            // the scheme name is case-insensitive (RFC 9110 §11.1)
-            .and_then(|v| {
-                v.split_once(' ')
-                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            })
-            .map(|(_, key)| key.trim())
-            .filter(|k| !k.is_empty())
-            .ok_or_else(ApiError::unauthenticated)?;
+        let key = bearer(&parts.headers).ok_or_else(ApiError::unauthenticated)?;
         let principal = Authenticator::from_ref(state).authenticate(&ApiKey::new(key)).await?;
         crate::telemetry::record_principal(&principal);
         Ok(principal)

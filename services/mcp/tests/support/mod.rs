@@ -161,6 +161,10 @@ impl World {
                 ..AgentConfig::default()
             },
             allowed_hosts: vec!["127.0.0.1".into()],
+            allowed_origins: mcp::config::LOOPBACK_ORIGINS.map(str::to_owned).to_vec(),
+            http_token: None,
+            sandbox: true,
+            max_runs: mcp::config::DEFAULT_MAX_RUNS,
         }
     }
 
