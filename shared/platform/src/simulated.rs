@@ -84,6 +84,8 @@ pub struct SimulatedEvent {
 }
 
 /// What a simulated system did, in order: the last [`EventLog::KEPT`] events.
+/// A timeline for a person to read, not a record: what the system did is in
+/// its state (and its state file), so the oldest events may go.
 #[derive(Debug, Clone, Default)]
 pub struct EventLog(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<SimulatedEvent>>>);
 
@@ -160,5 +162,22 @@ impl AnswerFault {
             return AnswerFault::None;
         }
         AnswerFault::Status(answer_after_accepting.remove(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_log_keeps_the_last_events_and_no_more() {
+        let log = EventLog::default();
+        for n in 0..=EventLog::KEPT {
+            log.record(format!("event {n}"), None);
+        }
+        let events = log.all();
+        assert_eq!(events.len(), EventLog::KEPT);
+        assert_eq!(events[0].what, "event 1", "the oldest went first");
+        assert_eq!(events[EventLog::KEPT - 1].what, format!("event {}", EventLog::KEPT));
     }
 }

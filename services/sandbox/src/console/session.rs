@@ -4,7 +4,9 @@
 //! Cookies ignore ports, so every page on the console's host receives the
 //! cookie: it must not be worth more than a bounded, revocable session.
 //! Sessions live in this process's memory — a sandbox console serves a few
-//! people, and a restart signs them out, which is the safe direction.
+//! people, and a restart signs them out, which is the safe direction. So
+//! does the bound on how many there are: past it, a sign-in ends the
+//! session that has waited longest for a request.
 
 use std::{
     collections::HashMap,
@@ -14,13 +16,15 @@ use std::{
 
 use platform::auth::ApiKey;
 
-/// How long a session lasts.
+/// How long a session lasts, and how many there are at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionLimits {
     /// Ended after this long without a request.
     pub idle: Duration,
     /// Ended this long after sign-in, however busy.
     pub absolute: Duration,
+    /// Live at once, at most: one sign-in more ends the least recently used.
+    pub max_live: usize,
 }
 
 impl Default for SessionLimits {
@@ -28,6 +32,7 @@ impl Default for SessionLimits {
         SessionLimits {
             idle: Duration::from_secs(30 * 60),
             absolute: Duration::from_secs(8 * 60 * 60),
+            max_live: 1000,
         }
     }
 }
@@ -80,6 +85,16 @@ impl Sessions {
         let mut live = self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // sign-ins are where sessions are made, so where the ended ones are swept
         live.retain(|_, entry| !self.has_ended(entry, now));
+        while live.len() >= self.limits.max_live.max(1) {
+            let Some(least_recent) = live
+                .iter()
+                .min_by_key(|(_, entry)| entry.last_seen)
+                .map(|(id, _)| id.clone())
+            else {
+                break;
+            };
+            live.remove(&least_recent);
+        }
         live.insert(id.clone(), entry);
         id
     }
@@ -124,6 +139,7 @@ mod tests {
         SessionLimits {
             idle: Duration::from_secs(idle),
             absolute: Duration::from_secs(absolute),
+            ..SessionLimits::default()
         }
     }
 
@@ -146,6 +162,25 @@ mod tests {
         for sessions in [Sessions::new(limits(0, 3600)), Sessions::new(limits(3600, 0))] {
             let id = sessions.start(ApiKey::new("demo-acme-approver"));
             assert!(sessions.find(&id).is_none());
+        }
+    }
+
+    #[test]
+    fn past_the_bound_a_sign_in_ends_the_least_recently_used_session() {
+        let sessions = Sessions::new(SessionLimits {
+            max_live: 3,
+            ..SessionLimits::default()
+        });
+        let ids: Vec<String> = (0..3).map(|_| sessions.start(ApiKey::new("k"))).collect();
+        // the first and the third are used again: the second has now waited longest
+        assert!(sessions.find(&ids[0]).is_some());
+        assert!(sessions.find(&ids[2]).is_some());
+
+        let newest = sessions.start(ApiKey::new("k"));
+        assert_eq!(sessions.live.lock().unwrap().len(), 3, "never more than the bound");
+        assert!(sessions.find(&ids[1]).is_none(), "the least recently used one ended");
+        for id in [&ids[0], &ids[2], &newest] {
+            assert!(sessions.find(id).is_some());
         }
     }
 
