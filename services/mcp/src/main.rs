@@ -28,7 +28,8 @@ struct Cli {
 enum Command {
     /// Serve MCP over stdin/stdout (what it does with no command).
     Stdio,
-    /// Serve streamable HTTP at http://<MCP_ADDR>/mcp (127.0.0.1:7004).
+    /// Serve streamable HTTP at http://<MCP_ADDR>/mcp (127.0.0.1:7004);
+    /// outside the sandbox its clients must present MCP_HTTP_TOKEN.
     Http,
     /// Print every tool call the journal holds, one JSON object a line.
     Journal,
