@@ -146,12 +146,12 @@ pub async fn serve(
 
 /// `stream`, whose writes fail once one has made no progress for `timeout`:
 /// hyper then closes the connection. The clock runs only while a write
-/// waits for the client to read, so a long computation or a stream that is
-/// quiet between events is not cut, and a slow reader that keeps reading
-/// is. hyper has a timeout for the headers but none for the answer, and a
-/// tower layer sees only the response future, not the socket it is written
-/// to; `tokio-io-timeout` is the small, long-kept wrapper that tonic's
-/// stack uses for this.
+/// waits for the client to read, so neither a long computation nor a
+/// stream quiet between its events is cut, nor a slow reader that keeps
+/// reading. hyper has a timeout for the headers but none for the answer,
+/// and a tower layer sees only the response future, not the socket it is
+/// written to; `tokio-io-timeout` is a small, long-kept crate that wraps
+/// the socket for exactly this.
 fn with_write_timeout(stream: TcpStream, timeout: Duration) -> tokio_io_timeout::TimeoutWriter<TcpStream> {
     let mut stream = tokio_io_timeout::TimeoutWriter::new(stream);
     stream.set_timeout(Some(timeout));
@@ -178,7 +178,8 @@ static TOO_MANY_CONNECTIONS: LazyLock<Vec<u8>> = LazyLock::new(|| {
 });
 
 /// Answers a connection past the cap with a fixed 503 and closes it, in the
-/// accept loop itself: no task, no buffer, nothing that waits on the client.
+/// accept loop itself: no task, nothing kept, nothing that waits on the
+/// client.
 /// A fresh socket's send buffer takes the whole answer at once; if it did
 /// not, the client sees the connection closed, which refuses it as well.
 /// What the client already sent is read first (and dropped): a socket
