@@ -241,6 +241,7 @@ pub async fn payments(backend: Backend) -> Seeded {
     tokio::spawn(payment_provider::serve(
         listener,
         payment_provider::Provider::default(),
+        Default::default(),
         std::future::pending(),
     ));
     let provider = payments::provider::ProviderConfig {
@@ -385,7 +386,12 @@ pub async fn deployments(backend: Backend) -> Seeded {
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let controller_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(deploy_controller::serve(listener, controller, std::future::pending()));
+    tokio::spawn(deploy_controller::serve(
+        listener,
+        controller,
+        Default::default(),
+        std::future::pending(),
+    ));
     let app = deployments::App::new(
         db.db.clone(),
         IdempotencyConfig::default(),
