@@ -84,9 +84,7 @@ pub struct Rollout {
     pub reference: String,
     pub artifact_digest: String,
     /// Where it rolls out: what a lookup checks beside the reference and the digest.
-    #[serde(default)]
     pub service: String,
-    #[serde(default)]
     pub environment: String,
     pub failure: Option<String>,
 }
@@ -372,19 +370,15 @@ impl Destination for Controller {
                 external_ref: rollout.id,
             });
         }
+        // what it is goes to the log only: it may be another account's, and
+        // the reason is shown on this operation to everyone who reads it
+        tracing::warn!(operation_id = %event.operation_id, held = %rollout.id, reference = %rollout.reference,
+            artifact_digest = %rollout.artifact_digest, service = %rollout.service, environment = %rollout.environment,
+            "the controller holds, under the key or the reference, a rollout that is not the one asked for");
         Ok(Lookup::Mismatch {
-            reason: format!(
-                "the controller holds {} for `{}` ({} to {}/{}) where {} of {} to {}/{} was asked for: a person must look",
-                rollout.id,
-                rollout.reference,
-                rollout.artifact_digest,
-                rollout.service,
-                rollout.environment,
-                order.deployment_id,
-                order.artifact_digest,
-                order.service,
-                order.environment
-            ),
+            reason: "the controller holds a rollout under this operation's key or reference that is not its \
+                     work: a person must look (the service's log names it)"
+                .to_owned(),
             external_ref: rollout.id,
         })
     }

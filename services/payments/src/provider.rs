@@ -219,19 +219,16 @@ impl Provider {
                 external_ref: listed.id,
             });
         }
+        // what it is goes to the log only: it may be another account's, and
+        // the reason is shown on this operation to everyone who reads it
+        tracing::warn!(external_key = %key, held = %listed.id, status = %listed.status,
+            amount_minor = listed.amount_minor, currency = listed.currency.as_deref().unwrap_or("-"),
+            reference = %listed.merchant_reference, "the provider holds, under the key or the reference, something \
+            that is not what was asked for");
         Ok(Lookup::Mismatch {
-            reason: format!(
-                "the provider holds {} ({}, {} minor units{}, reference `{}`) where {} minor units{} with \
-                 reference `{}` were asked for: a person must look",
-                listed.id,
-                listed.status,
-                listed.amount_minor,
-                listed.currency.as_deref().map(|c| format!(" {c}")).unwrap_or_default(),
-                listed.merchant_reference,
-                asked.amount_minor,
-                asked.currency.map(|c| format!(" {c}")).unwrap_or_default(),
-                asked.reference
-            ),
+            reason: "the provider holds something under this operation's key or reference that is not its work: \
+                     a person must look (the service's log names it)"
+                .to_owned(),
             external_ref: listed.id,
         })
     }

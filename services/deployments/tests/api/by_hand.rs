@@ -47,7 +47,7 @@ async fn journal(app: &TestApp, operation_id: &str) -> Vec<Value> {
     entries["data"].as_array().unwrap().clone()
 }
 
-/// The reproduction: both accounts' services hand rollouts to the controller
+/// Both accounts' services hand rollouts to the controller
 /// with one key, so globex's rollout is visible to acme's lookups. acme's
 /// admin names it for acme's deployment: refused and journaled, and acme's
 /// cancel then has no rollout of globex's to reach — it runs to its end.

@@ -604,7 +604,7 @@ async fn another_admin_sending_an_admins_settlement_key_and_body_is_422_not_thei
     assert_eq!(events.iter().filter(|e| *e == "resolved").count(), 1, "{events:?}");
 }
 
-/// The reproduction: both accounts' services charge through one merchant key,
+/// Both accounts' services charge through one merchant key,
 /// so globex's charge is visible to acme's lookups. acme's admin names it for
 /// acme's capture: refused, journaled, nothing settled — and globex's charge
 /// is still globex's to refund, in full.
@@ -761,7 +761,18 @@ async fn a_charge_under_the_capture_s_key_that_is_not_its_own_settles_it_neither
         Value::Null,
         "what is not this capture's is not named"
     );
-    assert_eq!(app.operation(&operation_id).await["state"], "unknown");
+    let operation = app.operation(&operation_id).await;
+    assert_eq!(operation["state"], "unknown");
+    assert!(
+        operation["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not its work")),
+        "the reconciler's finding is shown: {operation}"
+    );
+    assert!(
+        !operation.to_string().contains(&squatter),
+        "what the provider holds that is not this capture's is named in no answer: {operation}"
+    );
 }
 
 /// What cannot be checked is not taken on trust: while the provider is down a
@@ -884,7 +895,41 @@ async fn a_capture_settled_completed_without_a_reference_holds_its_order_and_can
     assert_eq!(entries.last().unwrap()["event"], "completed", "{entries:?}");
 }
 
+/// `completed` without a reference is a person's word only when the
+/// provider cannot be asked: while it answers, the charge it holds for the
+/// capture is named (settle with it), and no charge at all refutes it —
+/// either way nothing is written.
+async fn completed_without_a_reference_is_checked_while_the_provider_answers(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
+    let (charged, _, _, charge_id) = capture_left_unknown_with_its_charge_made(&app, "order-1").await;
+    let (not_charged, _, _) = capture_left_unknown_with_nothing_charged(&app, "order-2").await;
+    let completed = json!({"outcome": "completed", "evidence": "the customer says it was paid"});
+
+    let named = resolve(&app, &admin, &charged, &completed).await;
+    let refuted = resolve(&app, &admin, &not_charged, &completed).await;
+    let entries = journal(&app, &not_charged).await;
+
+    named.assert_problem(409, "external_outcome_exists");
+    assert_eq!(
+        named.json()["external_ref"],
+        charge_id.as_str(),
+        "the charge to settle it with"
+    );
+    refuted.assert_problem(422, "external_ref_mismatch");
+    for operation_id in [&charged, &not_charged] {
+        assert_eq!(app.operation(operation_id).await["state"], "unknown", "nothing written");
+    }
+    let refusal = entries
+        .iter()
+        .find(|e| e["event"] == "external_ref_refused")
+        .unwrap_or_else(|| panic!("the refusal is journaled: {entries:?}"));
+    assert_eq!(refusal["external_ref"], Value::Null);
+    assert!(!entries.iter().any(|e| e["event"] == "resolved"), "{entries:?}");
+}
+
 platform::both_backends!(
+    completed_without_a_reference_is_checked_while_the_provider_answers,
     while_the_reconciler_holds_the_event_a_resolution_is_told_to_wait_and_changes_nothing,
     a_settlement_that_cannot_be_written_counts_as_a_failure_and_its_text_never_reaches_the_caller,
     an_event_that_fails_too_often_is_dead_shown_on_its_operation_and_sent_again_only_when_an_admin_says_so,

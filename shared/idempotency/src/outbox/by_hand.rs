@@ -78,9 +78,11 @@ pub enum ByHandError {
     #[error("the event is held until {0}")]
     Held(Timestamp),
     /// `completed` named a reference the external system does not confirm
-    /// as the operation's work (it holds another, or nothing, for it).
-    #[error("the external system does not confirm `{0}` as the operation's")]
-    ExternalRefMismatch(String),
+    /// as the operation's work (it holds another, or nothing, for it); or,
+    /// with no reference (`None`), the external system answered and holds
+    /// no work of the operation.
+    #[error("the external system does not confirm {0:?} as the operation's")]
+    ExternalRefMismatch(Option<String>),
     /// `failed`, while the external system holds something under the
     /// operation's key or reference: the operation's own work (`Some`, its
     /// reference), or something that is not it and that a person must look at.
@@ -105,13 +107,12 @@ pub enum ByHandError {
 /// stored answer stays, replayed to every later attempt.
 ///
 /// Asking comes before the transaction, which must not wait on the network.
-/// The order is safe because what the check confirmed still holds when the
-/// transaction writes: an external system keeps what it made, so a confirmed
-/// reference stays the operation's; and nothing can be sent under the
-/// operation's key in between without its event being taken by a worker —
-/// which the transaction's compare-and-set on the event's lease refuses
-/// (409 with `Retry-After`) — or settled by it, which the compare-and-set
-/// from `unknown` refuses.
+/// The transaction settles the event only as it was when the check asked:
+/// held by nobody and handed to the external system no more times since
+/// (its `deliveries`). An external system keeps what it made, so a confirmed
+/// reference stays the operation's; and if the work was sent again in
+/// between (the reconciler found nothing and a worker sent it), what the
+/// check saw may be out of date, so it asks again.
 ///
 /// Sent again once it went through, it is refused with the state it left,
 /// which tells a person whose answer was lost that it did.
@@ -122,41 +123,65 @@ pub async fn resolve(
     resolution: &Resolution,
 ) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
-    let Some(event) = store::settleable_event(&idempotency.db, account_id, operation_id, Timestamp::now()).await?
-    else {
-        return Err(why_not(idempotency, account_id, operation_id).await);
-    };
-    if let Err(refused) = check(idempotency, &event, &resolution.outcome).await {
-        if let ByHandError::ExternalRefMismatch(external_ref) = &refused {
-            journal_refusal(idempotency, by, &event, external_ref, &resolution.evidence).await?;
+    let mut asked = store::settleable_event(&idempotency.db, account_id, operation_id, Timestamp::now()).await?;
+    // bounded: each round settles, is refused, or finds the work sent again since it asked
+    for _ in 0..3 {
+        let Some(event) = asked else {
+            break;
+        };
+        if let Err(refused) = check(idempotency, &event, &resolution.outcome).await {
+            if let ByHandError::ExternalRefMismatch(external_ref) = &refused {
+                journal_refusal(idempotency, by, &event, external_ref.as_deref(), &resolution.evidence).await?;
+            }
+            return Err(refused);
         }
-        return Err(refused);
+        if settle_as_checked(idempotency, by, &event, resolution).await? {
+            return Ok(());
+        }
+        asked = store::settleable_event(&idempotency.db, account_id, operation_id, Timestamp::now())
+            .await?
+            .filter(|now| now.deliveries != event.deliveries);
     }
+    Err(why_not(idempotency, account_id, operation_id).await)
+}
+
+/// The settling transaction of [`resolve`], for `event` as the check saw it.
+/// `false`: nothing was written — the event is held, settled, or was sent
+/// again since.
+async fn settle_as_checked(
+    idempotency: &Idempotency,
+    by: &Principal,
+    event: &OutboxEvent,
+    resolution: &Resolution,
+) -> Result<bool, ByHandError> {
+    let (account_id, operation_id) = (event.account_id.as_str(), event.operation_id.as_str());
     let failed_by_hand = matches!(resolution.outcome, Resolved::Failed { .. }).then_some(plan::FAILED_BY_HAND);
     let ledger = idempotency
         .ledger()
         .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
-    let plan = plan::resolved(resolution, &by.principal_id, ledger.completes_on_acceptance(&event));
+    let plan = plan::resolved(resolution, &by.principal_id, ledger.completes_on_acceptance(event));
     let settles = plan.settles.as_ref().expect("a resolution settles its operation");
     let mut tx = idempotency.begin().await?;
     // after the lock: a lease that ran out while this waited must look so
     let now = Timestamp::now();
     // the event first, as the worker and the reconciler lock it first; an
     // operation is `unknown` only through its event, so no event, no resolution
-    let Some(event) = store::settle_by_hand(
+    let settled = store::settle_by_hand(
         &mut tx,
         account_id,
         operation_id,
-        resolution.event_state(),
-        plan.external_ref,
-        failed_by_hand,
+        event.deliveries,
+        store::ByHand {
+            state: resolution.event_state(),
+            external_ref: plan.external_ref,
+            last_error: failed_by_hand,
+        },
         now,
     )
-    .await?
-    else {
-        // held, settled already, or not there
+    .await?;
+    let Some(event) = settled else {
         tx.rollback().await?;
-        return Err(why_not(idempotency, account_id, operation_id).await);
+        return Ok(false);
     };
     let Some((idempotency_key, fingerprint, route)) = crate::store::settle_unknown(
         &mut tx,
@@ -169,7 +194,7 @@ pub async fn resolve(
     .await?
     else {
         tx.rollback().await?;
-        return Err(why_not(idempotency, account_id, operation_id).await);
+        return Ok(false);
     };
     ledger.settle(&mut tx, &event, settles.business).await?;
     let operation = EventOf {
@@ -195,7 +220,7 @@ pub async fn resolve(
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, state = settles.operation.as_str(),
         "an operation whose outcome was unknown was settled by hand");
-    Ok(())
+    Ok(true)
 }
 
 /// Whether the external system bears out `outcome` for `event`'s operation,
@@ -205,36 +230,49 @@ pub async fn resolve(
 ///   operation — the work under its key or its reference, of its amount and
 ///   currency, or its release and target. A reference that merely exists is
 ///   not enough: another account's work may be visible to the same lookup.
-/// - `completed` with none: nothing from outside enters the rows, so there
-///   is nothing to check (it is what can still be settled when the external
-///   system is gone for good).
+/// - `completed` with none: if the external system answers, it is checked
+///   as well: the work it holds is named (settle with it), and no work at
+///   all refutes it. Only when the external system cannot be asked is the
+///   person's word taken, and then no external id enters any row (what can
+///   still be settled when the external system is gone for good).
 /// - `failed`: the external system must hold nothing under the key or the
 ///   reference.
 async fn check(idempotency: &Idempotency, event: &OutboxEvent, outcome: &Resolved) -> Result<(), ByHandError> {
-    let named = match outcome {
-        Resolved::Completed { external_ref: None } => return Ok(()),
-        Resolved::Completed {
-            external_ref: Some(named),
-        } => Some(named.as_str()),
-        Resolved::Failed { .. } => None,
-    };
     let witness = idempotency
         .witness()
         .ok_or_else(|| ByHandError::ExternalSystemUnavailable("the service gives its layer no witness".into()))?;
     let held = tokio::time::timeout(ASKING_TIMEOUT, witness.holds(event))
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {ASKING_TIMEOUT:?}")))
-        .map_err(|reason| {
+        .unwrap_or_else(|_| Err(format!("no answer within {ASKING_TIMEOUT:?}")));
+    let held = match (outcome, held) {
+        (Resolved::Completed { external_ref: None }, Err(reason)) => {
+            tracing::warn!(operation_id = %event.operation_id, %reason,
+                "the external system cannot be asked: a person's `completed` with no reference is taken as it is");
+            return Ok(());
+        }
+        (_, Err(reason)) => {
             tracing::warn!(operation_id = %event.operation_id, %reason,
                 "a resolution could not be checked: the external system could not be asked");
-            ByHandError::ExternalSystemUnavailable(reason)
-        })?;
-    match (named, held) {
-        (Some(named), Lookup::Found { external_ref }) if external_ref == named => Ok(()),
-        (Some(named), _) => Err(ByHandError::ExternalRefMismatch(named.to_owned())),
-        (None, Lookup::Absent) => Ok(()),
-        (None, Lookup::Found { external_ref }) => Err(ByHandError::ExternalOutcomeExists(Some(external_ref))),
-        (None, Lookup::Mismatch { .. }) => Err(ByHandError::ExternalOutcomeExists(None)),
+            return Err(ByHandError::ExternalSystemUnavailable(reason));
+        }
+        (_, Ok(held)) => held,
+    };
+    match (outcome, held) {
+        (
+            Resolved::Completed {
+                external_ref: Some(named),
+            },
+            Lookup::Found { external_ref },
+        ) if external_ref == *named => Ok(()),
+        (Resolved::Completed { external_ref: None }, Lookup::Found { external_ref }) => {
+            Err(ByHandError::ExternalOutcomeExists(Some(external_ref)))
+        }
+        (Resolved::Completed { external_ref }, _) => Err(ByHandError::ExternalRefMismatch(external_ref.clone())),
+        (Resolved::Failed { .. }, Lookup::Absent) => Ok(()),
+        (Resolved::Failed { .. }, Lookup::Found { external_ref }) => {
+            Err(ByHandError::ExternalOutcomeExists(Some(external_ref)))
+        }
+        (Resolved::Failed { .. }, Lookup::Mismatch { .. }) => Err(ByHandError::ExternalOutcomeExists(None)),
     }
 }
 
@@ -244,7 +282,7 @@ async fn journal_refusal(
     idempotency: &Idempotency,
     by: &Principal,
     event: &OutboxEvent,
-    external_ref: &str,
+    external_ref: Option<&str>,
     evidence: &str,
 ) -> Result<(), sqlx::Error> {
     let operation = EventOf {
@@ -259,15 +297,15 @@ async fn journal_refusal(
         ..operation.audit(
             AuditEvent::ExternalRefRefused,
             &by.principal_id,
-            Some(external_ref),
+            external_ref,
             Timestamp::now(),
         )
     };
     let mut tx = idempotency.begin().await?;
     audit::record(&mut tx, &[refusal]).await?;
     tx.commit().await?;
-    tracing::warn!(operation_id = %event.operation_id, by = %by.principal_id, %external_ref,
-        "a resolution named a reference the external system does not confirm as the operation's; refused");
+    tracing::warn!(operation_id = %event.operation_id, by = %by.principal_id, external_ref = external_ref.unwrap_or("-"),
+        "a resolution the external system does not bear out was refused");
     Ok(())
 }
 

@@ -220,23 +220,31 @@ pub(super) async fn settleable_event(
     Ok(found)
 }
 
-/// Settles the event of an operation a person settled by hand, to `state`,
-/// if it may be ([`settleable_by_hand`]). `None`: the operation has no event,
-/// it is held, or it was settled already.
-#[allow(clippy::too_many_arguments)]
+/// What a person's settlement writes on the event.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ByHand<'a> {
+    pub state: EventState,
+    pub external_ref: Option<&'a str>,
+    pub last_error: Option<&'a str>,
+}
+
+/// Settles the event of an operation a person settled by hand, as `to`
+/// says, if it may be ([`settleable_by_hand`]) and was handed to the
+/// external system `deliveries` times, as when the person's evidence was
+/// checked. `None`: the operation has no event, it is held, it was settled
+/// already, or it was sent again since.
 pub(super) async fn settle_by_hand(
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
-    state: EventState,
-    external_ref: Option<&str>,
-    last_error: Option<&str>,
+    deliveries: i32,
+    to: ByHand<'_>,
     now: Timestamp,
 ) -> Result<Option<OutboxEvent>, sqlx::Error> {
     const SQL: &str = concat!(
         "UPDATE idempotency_outbox SET state = $3, lease_token = NULL, external_ref = COALESCE($4, external_ref), \
          last_error = $5, updated_at = $6 \
-         WHERE account_id = $1 AND operation_id = $2 AND ",
+         WHERE account_id = $1 AND operation_id = $2 AND deliveries = $7 AND ",
         settleable_by_hand!("$6"),
         " RETURNING ",
         event_columns!()
@@ -245,10 +253,11 @@ pub(super) async fn settle_by_hand(
         sqlx::query(SQL)
             .bind(account_id)
             .bind(operation_id)
-            .bind(state.as_str())
-            .bind(external_ref)
-            .bind(last_error)
+            .bind(to.state.as_str())
+            .bind(to.external_ref)
+            .bind(to.last_error)
             .bind(now)
+            .bind(deliveries)
             .fetch_optional(conn)
             .await?
             .as_ref()

@@ -145,6 +145,9 @@ fn may_settle(principal: &Principal) -> Result<(), ApiError> {
     }
 }
 
+/// When to ask again after the external system could not be asked, in seconds.
+const EXTERNAL_SYSTEM_RETRY_AFTER: u64 = 5;
+
 fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
     match error {
         ByHandError::NotFound => ApiError::not_found(format!("operation `{operation_id}`")),
@@ -168,7 +171,7 @@ fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
         ))
         .with("state", OperationState::Unknown)
         .with_retry_after(until.seconds_from_now().max(1)),
-        ByHandError::ExternalRefMismatch(external_ref) => ApiError::new(
+        ByHandError::ExternalRefMismatch(Some(external_ref)) => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "external_ref_mismatch",
             "External reference not this operation's",
@@ -179,6 +182,16 @@ fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
             ),
         )
         .with("external_ref", external_ref),
+        ByHandError::ExternalRefMismatch(None) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "external_ref_mismatch",
+            "The external system holds no work of this operation",
+            format!(
+                "the external system answers that it holds no work of operation `{operation_id}` (under its key \
+                 or reference): it did not take effect there. Nothing was written, and the refusal is journaled; \
+                 settle it `failed`, or `completed` with the reference the external system holds"
+            ),
+        ),
         ByHandError::ExternalOutcomeExists(Some(external_ref)) => ApiError::new(
             StatusCode::CONFLICT,
             "external_outcome_exists",
@@ -212,9 +225,6 @@ fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
         ByHandError::Database(e) => e.into(),
     }
 }
-
-/// When to ask again after the external system could not be asked, in seconds.
-const EXTERNAL_SYSTEM_RETRY_AFTER: u64 = 5;
 
 /// The operation as it is now.
 async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &str) -> Result<OperationView, ApiError> {
