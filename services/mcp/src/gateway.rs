@@ -233,6 +233,14 @@ impl Gateway {
             }
             // the key is another intent's, or another key's, of this account
             Err(AgentError::KeyOfAnotherOperation { .. }) => return Err(key_reused_here()),
+            // most likely this server's own intent, under a key it held before
+            Err(AgentError::KnownUnderAnotherAccount { .. }) => {
+                return Err(ToolError::new(
+                    "intent_known_under_another_key",
+                    "the journal has this intent under another key of this server's (a key rotated since?): name \
+                     the account with MCP_ACCOUNT so its key is found, or use a new intent; nothing was sent",
+                ));
+            }
             Err(other) => return Err(ToolError::journal_unavailable(&other)),
         };
         call.idempotency_key = Some(entry.idempotency_key);

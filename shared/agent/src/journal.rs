@@ -73,6 +73,11 @@ impl Account {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Only a mark of a key: it changes when the key does.
+    fn is_mark(&self) -> bool {
+        self.0.starts_with("key ")
+    }
 }
 
 impl std::fmt::Display for Account {
@@ -169,7 +174,8 @@ impl Journal {
     /// another payload — or a new one, with a new key, written and committed
     /// before this returns (so before anything is sent).
     pub async fn begin(&self, name: &str, request: &Request) -> Result<Entry, AgentError> {
-        self.claim(name).await?;
+        self.claim(name, request).await?;
+        self.refuse_if_known_elsewhere(name).await?;
         self.insert(name, &uuid::Uuid::new_v4().to_string(), request).await?;
         let entry = self
             .entry(name)
@@ -183,7 +189,8 @@ impl Journal {
     /// Refused like [`Journal::begin`] if the name is known with another
     /// payload, and if the key is another of this account's operations.
     pub async fn adopt(&self, name: &str, key: &str, request: &Request) -> Result<Entry, AgentError> {
-        self.claim(name).await?;
+        self.claim(name, request).await?;
+        self.refuse_if_known_elsewhere(name).await?;
         self.insert(name, key, request).await?;
         // nothing under the name: the insert met the key, another operation's
         let entry = self
@@ -194,16 +201,45 @@ impl Journal {
     }
 
     /// Takes operation `name` for this account if it was made before the
-    /// journal kept accounts and no account has named it since. `OR IGNORE`:
-    /// if this account has `name` already, its own stays.
-    async fn claim(&self, name: &str) -> Result<(), AgentError> {
-        sqlx::query("UPDATE OR IGNORE agent_operations SET account = $1 WHERE account = $2 AND name = $3")
-            .bind(self.account.as_str())
-            .bind(UNCLAIMED)
-            .bind(name)
-            .execute(&self.pool)
-            .await?;
+    /// journal kept accounts, for this very request, and no account has
+    /// named it since. `OR IGNORE`: if this account has `name` already, its
+    /// own stays.
+    async fn claim(&self, name: &str, request: &Request) -> Result<(), AgentError> {
+        sqlx::query(
+            "UPDATE OR IGNORE agent_operations SET account = $1 \
+             WHERE account = $2 AND name = $3 AND payload_digest = $4",
+        )
+        .bind(self.account.as_str())
+        .bind(UNCLAIMED)
+        .bind(name)
+        .bind(payload_digest(request))
+        .execute(&self.pool)
+        .await?;
         Ok(())
+    }
+
+    /// Refuses a name this account does not have when the journal has it
+    /// under another account and either is only a key's mark: a rotated key
+    /// or an account named since would otherwise make a second key for the
+    /// same action. Two named accounts keep their names apart, as tenants do.
+    async fn refuse_if_known_elsewhere(&self, name: &str) -> Result<(), AgentError> {
+        if self.entry(name).await?.is_some() {
+            return Ok(());
+        }
+        let elsewhere: Option<String> = sqlx::query_scalar(
+            "SELECT account FROM agent_operations WHERE name = $1 AND account NOT IN ($2, $3) \
+             AND ($4 OR account LIKE 'key %') LIMIT 1",
+        )
+        .bind(name)
+        .bind(self.account.as_str())
+        .bind(UNCLAIMED)
+        .bind(self.account.is_mark())
+        .fetch_optional(&self.pool)
+        .await?;
+        match elsewhere {
+            Some(_) => Err(AgentError::KnownUnderAnotherAccount { name: name.to_owned() }),
+            None => Ok(()),
+        }
     }
 
     /// Writes operation `name` with `key` unless the account has the name,

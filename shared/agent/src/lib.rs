@@ -198,6 +198,15 @@ pub enum AgentError {
         "the key handed over for operation `{name}` is another operation's in this journal: a new intention needs a new key"
     )]
     KeyOfAnotherOperation { name: String },
+    /// `name` is in the journal under another account, and one of the two
+    /// is only a mark of a key: most likely this agent's own operation,
+    /// before its key was rotated or its account named. A new key for it
+    /// could do the action twice, so nothing is sent.
+    #[error(
+        "operation `{name}` is in the journal under another key or account: if it is this agent's, name its account \
+         (--account, AGENT_ACCOUNT) so its key is found; if not, give this operation another name"
+    )]
+    KnownUnderAnotherAccount { name: String },
     #[error("the agent's journal: {0}")]
     Journal(String),
     #[error("the operation status could not be read: {0}")]
@@ -334,16 +343,32 @@ impl Agent {
 
     /// An operation's status by its id: one path segment, whatever it holds.
     pub async fn status(&self, base_url: &str, operation_id: &str) -> Result<Value, AgentError> {
-        let operation_id = platform::path::segment(operation_id).map_err(|e| AgentError::Status(e.to_string()))?;
+        let url = operation_url(base_url, operation_id)?;
         let response = self
             .http
-            .get(format!("{base_url}/v1/operations/{operation_id}"))
+            .get(url)
             .bearer_auth(&self.token)
             .send()
             .await
             .map_err(|e| AgentError::Status(e.to_string()))?;
         response.json().await.map_err(|e| AgentError::Status(e.to_string()))
     }
+}
+
+/// `{base_url}/v1/operations/{operation_id}`, the id one percent-encoded
+/// path segment (`/`, `?`, `#` and `%` too): never another route read with
+/// the agent's key. `.` and `..` are refused, as a URL parser climbs with
+/// them however they are encoded.
+fn operation_url(base_url: &str, operation_id: &str) -> Result<reqwest::Url, AgentError> {
+    if matches!(operation_id, "" | "." | "..") {
+        return Err(AgentError::Status(format!("`{operation_id}` is not an operation id")));
+    }
+    let mut url = reqwest::Url::parse(base_url).map_err(|e| AgentError::Usage(format!("{base_url}: {e}")))?;
+    url.path_segments_mut()
+        .map_err(|()| AgentError::Usage(format!("{base_url} cannot take a path")))?
+        .pop_if_empty()
+        .extend(["v1", "operations", operation_id]);
+    Ok(url)
 }
 
 /// One run of one operation.

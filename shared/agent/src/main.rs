@@ -87,9 +87,10 @@ async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("agent: {error}");
             ExitCode::from(match error {
-                AgentError::ChangedPayload { .. } | AgentError::KeyOfAnotherOperation { .. } | AgentError::Usage(_) => {
-                    2
-                }
+                AgentError::ChangedPayload { .. }
+                | AgentError::KeyOfAnotherOperation { .. }
+                | AgentError::KnownUnderAnotherAccount { .. }
+                | AgentError::Usage(_) => 2,
                 _ => 1,
             })
         }

@@ -17,6 +17,14 @@ use platform::{
 use serde_json::{Value, json};
 use tickets::domain::{Priority, TicketsPolicy};
 
+fn agent_config() -> AgentConfig {
+    AgentConfig {
+        request_timeout: Duration::from_millis(800),
+        backoff: Duration::from_millis(20),
+        ..AgentConfig::default()
+    }
+}
+
 struct World {
     service: String,
     proxy: FaultProxy,
@@ -49,16 +57,20 @@ impl World {
         self.agent_with(ACME_AGENT).await
     }
 
-    /// An agent that calls with `api_key`, on the world's one journal file.
+    /// An agent that calls with `api_key`, on the world's one journal file,
+    /// its operations kept under a mark of the key.
     async fn agent_with(&self, api_key: &str) -> Agent {
-        let config = AgentConfig {
-            request_timeout: Duration::from_millis(800),
-            backoff: Duration::from_millis(20),
-            ..AgentConfig::default()
-        };
-        Agent::open(&self.journal.path().join("journal.db"), api_key, config)
+        Agent::open(&self.journal.path().join("journal.db"), api_key, agent_config())
             .await
             .unwrap()
+    }
+
+    /// An agent of the named `account`, calling with `api_key`, on the world's journal file.
+    async fn agent_of(&self, account: &str, api_key: &str) -> Agent {
+        let journal = agent::Journal::open(&self.journal.path().join("journal.db"), Account::named(account))
+            .await
+            .unwrap();
+        Agent::new(journal, api_key, agent_config()).unwrap()
     }
 
     fn ticket(&self, title: &str) -> Request {
@@ -297,8 +309,8 @@ async fn an_approval_request_is_reported_and_the_run_after_the_decision_creates(
 
 async fn agents_of_two_accounts_on_one_journal_each_send_their_own_operation_under_one_name(backend: Backend) {
     let world = world(backend).await;
-    let acme = world.agent_with(ACME_AGENT).await;
-    let globex = world.agent_with(GLOBEX_AGENT).await;
+    let acme = world.agent_of("acme", ACME_AGENT).await;
+    let globex = world.agent_of("globex", GLOBEX_AGENT).await;
 
     let for_acme = acme
         .execute("rotate-cert", &world.ticket("Rotate staging certificate"))
@@ -315,6 +327,36 @@ async fn agents_of_two_accounts_on_one_journal_each_send_their_own_operation_und
     assert_ne!(for_globex.idempotency_key, for_acme.idempotency_key);
     assert_ne!(for_globex.operation_id, for_acme.operation_id);
     assert_eq!(world.tickets().await, 2, "one ticket for each account");
+}
+
+/// An agent whose key was rotated, its account never named, finds its
+/// operation under the old key's mark: it is refused, with nothing sent,
+/// rather than sent again under a new key — which would do it twice. Named,
+/// the account finds its own.
+async fn an_operation_begun_under_a_rotated_key_is_refused_rather_than_sent_under_a_new_one(backend: Backend) {
+    let world = world(backend).await;
+    let rotate = world.ticket("Rotate staging certificate");
+    let before = world.agent_with(ACME_AGENT).await;
+    let first = before.execute("rotate-cert", &rotate).await.unwrap();
+    let rotated_key = platform::testing::new_bearer(
+        &tickets::App::new(world.db.db.clone(), Default::default(), true).auth,
+        "acme",
+        "acme-agent-2",
+        platform::Role::Agent,
+    )
+    .await;
+
+    let after = world.agent_with(&rotated_key).await;
+    let refused = after.execute("rotate-cert", &rotate).await;
+    let sends_after_refusal = world.sends_through_the_proxy();
+
+    assert_eq!(first.outcome, Outcome::Created, "{}", first.note);
+    assert!(
+        matches!(refused, Err(AgentError::KnownUnderAnotherAccount { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(sends_after_refusal, 1, "nothing sent under a new key");
+    assert_eq!(world.tickets().await, 1);
 }
 
 async fn a_key_handed_to_two_accounts_is_each_ones_own_operation(backend: Backend) {
@@ -420,6 +462,13 @@ async fn a_journal_made_before_accounts_keeps_every_operations_key(backend: Back
     .unwrap();
     old.close().await;
 
+    // another account's operation of that name, for another request, does not take it
+    let other = world.agent_of("initech", GLOBEX_AGENT).await;
+    let others = other
+        .journal()
+        .begin("rotate-cert", &world.ticket("Renew another certificate"))
+        .await
+        .unwrap();
     // the upgraded agent retries the operation it sent before
     let acme = world.agent().await;
     let retried = acme.execute("rotate-cert", &rotate).await.unwrap();
@@ -441,6 +490,7 @@ async fn a_journal_made_before_accounts_keeps_every_operations_key(backend: Back
         retried.idempotency_key, stored,
         "the retry sent the key stored before the upgrade"
     );
+    assert_ne!(others.idempotency_key, stored, "another request never takes it");
     assert_eq!(attempts[0].note, "no answer in time", "its attempts came along");
     assert!(
         globex.journal().entry("rotate-cert").await.unwrap().is_none(),
@@ -487,4 +537,5 @@ platform::both_backends!(
     a_key_handed_over_that_names_another_operation_of_the_account_is_refused,
     a_journal_made_before_accounts_keeps_every_operations_key,
     an_operation_id_asked_about_is_one_path_segment_never_another_route,
+    an_operation_begun_under_a_rotated_key_is_refused_rather_than_sent_under_a_new_one,
 );
