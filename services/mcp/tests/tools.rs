@@ -914,7 +914,6 @@ async fn a_journal_made_before_accounts_keeps_each_accounts_intents_and_approval
     assert_eq!(waited("globex").await, None, "acme's approval wait is not globex's");
 }
 
-/// Approves an approval as the approver does, over HTTP, echoing its fingerprint.
 /// Requests a stand-in tickets service holds: now, the most at once, and in all.
 #[derive(Debug, Default)]
 struct Held {
@@ -965,10 +964,14 @@ async fn past_the_bound_on_calls_under_way_a_call_waits_for_one_to_end_and_none_
     futures::future::join_all(calls).await;
 
     let most = held.most.load(Ordering::SeqCst);
-    assert!(most <= 2, "{most} requests were sent at once; the bound is 2");
+    assert_eq!(
+        most, 2,
+        "requests sent at once: as many as the bound allows, never more"
+    );
     assert_eq!(held.all.load(Ordering::SeqCst), 6, "every call was sent, once");
 }
 
+/// Approves an approval as the approver does, over HTTP, echoing its fingerprint.
 async fn approve(world: &World, approval_id: &str) {
     let approval = world
         .get(

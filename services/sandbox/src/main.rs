@@ -73,6 +73,9 @@ async fn main() -> Result<(), Error> {
     let mut deployments = ServiceConfig::from_env("deployments", deployments::DEFAULT_PORT, true)?;
     // one cap for the process: every server in it draws on the same connections
     let limits = ConnectionLimits::from_env()?;
+    // but the simulators stand in for other machines: a flood on the services'
+    // ports must not take the outbox's way to them
+    let elsewhere = ConnectionLimits::from_env()?;
     for service in [&mut tickets, &mut payments, &mut deployments] {
         service.limits = limits.clone();
     }
@@ -151,13 +154,13 @@ async fn main() -> Result<(), Error> {
     services.spawn(payment_provider::serve(
         provider_listener,
         provider,
-        limits.clone(),
+        elsewhere.clone(),
         until_stopped(),
     ));
     services.spawn(deploy_controller::serve(
         controller_listener,
         controller,
-        limits.clone(),
+        elsewhere,
         until_stopped(),
     ));
     services.spawn(console::serve(

@@ -182,8 +182,10 @@ static TOO_MANY_CONNECTIONS: LazyLock<Vec<u8>> = LazyLock::new(|| {
 /// client.
 /// A fresh socket's send buffer takes the whole answer at once; if it did
 /// not, the client sees the connection closed, which refuses it as well.
-/// What the client already sent is read first (and dropped): a socket
-/// closed with unread data is reset, and a reset can lose the answer.
+/// What the client already sent, up to a page, is read first (and
+/// dropped): a socket closed with unread data is reset, and a reset can lose
+/// the answer. A client that sent more may get the reset instead, which
+/// refuses it all the same.
 fn refuse(stream: TcpStream) {
     let mut sent = [0u8; 4096];
     let _ = stream.try_read(&mut sent);
