@@ -108,3 +108,83 @@ pub enum Lookup {
     /// must look (`reason` says what differs).
     Mismatch { external_ref: String, reason: String },
 }
+
+/// Whether `id` has an external id's documented form: 1 to 200 letters,
+/// digits, `_` and `-` (docs/contract.md §5). An id from outside is data,
+/// and the service's rows keep only ids of this form, whoever gave them: a
+/// person (the resolution refuses another with 400) or the external system
+/// itself (below).
+pub fn is_external_id(id: &str) -> bool {
+    (1..=200).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Delivery {
+    /// An acceptance whose id is not of an external id's form is not an
+    /// answer that can be kept: the work may have been taken, so it is left
+    /// to the reconciler, as a lost answer is.
+    pub(super) fn checked(self) -> Delivery {
+        match self {
+            Delivery::Accepted { external_ref } if !is_external_id(&external_ref) => {
+                tracing::warn!(id = %external_ref.escape_debug(), "an external system accepted work under an id not of an id's form");
+                Delivery::AnswerLost {
+                    reason: "accepted, under an id that is not of an external id's form".into(),
+                }
+            }
+            delivery => delivery,
+        }
+    }
+}
+
+impl Lookup {
+    /// Work found under an id not of an external id's form is never taken
+    /// for the operation's: a person must look, as at any other mismatch.
+    pub(super) fn checked(self) -> Lookup {
+        match self {
+            Lookup::Found { external_ref } if !is_external_id(&external_ref) => {
+                tracing::warn!(id = %external_ref.escape_debug(), "an external system holds the work under an id not of an id's form");
+                Lookup::Mismatch {
+                    external_ref,
+                    reason: "the external system holds this operation's work under an id that is not of an external \
+                             id's form: a person must look"
+                        .into(),
+                }
+            }
+            lookup => lookup,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_acceptance_under_an_id_not_of_an_ids_form_is_left_to_the_reconciler() {
+        let kept = Delivery::Accepted {
+            external_ref: "ch_01a2-b3".into(),
+        };
+        assert_eq!(kept.clone().checked(), kept);
+        for id in ["", "x/../../admin/faults", "ch 1", "ch%2F1", "..", &"a".repeat(201)] {
+            let delivery = Delivery::Accepted {
+                external_ref: id.to_owned(),
+            };
+            assert!(
+                matches!(delivery.checked(), Delivery::AnswerLost { .. }),
+                "{id:?} is never kept"
+            );
+        }
+    }
+
+    #[test]
+    fn work_found_under_an_id_not_of_an_ids_form_is_never_taken_for_the_operations() {
+        let found = Lookup::Found {
+            external_ref: "ro_1".into(),
+        };
+        assert_eq!(found.clone().checked(), found);
+        let odd = Lookup::Found {
+            external_ref: "ro_1/cancel".into(),
+        };
+        assert!(matches!(odd.checked(), Lookup::Mismatch { .. }));
+        assert_eq!(Lookup::Absent.checked(), Lookup::Absent);
+    }
+}

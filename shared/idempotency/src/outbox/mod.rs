@@ -84,7 +84,7 @@ use std::{future::Future, sync::Arc};
 use platform::{Timestamp, Tx};
 use serde::Serialize;
 
-pub use answer::{Delivery, Lookup};
+pub use answer::{Delivery, Lookup, is_external_id};
 pub use by_hand::{ByHandError, Resolution, Resolved, redeliver, resolve};
 pub use config::OutboxConfig;
 pub use ending::{finish, withdraw};
@@ -262,7 +262,7 @@ pub type Asking<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Lookup, Strin
 
 impl<D: Destination + std::fmt::Debug> Witness for D {
     fn holds<'a>(&'a self, event: &'a OutboxEvent) -> Asking<'a> {
-        Box::pin(self.look_up(event))
+        Box::pin(async move { self.look_up(event).await.map(Lookup::checked) })
     }
 }
 

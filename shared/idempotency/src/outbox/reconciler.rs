@@ -5,7 +5,7 @@
 
 use platform::{Timestamp, metrics::names};
 
-use super::{Destination, EventState, Outbox, OutboxEvent, new_lease_token, plan::Outcome, store};
+use super::{Destination, EventState, Lookup, Outbox, OutboxEvent, new_lease_token, plan::Outcome, store};
 
 impl<D: Destination> Outbox<D> {
     /// The reconciler: asks the external system about every event whose fate
@@ -48,7 +48,8 @@ impl<D: Destination> Outbox<D> {
     async fn reconcile(&self, event: OutboxEvent) {
         let found = tokio::time::timeout(self.config.delivery_timeout, self.destination.look_up(&event))
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.config.delivery_timeout)));
+            .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.config.delivery_timeout)))
+            .map(Lookup::checked);
         let outcome = Outcome::looked_up(found, event.state);
         let result = match outcome {
             Outcome::Found { .. } => "found",

@@ -63,7 +63,8 @@ impl<D: Destination> Outbox<D> {
             .await
             .unwrap_or_else(|_| Delivery::AnswerLost {
                 reason: format!("no answer within {:?}", self.config.delivery_timeout),
-            });
+            })
+            .checked();
         fail_point("outbox::after_delivery").await;
         self.idempotency
             .metrics

@@ -97,11 +97,7 @@ fn text(value: &str, max: usize) -> Result<(), ValidationError> {
 /// digits, `_` and `-`. Ids are data, never paths: one with a `/`, a `.`, a
 /// `%`, a `?` or a space is refused here, before anything is asked.
 fn external_id(value: &str) -> Result<(), ValidationError> {
-    let of_its_form = (1..=200).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if of_its_form {
+    if outbox::is_external_id(value) {
         Ok(())
     } else {
         Err(ValidationError::new("external_id")
