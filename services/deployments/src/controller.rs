@@ -70,7 +70,13 @@ impl ControllerConfig {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let sandbox = ControllerConfig::default();
         ControllerConfig {
-            url: var("DEPLOYMENTS_CONTROLLER_URL").unwrap_or(sandbox.url),
+            // an invalid RETRYSAFE_BASE_PORT has stopped the service already, at its own address
+            url: var("DEPLOYMENTS_CONTROLLER_URL").unwrap_or_else(|| {
+                match platform::config::sandbox_port(crate::CONTROLLER_DEFAULT_PORT) {
+                    Ok(port) => format!("http://127.0.0.1:{port}"),
+                    Err(_) => sandbox.url,
+                }
+            }),
             api_key: var("DEPLOYMENTS_CONTROLLER_KEY").unwrap_or(sandbox.api_key),
         }
     }

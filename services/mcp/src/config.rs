@@ -163,7 +163,15 @@ impl McpConfig {
                 })?;
             Ok(Target {
                 url: var(&format!("MCP_{upper}_URL"))
-                    .unwrap_or_else(|| format!("http://127.0.0.1:{port}"))
+                    .map_or_else(
+                        || {
+                            Ok(format!(
+                                "http://127.0.0.1:{}",
+                                platform::config::sandbox_port(port).map_err(|e| ConfigError(e.0))?
+                            ))
+                        },
+                        Ok,
+                    )?
                     .trim_end_matches('/')
                     .to_owned(),
                 api_key,

@@ -145,10 +145,15 @@ pub fn http_router(
         http,
     );
     let router = axum::Router::new().nest_service("/mcp", service);
-    match &config.http_token {
+    let router = match &config.http_token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(token.clone(), require_token)),
         None => router,
-    }
+    };
+    // added after the token's layer: a load balancer's probe knows no token
+    router.route(
+        "/healthz",
+        axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+    )
 }
 
 /// Answers 401 to a request that does not present the endpoint's token.

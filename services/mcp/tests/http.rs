@@ -223,6 +223,17 @@ async fn outside_the_sandbox_a_request_without_the_endpoints_token_is_401_and_wi
     assert_eq!(body["result"]["tools"].as_array().unwrap().len(), 17);
 }
 
+async fn the_health_endpoint_answers_a_probe_that_knows_no_token(backend: Backend) {
+    let world = World::start(backend).await;
+    let mut config = world.config();
+    config.sandbox = false;
+    config.http_token = Some(HttpToken::new(MCP_TOKEN).unwrap());
+    let (_, addr) = serve(config, ConnectionLimits::default()).await;
+    let health = reqwest::get(format!("http://{addr}/healthz")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.json::<Value>().await.unwrap()["status"], "ok");
+}
+
 async fn outside_the_sandbox_streamable_http_does_not_start_without_a_token(backend: Backend) {
     let world = World::start(backend).await;
     let mut config = world.config();
@@ -256,5 +267,6 @@ platform::both_backends!(
     a_page_of_another_origin_is_refused_and_a_page_on_this_machine_is_served,
     outside_the_sandbox_a_request_without_the_endpoints_token_is_401_and_with_it_is_served,
     outside_the_sandbox_streamable_http_does_not_start_without_a_token,
+    the_health_endpoint_answers_a_probe_that_knows_no_token,
     a_message_larger_than_the_endpoint_reads_is_413,
 );

@@ -73,7 +73,13 @@ impl ProviderConfig {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let sandbox = ProviderConfig::default();
         ProviderConfig {
-            url: var("PAYMENTS_PROVIDER_URL").unwrap_or(sandbox.url),
+            // an invalid RETRYSAFE_BASE_PORT has stopped the service already, at its own address
+            url: var("PAYMENTS_PROVIDER_URL").unwrap_or_else(|| {
+                match platform::config::sandbox_port(crate::PROVIDER_DEFAULT_PORT) {
+                    Ok(port) => format!("http://127.0.0.1:{port}"),
+                    Err(_) => sandbox.url,
+                }
+            }),
             merchant_key: var("PAYMENTS_PROVIDER_KEY").unwrap_or(sandbox.merchant_key),
         }
     }

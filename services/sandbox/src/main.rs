@@ -24,7 +24,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// (:7101) and deployment controller (:7102), in one process, with the demo
 /// keys. Data lives under RETRYSAFE_DATA_DIR (./.sandbox): a SQLite file per
 /// service, and the simulators' state files. DATABASE_URL=postgres://… puts
-/// the services on PostgreSQL; <SERVICE>_ADDR moves a port (TICKETS_ADDR,
+/// the services on PostgreSQL; RETRYSAFE_BASE_PORT=8000 moves every port at
+/// once (:8000 to :8102), <SERVICE>_ADDR one of them (TICKETS_ADDR,
 /// PAYMENT_PROVIDER_ADDR, CONSOLE_ADDR, …). More API keys:
 /// `sandbox create-api-key --service <service> <account> <principal> <role>`.
 #[derive(Debug, Parser)]

@@ -3,6 +3,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `<SERVICE>_ADDR` | listen address, e.g. `TICKETS_ADDR=127.0.0.1:7001` | the service's sandbox port |
+//! | `RETRYSAFE_BASE_PORT` | moves every sandbox port at once: each keeps its distance from 7000 (`8000`: console :8000, tickets :8001, … controller :8102) | `7000` |
 //! | `<SERVICE>_DATABASE_URL` | this service's database, used as given | — |
 //! | `DATABASE_URL` | a PostgreSQL URL; each service uses its own database `<name>_<service>` on that server | — |
 //! | `RETRYSAFE_DATA_DIR` | where the SQLite files live | `./.sandbox` |
@@ -108,7 +109,7 @@ fn seconds(name: &str) -> Result<Option<Duration>, ConfigError> {
 
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
-pub struct ConfigError(String);
+pub struct ConfigError(pub String);
 
 impl ServiceConfig {
     pub fn from_env(service: &'static str, default_port: u16, sandbox_default: bool) -> Result<Self, ConfigError> {
@@ -141,16 +142,39 @@ impl ServiceConfig {
     }
 }
 
-/// `<SERVICE>_ADDR`, or `127.0.0.1:<default_port>`.
+/// `<SERVICE>_ADDR`, or `127.0.0.1:<its sandbox port>` (see [`sandbox_port`]).
 pub fn listen_addr(service: &str, default_port: u16) -> Result<SocketAddr, ConfigError> {
     let upper = service.to_ascii_uppercase();
+    let port = sandbox_port(default_port)?;
     match env(&format!("{upper}_ADDR")) {
-        Some(addr) => addr.parse().map_err(|_| {
-            ConfigError(format!(
-                "{upper}_ADDR `{addr}` is not an address like 127.0.0.1:{default_port}"
-            ))
-        }),
-        None => Ok(SocketAddr::from(([127, 0, 0, 1], default_port))),
+        Some(addr) => addr
+            .parse()
+            .map_err(|_| ConfigError(format!("{upper}_ADDR `{addr}` is not an address like 127.0.0.1:{port}"))),
+        None => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+    }
+}
+
+/// The sandbox's ports are laid out from 7000; all of them sit this far
+/// above `RETRYSAFE_BASE_PORT`'s value at most.
+const SANDBOX_BASE: u16 = 7000;
+const SANDBOX_SPAN: u16 = 102;
+
+/// The port a server of the sandbox listens on unless told otherwise:
+/// `default_port` (7000–7102), moved with every other by `RETRYSAFE_BASE_PORT`
+/// so that two sandboxes, or a sandbox and something else on 7000, fit on one
+/// machine with one variable.
+pub fn sandbox_port(default_port: u16) -> Result<u16, ConfigError> {
+    let Some(base) = env("RETRYSAFE_BASE_PORT") else {
+        return Ok(default_port);
+    };
+    match base.trim().parse::<u16>() {
+        Ok(base) if (1024..=u16::MAX - SANDBOX_SPAN).contains(&base) => {
+            Ok(base + default_port.saturating_sub(SANDBOX_BASE))
+        }
+        _ => Err(ConfigError(format!(
+            "RETRYSAFE_BASE_PORT `{base}` is not a port from 1024 to {} (every port up to 102 above it is used)",
+            u16::MAX - SANDBOX_SPAN
+        ))),
     }
 }
 
