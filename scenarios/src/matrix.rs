@@ -1,4 +1,4 @@
-//! The matrix: the article's five dispute tests on every write route. Each
+//! The matrix: the five dispute tests of the article (docs/article.md) on every write route. Each
 //! test is a story template in `scenarios/matrix/tests/`; each route is an
 //! entry of `scenarios/matrix/routes.toml` (what the agent sends, what must
 //! exist first, how its one effect is counted). A cell is a template applied

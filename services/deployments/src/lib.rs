@@ -1,5 +1,5 @@
-//! The deployments service (docs/contract.md §7 Deployments): the article's
-//! deployment chapter made real.
+//! The deployments service (docs/contract.md §7 Deployments): the deployment
+//! chapter of the article (docs/article.md) made real.
 //!
 //! - Only immutable references: an artifact digest and a full commit SHA are
 //!   types that can only be built valid ([`domain::ArtifactDigest`],

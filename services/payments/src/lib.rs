@@ -1,5 +1,5 @@
-//! The payments service (docs/contract.md §7 Payments): the article's payments
-//! chapter made real.
+//! The payments service (docs/contract.md §7 Payments): the payments chapter
+//! of the article (docs/article.md) made real.
 //!
 //! - Money is an amount string turned into integer minor units before
 //!   anything else sees it ([`money`]).

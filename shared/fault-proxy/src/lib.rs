@@ -1,5 +1,5 @@
 //! A loopback HTTP proxy that stands between an agent and a service and
-//! breaks the network the way the article's test plan asks: the service does
+//! breaks the network the way the test plan of the article (docs/article.md) asks: the service does
 //! the work and answers, and the answer is **dropped on its way back** — the
 //! agent times out not knowing that its write happened. Faults are switched
 //! at run time ([`FaultProxy::set_faults`]); every request that passes is
