@@ -75,6 +75,9 @@ pub use execute::{Attempt, Effect, IDEMPOTENT_REPLAYED, OPERATION_ID};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyHeaders, IdempotencyKey, OptionalIdempotencyHeaders};
 pub use operation::{OperationRecord, OperationState, ResourceRef, StoredResponse};
+/// The types this crate's API is written in (`Db`, `Tx`, `Principal`,
+/// `ApiError`, `ApiJson`), so that a service needs no other crate of the project.
+pub use platform;
 
 /// The operations, approvals and audit journal tables, for both backends.
 pub static MIGRATIONS: Migrations = Migrations {
