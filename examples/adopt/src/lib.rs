@@ -43,6 +43,7 @@ pub struct CreateNote {
     pub text: String,
 }
 
+/// A note, as the route answers it and the table holds it.
 #[derive(Debug, Serialize, sqlx::FromRow)]
 pub struct Note {
     pub id: String,
@@ -55,6 +56,7 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
         .await
 }
 
+/// The notes, and the status of the operations that made them.
 pub fn router(app: App) -> Router {
     Router::new()
         .route(CREATE_NOTE, post(create_note))
