@@ -39,7 +39,7 @@ pub struct App {
 #[derive(Debug, Deserialize, Serialize, Validate)]
 #[serde(deny_unknown_fields)]
 pub struct CreateNote {
-    #[validate(length(min = 1, max = 2000))]
+    #[validate(length(min = 1, max = 2000, message = "1 to 2000 characters"))]
     pub text: String,
 }
 
