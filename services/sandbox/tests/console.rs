@@ -413,6 +413,48 @@ async fn pending_approvals_are_listed_a_page_at_a_time_with_their_count(backend:
     assert!(!second.contains("id=\"next-pending\""), "the last page has no next");
 }
 
+/// What a requester typed is text on the approval page, never markup: a
+/// title with a script tag, quotes and ampersands reads as typed.
+async fn a_title_with_markup_in_it_is_shown_as_text_on_the_approval_page(backend: Backend) {
+    let (_db, tickets_url, console_url) = sandbox(backend, None).await;
+    let http = http_client();
+    let title = r#"<script>alert("Tom & Jerry's")</script><b>bold</b>"#;
+    let body = json!({"project": "payments-api", "title": title, "priority": "urgent"}).to_string();
+    let (status, request) = create_urgent(&http, &tickets_url, "demo-acme-agent", "markup-1", &body).await;
+    assert_eq!(status, 202, "{request}");
+    let session = cookie_pair(&sign_in(&http, &console_url, "demo-acme-approver").await);
+
+    let (_, page) = get_page(&http, &console_url, &session).await;
+
+    assert!(
+        !page.contains("<script") && !page.contains("<b>"),
+        "no markup of the title's: {page}"
+    );
+    assert!(
+        as_text(&page).contains(&format!("<tr><th>title</th><td>{title}</td></tr>")),
+        "the title reads as typed: {page}"
+    );
+}
+
+/// `page` with its character references read back as the characters a person sees.
+fn as_text(page: &str) -> String {
+    [
+        ("&lt;", "<"),
+        ("&#60;", "<"),
+        ("&gt;", ">"),
+        ("&#62;", ">"),
+        ("&quot;", "\""),
+        ("&#34;", "\""),
+        ("&#39;", "'"),
+        ("&amp;", "&"),
+        ("&#38;", "&"),
+    ]
+    .iter()
+    .fold(page.to_owned(), |text, (reference, character)| {
+        text.replace(reference, character)
+    })
+}
+
 /// Payments with a capture waiting for a human, and a console for it: the database and both base URLs.
 async fn payments_sandbox(backend: Backend) -> (TestDb, String, String) {
     let db = TestDb::new(backend).await;
@@ -1066,6 +1108,7 @@ platform::both_backends!(
     a_decision_without_the_session_s_form_token_is_refused,
     every_console_answer_forbids_framing,
     pending_approvals_are_listed_a_page_at_a_time_with_their_count,
+    a_title_with_markup_in_it_is_shown_as_text_on_the_approval_page,
     a_payee_with_hidden_characters_is_shown_with_visible_escapes_and_marked,
     an_admin_settles_an_unknown_capture_in_the_console_and_its_operation_is_completed,
     a_reference_the_provider_does_not_hold_for_the_operation_is_explained_in_words_and_changes_nothing,
