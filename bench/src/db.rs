@@ -1,0 +1,134 @@
+//! The benchmark's databases: fresh ones for each measurement, and the
+//! large seeded one kept between runs.
+
+use std::path::Path;
+
+use platform::{Backend, Db, Timestamp, on_pool};
+
+/// Opens a fresh database `name` for `backend` (dropped and made anew).
+/// A new, empty tickets database.
+pub async fn fresh_db(backend: Backend, name: &str) -> Db {
+    let db = empty_db(backend, name).await;
+    tickets::migrate(&db).await.expect("migrations apply");
+    db
+}
+
+/// A new database with no tables yet, for any service's migrations.
+pub async fn empty_db(backend: Backend, name: &str) -> Db {
+    Db::connect(&database_url(backend, name, true).await, 16)
+        .await
+        .expect("a benchmark database")
+}
+
+pub async fn database_url(backend: Backend, name: &str, fresh: bool) -> String {
+    match backend {
+        Backend::Sqlite => {
+            let dir = Path::new("target/bench-data");
+            std::fs::create_dir_all(dir).unwrap();
+            let file = dir.join(format!("{name}.db"));
+            if fresh {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+                }
+            }
+            format!("sqlite://{}", file.display())
+        }
+        Backend::Postgres => {
+            let admin = platform::testing::postgres_admin_url();
+            let database = format!("rsbench_{name}");
+            if fresh {
+                let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                    .await
+                    .expect("PostgreSQL");
+                let drop = format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)");
+                sqlx::query(sqlx::AssertSqlSafe(drop))
+                    .execute(&mut connection)
+                    .await
+                    .unwrap();
+            }
+            let (server, _) = admin.rsplit_once('/').unwrap_or((&admin, ""));
+            format!("{server}/{database}")
+        }
+    }
+}
+
+pub async fn count_tickets_titled(db: &Db, title: &str) -> i64 {
+    on_pool!(db.read(), |pool| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM tickets WHERE title = $1"
+    )
+    .bind(title)
+    .fetch_one(pool)
+    .await
+    .unwrap())
+}
+
+/// A database with `operations` finished operations already stored, made once
+/// and kept (seeding ten million rows takes minutes).
+pub async fn seeded_db(backend: Backend, operations: u64) -> Db {
+    let name = format!("seeded_{operations}");
+    let mut db = Db::connect(&database_url(backend, &name, false).await, 16)
+        .await
+        .expect("a seeded database");
+    if let Err(e) = tickets::migrate(&db).await {
+        // seeded under migrations that have changed since: seed it afresh
+        println!("the seeded database no longer matches the migrations ({e}); seeding it again");
+        db.close().await;
+        db = Db::connect(&database_url(backend, &name, true).await, 16)
+            .await
+            .expect("a seeded database");
+        tickets::migrate(&db).await.expect("migrations apply");
+    }
+    let have: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM idempotency_operations WHERE idempotency_key LIKE 'seed-%'"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap());
+    let mut next = have as u64 + 1;
+    let batch = 500_000;
+    while next <= operations {
+        let last = (next + batch - 1).min(operations);
+        eprintln!("  seeding operations {next}..={last} of {operations}");
+        seed(&db, next as i64, last as i64).await;
+        next = last + 1;
+    }
+    db
+}
+
+pub async fn seed(db: &Db, first: i64, last: i64) {
+    let now = Timestamp::now();
+    match db.write() {
+        platform::Pool::Postgres(pool) => {
+            sqlx::query(
+                "INSERT INTO idempotency_operations (account_id, idempotency_key, operation_id, principal_id, method, \
+                 route, fingerprint, state, attempts, response_status, response_content_type, response_body, \
+                 created_at, updated_at) \
+                 SELECT 'acme', 'seed-' || g, 'op_seed_' || g, 'acme-agent', 'POST', '/v1/tickets', \
+                        md5(g::text) || md5((g + 1)::text), 'completed', 1, 201, 'application/json', '\\x7b7d'::bytea, $3, $3 \
+                 FROM generate_series($1::bigint, $2::bigint) AS g",
+            )
+            .bind(first)
+            .bind(last)
+            .bind(now)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        platform::Pool::Sqlite(pool) => {
+            sqlx::query(
+                "WITH RECURSIVE g(n) AS (SELECT $1 UNION ALL SELECT n + 1 FROM g WHERE n < $2) \
+                 INSERT INTO idempotency_operations (account_id, idempotency_key, operation_id, principal_id, method, \
+                 route, fingerprint, state, attempts, response_status, response_content_type, response_body, \
+                 created_at, updated_at) \
+                 SELECT 'acme', 'seed-' || n, 'op_seed_' || n, 'acme-agent', 'POST', '/v1/tickets', \
+                        printf('%064x', n), 'completed', 1, 201, 'application/json', X'7b7d', $3, $3 FROM g",
+            )
+            .bind(first)
+            .bind(last)
+            .bind(now)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+    }
+}
