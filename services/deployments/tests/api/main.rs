@@ -6,5 +6,6 @@ mod support;
 
 mod approvals;
 mod by_hand;
+mod cancels;
 mod deployments;
 mod references;
