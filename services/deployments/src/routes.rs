@@ -507,16 +507,16 @@ pub async fn list_deployments(
     ApiQuery(query): ApiQuery<DeploymentQuery>,
 ) -> Result<Json<Page<Deployment>>, ApiError> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
-    let rows = store::list(
-        &app.db,
-        &principal.account_id,
-        query.service.as_deref(),
-        query.environment.as_deref(),
-        page.after_seq,
-        page.fetch_limit(),
-    )
-    .await?;
-    Ok(Json(Page::from_rows(rows, page)))
+    Ok(Json(
+        store::list(
+            &app.db,
+            &principal.account_id,
+            query.service.as_deref(),
+            query.environment.as_deref(),
+            page,
+        )
+        .await?,
+    ))
 }
 
 /// An environment: its current release and who holds its lock. An

@@ -7,8 +7,11 @@ use idempotency::{
     approval,
     outbox::{self, Settlement},
 };
-use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
-use sqlx::Row;
+use platform::{
+    ApiError, Db, Timestamp, Tx, on_pool, on_tx,
+    page::{Page, PageRequest},
+};
+use sqlx::{FromRow, Row};
 
 use crate::domain::{
     ArtifactDigest, CommitSha, Deployment, DeploymentKind, DeploymentState, Environment, LockHolder, StateChange,
@@ -96,7 +99,7 @@ pub async fn create(
                 .bind(now)
                 .fetch_optional(conn)
                 .await?
-                .map(|row| decode(&row))
+                .map(|row| Deployment::from_row(&row))
                 .transpose()?
         });
         if let Some(mut deployment) = created {
@@ -366,16 +369,7 @@ pub async fn get(db: &Db, account_id: &str, deployment_id: &str) -> Result<Optio
         columns!(),
         " FROM deployments WHERE account_id = $1 AND id = $2"
     );
-    let deployment = on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(deployment_id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode(&row))
-            .transpose()?
-    });
-    let Some(mut deployment) = deployment else {
+    let Some(mut deployment) = platform::rows::get::<Deployment>(db, SQL, account_id, &[deployment_id]).await? else {
         return Ok(None);
     };
     deployment.history = Some(history(db, &deployment.id).await?);
@@ -400,7 +394,7 @@ pub async fn get_in(tx: &mut Tx, account_id: &str, deployment_id: &str) -> Resul
             .bind(deployment_id)
             .fetch_optional(conn)
             .await?
-            .map(|row| decode(&row))
+            .map(|row| Deployment::from_row(&row))
             .transpose()?
     });
     let Some(mut deployment) = deployment else {
@@ -439,29 +433,15 @@ pub async fn list(
     account_id: &str,
     service: Option<&str>,
     environment: Option<&str>,
-    after_seq: i64,
-    limit: i64,
-) -> Result<Vec<(i64, Deployment)>, ApiError> {
+    page: PageRequest,
+) -> Result<Page<Deployment>, ApiError> {
     const SQL: &str = concat!(
         "SELECT list_seq, ",
         columns!(),
-        " FROM deployments WHERE account_id = $1 AND list_seq > $2 AND ($3 IS NULL OR service = $3) \
-         AND ($4 IS NULL OR environment = $4) ORDER BY list_seq LIMIT $5"
+        " FROM deployments WHERE account_id = $1 AND ($2 IS NULL OR service = $2) \
+         AND ($3 IS NULL OR environment = $3) AND list_seq > $4 ORDER BY list_seq LIMIT $5"
     );
-    platform::page::number_new_rows(db, "deployments", account_id).await?;
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(after_seq)
-            .bind(service)
-            .bind(environment)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode(row)?)))
-            .collect::<Result<Vec<_>, _>>()?
-    }))
+    platform::rows::list(db, "deployments", SQL, account_id, &[service, environment], page).await
 }
 
 /// An environment: its current release (with its history) and its lock holder.
@@ -541,7 +521,7 @@ pub async fn watched(db: &Db) -> Result<Vec<Watched>, sqlx::Error> {
         .collect())
 }
 
-fn decode<R>(row: &R) -> Result<Deployment, sqlx::Error>
+impl<'a, R> FromRow<'a, R> for Deployment
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -549,33 +529,35 @@ where
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("deployments: {what}").into());
-    let id: String = row.try_get("id")?;
-    let kind = match row.try_get::<String, _>("kind")?.as_str() {
-        "deployment" => DeploymentKind::Deployment,
-        "rollback" => DeploymentKind::Rollback,
-        _ => return Err(corrupt("unknown kind")),
-    };
-    let state: String = row.try_get("state")?;
-    Ok(Deployment {
-        status_url: deployment_url(&id),
-        id,
-        kind,
-        service: row.try_get("service")?,
-        environment: row.try_get("environment")?,
-        artifact_digest: ArtifactDigest::from_stored(row.try_get("artifact_digest")?),
-        commit_sha: row
-            .try_get::<Option<String>, _>("commit_sha")?
-            .map(CommitSha::from_stored),
-        state: DeploymentState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
-        replaces: row.try_get("replaces")?,
-        restores: row.try_get("restores")?,
-        reason: row.try_get("reason")?,
-        operation_id: row.try_get("operation_id")?,
-        controller_idempotency_key: row.try_get("controller_idempotency_key")?,
-        controller_rollout_id: row.try_get("controller_rollout_id")?,
-        history: None,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
+    fn from_row(row: &'a R) -> Result<Self, sqlx::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("deployments: {what}").into());
+        let id: String = row.try_get("id")?;
+        let kind = match row.try_get::<String, _>("kind")?.as_str() {
+            "deployment" => DeploymentKind::Deployment,
+            "rollback" => DeploymentKind::Rollback,
+            _ => return Err(corrupt("unknown kind")),
+        };
+        let state: String = row.try_get("state")?;
+        Ok(Deployment {
+            status_url: deployment_url(&id),
+            id,
+            kind,
+            service: row.try_get("service")?,
+            environment: row.try_get("environment")?,
+            artifact_digest: ArtifactDigest::from_stored(row.try_get("artifact_digest")?),
+            commit_sha: row
+                .try_get::<Option<String>, _>("commit_sha")?
+                .map(CommitSha::from_stored),
+            state: DeploymentState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+            replaces: row.try_get("replaces")?,
+            restores: row.try_get("restores")?,
+            reason: row.try_get("reason")?,
+            operation_id: row.try_get("operation_id")?,
+            controller_idempotency_key: row.try_get("controller_idempotency_key")?,
+            controller_rollout_id: row.try_get("controller_rollout_id")?,
+            history: None,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
 }

@@ -316,15 +316,9 @@ pub async fn list_captures(
 ) -> Result<Json<Page<Capture>>, ApiError> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
     let intent = intent_named(&app, &principal, &intent_id).await?;
-    let rows = store::list_captures(
-        &app.db,
-        &principal.account_id,
-        &intent.id,
-        page.after_seq,
-        page.fetch_limit(),
-    )
-    .await?;
-    Ok(Json(Page::from_rows(rows, page)))
+    Ok(Json(
+        store::list_captures(&app.db, &principal.account_id, &intent.id, page).await?,
+    ))
 }
 
 #[utoipa::path(
@@ -378,15 +372,9 @@ pub async fn list_refunds(
 ) -> Result<Json<Page<Refund>>, ApiError> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
     let intent = intent_named(&app, &principal, &intent_id).await?;
-    let rows = store::list_refunds(
-        &app.db,
-        &principal.account_id,
-        &intent.id,
-        page.after_seq,
-        page.fetch_limit(),
-    )
-    .await?;
-    Ok(Json(Page::from_rows(rows, page)))
+    Ok(Json(
+        store::list_refunds(&app.db, &principal.account_id, &intent.id, page).await?,
+    ))
 }
 
 #[utoipa::path(
@@ -436,15 +424,9 @@ pub async fn list_intents(
     ApiQuery(query): ApiQuery<IntentQuery>,
 ) -> Result<Json<Page<PaymentIntent>>, ApiError> {
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
-    let rows = store::list_intents(
-        &app.db,
-        &principal.account_id,
-        query.order_id.as_deref(),
-        page.after_seq,
-        page.fetch_limit(),
-    )
-    .await?;
-    Ok(Json(Page::from_rows(rows, page)))
+    Ok(Json(
+        store::list_intents(&app.db, &principal.account_id, query.order_id.as_deref(), page).await?,
+    ))
 }
 
 #[derive(utoipa::OpenApi)]

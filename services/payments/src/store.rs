@@ -2,8 +2,11 @@
 //! a race could break is decided by the database here.
 
 use axum::http::StatusCode;
-use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
-use sqlx::Row;
+use platform::{
+    ApiError, Db, Timestamp, Tx, on_tx,
+    page::{Page, PageRequest},
+};
+use sqlx::{FromRow, Row};
 
 use idempotency::outbox::{self, Settlement};
 
@@ -67,7 +70,7 @@ pub async fn create_intent(tx: &mut Tx, account_id: &str, command: &CreateIntent
                 .bind(now)
                 .fetch_optional(conn)
                 .await?
-                .map(|row| decode_intent(&row))
+                .map(|row| PaymentIntent::from_row(&row))
                 .transpose()?
         });
         if let Some(intent) = created {
@@ -119,7 +122,7 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
             .bind(Timestamp::now())
             .fetch_optional(conn)
             .await?
-            .map(|row| decode_intent(&row))
+            .map(|row| PaymentIntent::from_row(&row))
             .transpose()?
     });
     if let Some(intent) = cancelled {
@@ -131,7 +134,7 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
             .bind(intent_id)
             .fetch_optional(conn)
             .await?
-            .map(|row| decode_intent(&row))
+            .map(|row| PaymentIntent::from_row(&row))
             .transpose()?
     });
     match current {
@@ -147,15 +150,7 @@ pub async fn cancel_intent(tx: &mut Tx, account_id: &str, intent_id: &str) -> Re
 
 pub async fn get_intent(db: &Db, account_id: &str, intent_id: &str) -> Result<Option<PaymentIntent>, ApiError> {
     const SQL: &str = concat!(select_intent!(), " WHERE i.account_id = $1 AND i.id = $2");
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(intent_id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode_intent(&row))
-            .transpose()?
-    }))
+    platform::rows::get(db, SQL, account_id, &[intent_id]).await
 }
 
 /// One page of the account's intents in creation order, for one order if given.
@@ -163,26 +158,13 @@ pub async fn list_intents(
     db: &Db,
     account_id: &str,
     order_id: Option<&str>,
-    after_seq: i64,
-    limit: i64,
-) -> Result<Vec<(i64, PaymentIntent)>, ApiError> {
+    page: PageRequest,
+) -> Result<Page<PaymentIntent>, ApiError> {
     const SQL: &str = concat!(
         select_intent!(),
-        " WHERE i.account_id = $1 AND i.list_seq > $2 AND ($3 IS NULL OR i.order_id = $3) ORDER BY i.list_seq LIMIT $4"
+        " WHERE i.account_id = $1 AND ($2 IS NULL OR i.order_id = $2) AND i.list_seq > $3 ORDER BY i.list_seq LIMIT $4"
     );
-    platform::page::number_new_rows(db, "payment_intents", account_id).await?;
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(after_seq)
-            .bind(order_id)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_intent(row)?)))
-            .collect::<Result<Vec<_>, _>>()?
-    }))
+    platform::rows::list(db, "payment_intents", SQL, account_id, &[order_id], page).await
 }
 
 macro_rules! capture_columns {
@@ -248,7 +230,7 @@ pub async fn begin_capture(
             .bind(now)
             .fetch_one(conn)
             .await?;
-        decode_capture(&row)?
+        Capture::from_row(&row)?
     }))
 }
 
@@ -360,7 +342,7 @@ pub async fn begin_refund(
             .bind(now)
             .fetch_one(conn)
             .await?;
-        decode_refund(&row)?
+        Refund::from_row(&row)?
     });
     Ok((refund, charge_id))
 }
@@ -464,15 +446,7 @@ pub async fn get_capture(db: &Db, account_id: &str, capture_id: &str) -> Result<
         capture_columns!(),
         " FROM payment_captures WHERE account_id = $1 AND id = $2"
     );
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(capture_id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode_capture(&row))
-            .transpose()?
-    }))
+    platform::rows::get(db, SQL, account_id, &[capture_id]).await
 }
 
 /// One page of an intent's captures (it has at most one), in creation order.
@@ -480,27 +454,14 @@ pub async fn list_captures(
     db: &Db,
     account_id: &str,
     intent_id: &str,
-    after_seq: i64,
-    limit: i64,
-) -> Result<Vec<(i64, Capture)>, ApiError> {
+    page: PageRequest,
+) -> Result<Page<Capture>, ApiError> {
     const SQL: &str = concat!(
         "SELECT list_seq, ",
         capture_columns!(),
         " FROM payment_captures WHERE account_id = $1 AND intent_id = $2 AND list_seq > $3 ORDER BY list_seq LIMIT $4"
     );
-    platform::page::number_new_rows(db, "payment_captures", account_id).await?;
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(intent_id)
-            .bind(after_seq)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_capture(row)?)))
-            .collect::<Result<Vec<_>, _>>()?
-    }))
+    platform::rows::list(db, "payment_captures", SQL, account_id, &[Some(intent_id)], page).await
 }
 
 pub async fn get_refund(db: &Db, account_id: &str, refund_id: &str) -> Result<Option<Refund>, ApiError> {
@@ -509,15 +470,7 @@ pub async fn get_refund(db: &Db, account_id: &str, refund_id: &str) -> Result<Op
         refund_columns!(),
         " FROM payment_refunds WHERE account_id = $1 AND id = $2"
     );
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(refund_id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode_refund(&row))
-            .transpose()?
-    }))
+    platform::rows::get(db, SQL, account_id, &[refund_id]).await
 }
 
 /// One page of an intent's refunds, in creation order.
@@ -525,30 +478,17 @@ pub async fn list_refunds(
     db: &Db,
     account_id: &str,
     intent_id: &str,
-    after_seq: i64,
-    limit: i64,
-) -> Result<Vec<(i64, Refund)>, ApiError> {
+    page: PageRequest,
+) -> Result<Page<Refund>, ApiError> {
     const SQL: &str = concat!(
         "SELECT list_seq, ",
         refund_columns!(),
         " FROM payment_refunds WHERE account_id = $1 AND intent_id = $2 AND list_seq > $3 ORDER BY list_seq LIMIT $4"
     );
-    platform::page::number_new_rows(db, "payment_refunds", account_id).await?;
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(intent_id)
-            .bind(after_seq)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_refund(row)?)))
-            .collect::<Result<Vec<_>, _>>()?
-    }))
+    platform::rows::list(db, "payment_refunds", SQL, account_id, &[Some(intent_id)], page).await
 }
 
-fn decode_capture<R>(row: &R) -> Result<Capture, sqlx::Error>
+impl<'a, R> FromRow<'a, R> for Capture
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -557,31 +497,33 @@ where
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_captures: {what}").into());
-    let currency: String = row.try_get("currency")?;
-    let money = |minor: i64| Money::from_minor(minor, &currency).map_err(|_| corrupt("unknown currency"));
-    let amount = money(row.try_get("amount_minor")?)?;
-    let refunded = money(row.try_get("refunded_minor")?)?;
-    let state: String = row.try_get("state")?;
-    let id: String = row.try_get("id")?;
-    Ok(Capture {
-        status_url: capture_url(&id),
-        id,
-        payment_intent_id: row.try_get("intent_id")?,
-        amount: amount.amount(),
-        amount_minor: amount.amount_minor,
-        amount_refunded: refunded.amount(),
-        amount_refunded_minor: refunded.amount_minor,
-        currency,
-        state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
-        provider_idempotency_key: row.try_get("provider_idempotency_key")?,
-        provider_charge_id: row.try_get("provider_charge_id")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
+    fn from_row(row: &'a R) -> Result<Self, sqlx::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_captures: {what}").into());
+        let currency: String = row.try_get("currency")?;
+        let money = |minor: i64| Money::from_minor(minor, &currency).map_err(|_| corrupt("unknown currency"));
+        let amount = money(row.try_get("amount_minor")?)?;
+        let refunded = money(row.try_get("refunded_minor")?)?;
+        let state: String = row.try_get("state")?;
+        let id: String = row.try_get("id")?;
+        Ok(Capture {
+            status_url: capture_url(&id),
+            id,
+            payment_intent_id: row.try_get("intent_id")?,
+            amount: amount.amount(),
+            amount_minor: amount.amount_minor,
+            amount_refunded: refunded.amount(),
+            amount_refunded_minor: refunded.amount_minor,
+            currency,
+            state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+            provider_idempotency_key: row.try_get("provider_idempotency_key")?,
+            provider_charge_id: row.try_get("provider_charge_id")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
 }
 
-fn decode_refund<R>(row: &R) -> Result<Refund, sqlx::Error>
+impl<'a, R> FromRow<'a, R> for Refund
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -590,29 +532,32 @@ where
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_refunds: {what}").into());
-    let currency: String = row.try_get("currency")?;
-    let amount = Money::from_minor(row.try_get("amount_minor")?, &currency).map_err(|_| corrupt("unknown currency"))?;
-    let state: String = row.try_get("state")?;
-    let id: String = row.try_get("id")?;
-    Ok(Refund {
-        status_url: refund_url(&id),
-        id,
-        payment_intent_id: row.try_get("intent_id")?,
-        capture_id: row.try_get("capture_id")?,
-        amount: amount.amount(),
-        amount_minor: amount.amount_minor,
-        currency,
-        reason: row.try_get("reason")?,
-        state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
-        provider_idempotency_key: row.try_get("provider_idempotency_key")?,
-        provider_refund_id: row.try_get("provider_refund_id")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
+    fn from_row(row: &'a R) -> Result<Self, sqlx::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_refunds: {what}").into());
+        let currency: String = row.try_get("currency")?;
+        let amount =
+            Money::from_minor(row.try_get("amount_minor")?, &currency).map_err(|_| corrupt("unknown currency"))?;
+        let state: String = row.try_get("state")?;
+        let id: String = row.try_get("id")?;
+        Ok(Refund {
+            status_url: refund_url(&id),
+            id,
+            payment_intent_id: row.try_get("intent_id")?,
+            capture_id: row.try_get("capture_id")?,
+            amount: amount.amount(),
+            amount_minor: amount.amount_minor,
+            currency,
+            reason: row.try_get("reason")?,
+            state: TransferState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+            provider_idempotency_key: row.try_get("provider_idempotency_key")?,
+            provider_refund_id: row.try_get("provider_refund_id")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
 }
 
-fn decode_intent<R>(row: &R) -> Result<PaymentIntent, sqlx::Error>
+impl<'a, R> FromRow<'a, R> for PaymentIntent
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -621,25 +566,28 @@ where
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_intents: {what}").into());
-    let state: String = row.try_get("state")?;
-    let currency: String = row.try_get("currency")?;
-    let money = Money::from_minor(row.try_get("amount_minor")?, &currency).map_err(|_| corrupt("unknown currency"))?;
-    Ok(PaymentIntent {
-        id: row.try_get("id")?,
-        order_id: row.try_get("order_id")?,
-        amount: money.amount(),
-        amount_minor: money.amount_minor,
-        currency,
-        payee: PayeeBody {
-            name: row.try_get("payee_name")?,
-            account: row.try_get("payee_account")?,
-        },
-        description: row.try_get("description")?,
-        state: IntentState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
-        capture_id: row.try_get("capture_id")?,
-        provider_charge_id: row.try_get("provider_charge_id")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
+    fn from_row(row: &'a R) -> Result<Self, sqlx::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("payment_intents: {what}").into());
+        let state: String = row.try_get("state")?;
+        let currency: String = row.try_get("currency")?;
+        let money =
+            Money::from_minor(row.try_get("amount_minor")?, &currency).map_err(|_| corrupt("unknown currency"))?;
+        Ok(PaymentIntent {
+            id: row.try_get("id")?,
+            order_id: row.try_get("order_id")?,
+            amount: money.amount(),
+            amount_minor: money.amount_minor,
+            currency,
+            payee: PayeeBody {
+                name: row.try_get("payee_name")?,
+                account: row.try_get("payee_account")?,
+            },
+            description: row.try_get("description")?,
+            state: IntentState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+            capture_id: row.try_get("capture_id")?,
+            provider_charge_id: row.try_get("provider_charge_id")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
 }

@@ -148,15 +148,9 @@ pub async fn list_tickets(
         source_event_id: query.source_event_id.as_deref(),
         status: query.status,
     };
-    let rows = store::list_tickets(
-        &app.db,
-        &principal.account_id,
-        &filter,
-        page.after_seq,
-        page.fetch_limit(),
-    )
-    .await?;
-    Ok(Json(Page::from_rows(rows, page)))
+    Ok(Json(
+        store::list_tickets(&app.db, &principal.account_id, &filter, page).await?,
+    ))
 }
 
 /// Add a comment: every comment is its own operation, with its own key.
@@ -224,15 +218,9 @@ pub async fn list_comments(
     {
         return Err(ApiError::not_found(format!("ticket `{ticket_id}`")));
     }
-    let rows = store::list_comments(
-        &app.db,
-        &principal.account_id,
-        &ticket_id,
-        page.after_seq,
-        page.fetch_limit(),
-    )
-    .await?;
-    Ok(Json(Page::from_rows(rows, page)))
+    Ok(Json(
+        store::list_comments(&app.db, &principal.account_id, &ticket_id, page).await?,
+    ))
 }
 
 #[utoipa::path(

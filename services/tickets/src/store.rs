@@ -1,8 +1,11 @@
 //! The tickets tables, on both backends. Handlers never see SQL; every rule
 //! that a race could break is decided by the database here.
 
-use platform::{ApiError, Db, Timestamp, Tx, on_pool, on_tx};
-use sqlx::Row;
+use platform::{
+    ApiError, Db, Timestamp, Tx, on_tx,
+    page::{Page, PageRequest},
+};
+use sqlx::{FromRow, Row};
 
 use crate::domain::{AddComment, Comment, CreateOutcome, CreateTicket, Priority, Ticket, TicketStatus, new_id};
 
@@ -58,7 +61,7 @@ pub async fn create_ticket(
             .bind(now)
             .fetch_optional(conn)
             .await?
-            .map(|row| decode_ticket(&row))
+            .map(|row| Ticket::from_row(&row))
             .transpose()?
     });
     if let Some(ticket) = created {
@@ -71,7 +74,7 @@ pub async fn create_ticket(
             .bind(command.source_event_id.as_deref())
             .fetch_optional(conn)
             .await?
-            .map(|row| decode_ticket(&row))
+            .map(|row| Ticket::from_row(&row))
             .transpose()?
     });
     existing
@@ -85,15 +88,7 @@ pub async fn get_ticket(db: &Db, account_id: &str, ticket_id: &str) -> Result<Op
         ticket_columns!(),
         " FROM tickets WHERE account_id = $1 AND id = $2"
     );
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(ticket_id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode_ticket(&row))
-            .transpose()?
-    }))
+    platform::rows::get(db, SQL, account_id, &[ticket_id]).await
 }
 
 /// Which tickets a list asks for.
@@ -104,38 +99,26 @@ pub struct TicketFilter<'a> {
     pub status: Option<TicketStatus>,
 }
 
-/// One page in creation order: up to `limit` tickets after `after_seq`, each
-/// with its place in the list (see [`platform::page`]).
+/// One page of the account's tickets in creation order (see [`platform::page`]).
 pub async fn list_tickets(
     db: &Db,
     account_id: &str,
     filter: &TicketFilter<'_>,
-    after_seq: i64,
-    limit: i64,
-) -> Result<Vec<(i64, Ticket)>, ApiError> {
+    page: PageRequest,
+) -> Result<Page<Ticket>, ApiError> {
     const SQL: &str = concat!(
         "SELECT list_seq, ",
         ticket_columns!(),
-        " FROM tickets WHERE account_id = $1 AND list_seq > $2 \
-           AND ($3 IS NULL OR project = $3) AND ($4 IS NULL OR source_event_id = $4) AND ($5 IS NULL OR status = $5) \
-         ORDER BY list_seq LIMIT $6"
+        " FROM tickets WHERE account_id = $1 \
+           AND ($2 IS NULL OR project = $2) AND ($3 IS NULL OR source_event_id = $3) AND ($4 IS NULL OR status = $4) \
+           AND list_seq > $5 ORDER BY list_seq LIMIT $6"
     );
-    platform::page::number_new_rows(db, "tickets", account_id).await?;
-    let rows = on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(after_seq)
-            .bind(filter.project)
-            .bind(filter.source_event_id)
-            .bind(filter.status.map(TicketStatus::as_str))
-            .bind(limit)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_ticket(row)?)))
-            .collect::<Result<Vec<_>, _>>()?
-    });
-    Ok(rows)
+    let filters = [
+        filter.project,
+        filter.source_event_id,
+        filter.status.map(TicketStatus::as_str),
+    ];
+    platform::rows::list(db, "tickets", SQL, account_id, &filters, page).await
 }
 
 /// Adds a comment to one of the account's tickets; 404 when there is none.
@@ -163,7 +146,7 @@ pub async fn add_comment(
             .bind(Timestamp::now())
             .fetch_optional(conn)
             .await?
-            .map(|row| decode_comment(&row))
+            .map(|row| Comment::from_row(&row))
             .transpose()?
     });
     comment.ok_or_else(|| ApiError::not_found(format!("ticket `{}`", command.ticket_id)))
@@ -180,43 +163,21 @@ pub async fn get_comment(
         comment_columns!(),
         " FROM ticket_comments WHERE account_id = $1 AND ticket_id = $2 AND id = $3"
     );
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(ticket_id)
-            .bind(comment_id)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| decode_comment(&row))
-            .transpose()?
-    }))
+    platform::rows::get(db, SQL, account_id, &[ticket_id, comment_id]).await
 }
 
 pub async fn list_comments(
     db: &Db,
     account_id: &str,
     ticket_id: &str,
-    after_seq: i64,
-    limit: i64,
-) -> Result<Vec<(i64, Comment)>, ApiError> {
+    page: PageRequest,
+) -> Result<Page<Comment>, ApiError> {
     const SQL: &str = concat!(
         "SELECT list_seq, ",
         comment_columns!(),
         " FROM ticket_comments WHERE account_id = $1 AND ticket_id = $2 AND list_seq > $3 ORDER BY list_seq LIMIT $4"
     );
-    platform::page::number_new_rows(db, "ticket_comments", account_id).await?;
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
-            .bind(account_id)
-            .bind(ticket_id)
-            .bind(after_seq)
-            .bind(limit)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok::<_, sqlx::Error>((row.try_get("list_seq")?, decode_comment(row)?)))
-            .collect::<Result<Vec<_>, _>>()?
-    }))
+    platform::rows::list(db, "ticket_comments", SQL, account_id, &[Some(ticket_id)], page).await
 }
 
 /// Declares the ticket's status. One conditional update decides; only when it
@@ -251,7 +212,7 @@ pub async fn set_status(
             .bind(expected_version)
             .fetch_optional(conn)
             .await?
-            .map(|row| decode_ticket(&row))
+            .map(|row| Ticket::from_row(&row))
             .transpose()?
     });
     if let Some(ticket) = updated {
@@ -263,7 +224,7 @@ pub async fn set_status(
             .bind(ticket_id)
             .fetch_optional(conn)
             .await?
-            .map(|row| decode_ticket(&row))
+            .map(|row| Ticket::from_row(&row))
             .transpose()?
     })
     .ok_or_else(|| ApiError::not_found(format!("ticket `{ticket_id}`")))?;
@@ -282,7 +243,7 @@ pub async fn set_status(
     }
 }
 
-fn decode_ticket<R>(row: &R) -> Result<Ticket, sqlx::Error>
+impl<'a, R> FromRow<'a, R> for Ticket
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -291,38 +252,42 @@ where
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("tickets: {what}").into());
-    let priority: String = row.try_get("priority")?;
-    let status: String = row.try_get("status")?;
-    let labels: String = row.try_get("labels")?;
-    Ok(Ticket {
-        id: row.try_get("id")?,
-        project: row.try_get("project")?,
-        title: row.try_get("title")?,
-        description: row.try_get("description")?,
-        priority: Priority::parse(&priority).ok_or_else(|| corrupt("priority"))?,
-        status: TicketStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
-        source_event_id: row.try_get("source_event_id")?,
-        labels: serde_json::from_str(&labels).map_err(|_| corrupt("labels"))?,
-        version: row.try_get("version")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
+    fn from_row(row: &'a R) -> Result<Self, sqlx::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("tickets: {what}").into());
+        let priority: String = row.try_get("priority")?;
+        let status: String = row.try_get("status")?;
+        let labels: String = row.try_get("labels")?;
+        Ok(Ticket {
+            id: row.try_get("id")?,
+            project: row.try_get("project")?,
+            title: row.try_get("title")?,
+            description: row.try_get("description")?,
+            priority: Priority::parse(&priority).ok_or_else(|| corrupt("priority"))?,
+            status: TicketStatus::parse(&status).ok_or_else(|| corrupt("status"))?,
+            source_event_id: row.try_get("source_event_id")?,
+            labels: serde_json::from_str(&labels).map_err(|_| corrupt("labels"))?,
+            version: row.try_get("version")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
 }
 
-fn decode_comment<R>(row: &R) -> Result<Comment, sqlx::Error>
+impl<'a, R> FromRow<'a, R> for Comment
 where
     R: Row,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    Ok(Comment {
-        id: row.try_get("id")?,
-        ticket_id: row.try_get("ticket_id")?,
-        body: row.try_get("body")?,
-        author_id: row.try_get("author_id")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
+    fn from_row(row: &'a R) -> Result<Self, sqlx::Error> {
+        Ok(Comment {
+            id: row.try_get("id")?,
+            ticket_id: row.try_get("ticket_id")?,
+            body: row.try_get("body")?,
+            author_id: row.try_get("author_id")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
 }

@@ -4,6 +4,7 @@
 //! - [`error`]: the one problem+json error type.
 //! - [`auth`]: bearer API keys → account, principal, role.
 //! - [`json`]: validated JSON bodies.
+//! - [`page`], [`rows`]: cursor pages, and reading one account's rows by id or by page.
 //! - [`openapi`]: what every operation's OpenAPI entry answers by construction.
 //! - [`path`]: ids put into another system's URLs, as data.
 //! - [`time`]: the timestamp type of responses and both databases.
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod page;
 pub mod path;
+pub mod rows;
 pub mod server;
 pub mod service;
 pub mod simulated;
