@@ -21,6 +21,9 @@
 //! a rollout is not something a controller should guess about, and the caller
 //! decides what comes next (deploy again, or roll back).
 
+mod admin;
+mod lookup;
+
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -36,7 +39,7 @@ use axum::{
     routing::{get, post},
 };
 use platform::{
-    ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
+    ApiError, ApiJson, ApiPath, Timestamp,
     simulated::{AnswerFault, EventLog, SimulatedEvent, Tenant, idempotency_key, request_hash, still_processing},
 };
 use serde::{Deserialize, Serialize};
@@ -409,12 +412,12 @@ impl Controller {
 pub fn router(controller: Controller) -> Router {
     platform::service::finish(
         Router::new()
-            .route("/v1/rollouts", post(create_rollout).get(find_rollouts))
+            .route("/v1/rollouts", post(create_rollout).get(lookup::find_rollouts))
             .route("/v1/rollouts/{rollout_id}", get(get_rollout))
             .route("/v1/rollouts/{rollout_id}/cancel", post(cancel_rollout))
-            .route("/admin/faults", get(get_faults).put(put_faults))
-            .route("/admin/stats", get(get_stats))
-            .route("/admin/events", get(get_events))
+            .route("/admin/faults", get(admin::get_faults).put(admin::put_faults))
+            .route("/admin/stats", get(admin::get_stats))
+            .route("/admin/events", get(admin::get_events))
             .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
             .with_state(controller),
     )
@@ -539,74 +542,4 @@ async fn cancel_rollout(
         }
     }
     Ok(Json(ledger.rollouts[at].1.clone()))
-}
-
-/// `?idempotency_key=` or `?reference=`: how a reconciler finds out what a
-/// request whose answer was lost did.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Lookup {
-    idempotency_key: Option<String>,
-    reference: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct List {
-    data: Vec<Rollout>,
-}
-
-async fn find_rollouts(
-    State(controller): State<Controller>,
-    tenant: Tenant,
-    ApiQuery(lookup): ApiQuery<Lookup>,
-) -> Result<Json<List>, ApiError> {
-    if lookup.idempotency_key.is_none() && lookup.reference.is_none() {
-        return Err(ApiError::invalid_field(
-            "idempotency_key",
-            "give idempotency_key or reference",
-        ));
-    }
-    let data = controller
-        .lock()
-        .rollouts
-        .iter()
-        .filter(|(t, r)| {
-            *t == tenant
-                && lookup.idempotency_key.as_deref().is_none_or(|k| k == r.idempotency_key)
-                && lookup.reference.as_deref().is_none_or(|k| k == r.reference)
-        })
-        .map(|(_, r)| r.clone())
-        .collect();
-    Ok(Json(List { data }))
-}
-
-async fn get_faults(State(controller): State<Controller>) -> Json<Faults> {
-    Json(controller.lock().faults.clone())
-}
-
-/// Replaces the faults in force (an empty object clears them all). A crash
-/// is refused where it would take other services down with the controller.
-async fn put_faults(
-    State(controller): State<Controller>,
-    ApiJson(faults): ApiJson<Faults>,
-) -> Result<Json<Faults>, ApiError> {
-    if faults.crash_next_rollout > 0 && !controller.config.may_exit {
-        return Err(ApiError::invalid_field(
-            "crash_next_rollout",
-            "this controller shares its process with other services (the sandbox): run it alone \
-             (`cargo run -p deploy-controller`) to crash it",
-        ));
-    }
-    tracing::info!(?faults, "faults switched");
-    controller.set_faults(faults.clone());
-    Ok(Json(faults))
-}
-
-async fn get_stats(State(controller): State<Controller>) -> Json<Stats> {
-    Json(controller.stats())
-}
-
-/// What the controller did since it started, in order: for timelines.
-async fn get_events(State(controller): State<Controller>) -> Json<Vec<SimulatedEvent>> {
-    Json(controller.events())
 }

@@ -22,6 +22,9 @@
 //! them. Without one, it forgets everything when it stops. Faults are
 //! configuration, not state: a restarted provider has none.
 
+mod admin;
+mod lookup;
+
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -37,7 +40,7 @@ use axum::{
     routing::{get, post},
 };
 use platform::{
-    ApiError, ApiJson, ApiPath, ApiQuery, Timestamp,
+    ApiError, ApiJson, Timestamp,
     simulated::{
         AnswerFault, EventLog, SimulatedEvent, Tenant, idempotency_key, load_state, request_hash, save_state,
         still_processing,
@@ -236,12 +239,12 @@ pub fn router(provider: Provider) -> Router {
 
 fn routes(provider: Provider) -> Router {
     Router::new()
-        .route("/v1/charges", post(create_charge).get(find_charges))
-        .route("/v1/charges/{charge_id}", get(get_charge))
-        .route("/v1/refunds", post(create_refund).get(find_refunds))
-        .route("/admin/faults", get(get_faults).put(put_faults))
-        .route("/admin/stats", get(get_stats))
-        .route("/admin/events", get(get_events))
+        .route("/v1/charges", post(create_charge).get(lookup::find_charges))
+        .route("/v1/charges/{charge_id}", get(lookup::get_charge))
+        .route("/v1/refunds", post(create_refund).get(lookup::find_refunds))
+        .route("/admin/faults", get(admin::get_faults).put(admin::put_faults))
+        .route("/admin/stats", get(admin::get_stats))
+        .route("/admin/events", get(admin::get_events))
         .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
         .with_state(provider)
 }
@@ -505,102 +508,4 @@ impl Provider {
         );
         Ok((refund, false, ledger.answer_fault()))
     }
-}
-
-/// `?idempotency_key=` or `?merchant_reference=`: how a reconciler finds out
-/// what a request whose answer was lost did.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Lookup {
-    idempotency_key: Option<String>,
-    merchant_reference: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct List<T> {
-    data: Vec<T>,
-}
-
-impl Lookup {
-    /// A lookup names a key or a reference (or both), whatever is stored.
-    fn checked(self) -> Result<Self, ApiError> {
-        if self.idempotency_key.is_none() && self.merchant_reference.is_none() {
-            return Err(ApiError::invalid_field(
-                "idempotency_key",
-                "give idempotency_key or merchant_reference",
-            ));
-        }
-        Ok(self)
-    }
-
-    fn matches(&self, key: &str, reference: &str) -> bool {
-        self.idempotency_key.as_deref().is_none_or(|k| k == key)
-            && self.merchant_reference.as_deref().is_none_or(|r| r == reference)
-    }
-}
-
-async fn find_charges(
-    State(provider): State<Provider>,
-    Tenant(merchant): Tenant,
-    ApiQuery(lookup): ApiQuery<Lookup>,
-) -> Result<Json<List<Charge>>, ApiError> {
-    let lookup = lookup.checked()?;
-    let data = provider
-        .lock()
-        .charges
-        .iter()
-        .filter(|(m, c)| *m == merchant && lookup.matches(&c.idempotency_key, &c.merchant_reference))
-        .map(|(_, c)| c.clone())
-        .collect();
-    Ok(Json(List { data }))
-}
-
-async fn find_refunds(
-    State(provider): State<Provider>,
-    Tenant(merchant): Tenant,
-    ApiQuery(lookup): ApiQuery<Lookup>,
-) -> Result<Json<List<Refund>>, ApiError> {
-    let lookup = lookup.checked()?;
-    let data = provider
-        .lock()
-        .refunds
-        .iter()
-        .filter(|(m, r)| *m == merchant && lookup.matches(&r.idempotency_key, &r.merchant_reference))
-        .map(|(_, r)| r.clone())
-        .collect();
-    Ok(Json(List { data }))
-}
-
-async fn get_charge(
-    State(provider): State<Provider>,
-    Tenant(merchant): Tenant,
-    ApiPath(charge_id): ApiPath<String>,
-) -> Result<Json<Charge>, ApiError> {
-    provider
-        .lock()
-        .charges
-        .iter()
-        .find(|(m, c)| *m == merchant && c.id == charge_id)
-        .map(|(_, c)| Json(c.clone()))
-        .ok_or_else(|| ApiError::not_found(format!("charge `{charge_id}`")))
-}
-
-async fn get_faults(State(provider): State<Provider>) -> Json<Faults> {
-    Json(provider.lock().faults.clone())
-}
-
-/// Replaces the faults in force (an empty object clears them all).
-async fn put_faults(State(provider): State<Provider>, ApiJson(faults): ApiJson<Faults>) -> Json<Faults> {
-    tracing::info!(?faults, "faults switched");
-    provider.set_faults(faults.clone());
-    Json(faults)
-}
-
-async fn get_stats(State(provider): State<Provider>) -> Json<Stats> {
-    Json(provider.stats())
-}
-
-/// What the provider did, in order: for timelines.
-async fn get_events(State(provider): State<Provider>) -> Json<Vec<SimulatedEvent>> {
-    Json(provider.events())
 }
