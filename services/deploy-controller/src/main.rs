@@ -36,6 +36,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         may_exit: true,
     };
     let limits = platform::config::ConnectionLimits::from_env()?;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = platform::server::listen("deploy_controller", "the simulated deployment controller", addr).await?;
     deploy_controller::serve(listener, Controller::open(config)?, limits, platform::shutdown_signal()).await
 }

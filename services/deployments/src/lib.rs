@@ -202,7 +202,7 @@ pub async fn serve(
         .spawn_background()
         .with(app.outbox(settings.outbox.clone()).spawn())
         .with(app.controller.clone().spawn_watcher(db.clone(), settings.watch_every));
-    let listener = platform::service::bind(listener, config.listen).await?;
+    let listener = platform::service::bind(listener, &config).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
         controller = %settings.controller.url, environments = ?settings.policy.environments,
         approval_environments = ?settings.policy.approval_environments,

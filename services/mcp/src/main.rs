@@ -68,7 +68,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Command::Http => {
             let addr = platform::config::listen_addr("mcp", mcp::DEFAULT_PORT)?;
             let limits = platform::config::ConnectionLimits::from_env()?;
-            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let listener = platform::server::listen("mcp", "the MCP endpoint", addr).await?;
             mcp::serve_http(config, listener, limits, platform::shutdown_signal()).await
         }
         _ => {

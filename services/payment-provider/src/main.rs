@@ -27,6 +27,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let addr = platform::config::listen_addr("payment_provider", DEFAULT_PORT)?;
     let provider = Provider::open(cli.state_file)?;
     let limits = platform::config::ConnectionLimits::from_env()?;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = platform::server::listen("payment_provider", "the simulated payment provider", addr).await?;
     payment_provider::serve(listener, provider, limits, platform::shutdown_signal()).await
 }

@@ -158,7 +158,7 @@ pub async fn serve(
         .idempotency
         .spawn_background()
         .with(app.outbox(settings.outbox.clone()).spawn());
-    let listener = platform::service::bind(listener, config.listen).await?;
+    let listener = platform::service::bind(listener, &config).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
         provider = %settings.provider.url, capture_thresholds = ?settings.policy.capture_thresholds, "payments listening");
     let router = build_router(app);

@@ -12,9 +12,10 @@ use platform::{
     auth::DEMO_KEYS,
     cli::NewKey,
     config::{ConnectionLimits, ServiceConfig},
+    server::listen,
 };
 use sandbox::console::{self, ConsoleConfig, ServiceLink};
-use tokio::{net::TcpListener, sync::watch};
+use tokio::sync::watch;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -126,13 +127,18 @@ async fn main() -> Result<(), Error> {
     };
 
     // every port first: a port in use stops the sandbox before anything starts
-    let tickets_listener = TcpListener::bind(tickets.listen).await?;
-    let payments_listener = TcpListener::bind(payments.listen).await?;
-    let deployments_listener = TcpListener::bind(deployments.listen).await?;
-    let provider_listener = TcpListener::bind(provider_addr).await?;
-    let controller_listener = TcpListener::bind(controller_addr).await?;
-    let console_listener = TcpListener::bind(console_addr).await?;
-    let mcp_listener = TcpListener::bind(mcp_addr).await?;
+    let tickets_listener = platform::service::bind(None, &tickets).await?;
+    let payments_listener = platform::service::bind(None, &payments).await?;
+    let deployments_listener = platform::service::bind(None, &deployments).await?;
+    let provider_listener = listen("payment_provider", "the simulated payment provider", provider_addr).await?;
+    let controller_listener = listen(
+        "deploy_controller",
+        "the simulated deployment controller",
+        controller_addr,
+    )
+    .await?;
+    let console_listener = listen("console", "the approval console", console_addr).await?;
+    let mcp_listener = listen("mcp", "the MCP endpoint", mcp_addr).await?;
     print_banner(
         &tickets,
         &payments,

@@ -15,6 +15,38 @@ fn help_prints_the_usage_and_exits_without_starting_the_sandbox() {
     assert!(help.contains("create-api-key"), "{help}");
 }
 
+#[test]
+fn a_port_already_in_use_names_the_server_its_address_and_the_variable_that_moves_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let data = tempfile::tempdir().unwrap();
+    // every other server on a free port: the MCP endpoint, bound last, meets the taken one
+    let elsewhere = [
+        "TICKETS_ADDR",
+        "PAYMENTS_ADDR",
+        "DEPLOYMENTS_ADDR",
+        "PAYMENT_PROVIDER_ADDR",
+        "DEPLOY_CONTROLLER_ADDR",
+        "CONSOLE_ADDR",
+    ]
+    .map(|variable| (variable, "127.0.0.1:0"));
+
+    let output = std::process::Command::new(BINARY)
+        .envs(elsewhere)
+        .env("MCP_ADDR", &addr)
+        .env("RETRYSAFE_DATA_DIR", data.path())
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("the sandbox binary starts");
+
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the sandbox stops: {said}");
+    assert!(said.contains("the MCP endpoint"), "names the server: {said}");
+    assert!(said.contains(&addr), "names the address: {said}");
+    assert!(said.contains("MCP_ADDR="), "names the variable that moves it: {said}");
+    assert!(said.contains("already in use"), "says why: {said}");
+}
+
 async fn create_api_key_makes_a_key_for_the_service_named_that_acts_with_its_role(backend: Backend) {
     let payments = TestDb::new(backend).await;
 

@@ -98,7 +98,7 @@ pub async fn serve(
         tracing::warn!("RETRYSAFE_IDEMPOTENCY=off: no claims, no replays. For measuring the layer's cost only");
     }
     let background = app.idempotency.spawn_background();
-    let listener = platform::service::bind(listener, config.listen).await?;
+    let listener = platform::service::bind(listener, &config).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox, approval_from = ?policy.approval_from, "tickets listening");
     let router = build_router(app);
     platform::service::run(listener, router, config.limits, shutdown, background.stop(), db).await

@@ -13,12 +13,13 @@
 //!   with `Retry-After` and closed, before anything of it is read.
 
 use std::{
+    net::SocketAddr,
     sync::{Arc, LazyLock},
     time::Duration,
 };
 
 use tokio::{
-    net::TcpStream,
+    net::{TcpListener, TcpStream},
     sync::{OwnedSemaphorePermit, Semaphore},
 };
 
@@ -59,6 +60,63 @@ impl ConnectionCap {
     /// past the cap. Never waits: a client past the cap is answered at once.
     fn take(&self) -> Option<OwnedSemaphorePermit> {
         self.open.clone().try_acquire_owned().ok()
+    }
+}
+
+/// Binds `addr` for the server `name` (`tickets`, `payment_provider`, `mcp`:
+/// the `<NAME>_ADDR` variable moves it), which `what` names for a person.
+/// A failure says which server, where, and how to move it: a port already in
+/// use is most often the first thing a new user meets.
+pub async fn listen(name: &str, what: &str, addr: SocketAddr) -> Result<TcpListener, ListenError> {
+    TcpListener::bind(addr).await.map_err(|cause| {
+        let variable = crate::config::addr_variable(name);
+        let why = match cause.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "the address is already in use (another process listens there: an earlier run still going?)".to_owned()
+            }
+            _ => cause.to_string(),
+        };
+        ListenError {
+            message: format!(
+                "{what} cannot listen on {addr}: {why}; stop what holds it, or move {what} with \
+                 {variable}=127.0.0.1:<another port>"
+            ),
+            cause,
+        }
+    })
+}
+
+/// A server that could not listen, said for the person starting it: which
+/// server, where, why, and the variable that moves it.
+pub struct ListenError {
+    message: String,
+    cause: std::io::Error,
+}
+
+impl ListenError {
+    /// The operating system's reason (`AddrInUse`, `PermissionDenied`, …).
+    pub fn kind(&self) -> std::io::ErrorKind {
+        self.cause.kind()
+    }
+}
+
+impl std::fmt::Display for ListenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+// A `main` that returns the error prints its `Debug`: the sentence, not the
+// io::Error's fields.
+impl std::fmt::Debug for ListenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ListenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.cause)
     }
 }
 

@@ -3,8 +3,6 @@
 //! own routes ([`router`]): `/healthz`, `/openapi.json`, the docs page with
 //! every problem `code`, a problem+json 404/405, and the request span.
 
-use std::net::SocketAddr;
-
 use axum::{
     Json, Router,
     http::StatusCode,
@@ -18,7 +16,12 @@ use utoipa::openapi::{
 };
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::{Db, config::ConnectionLimits, error::ApiError};
+use crate::{
+    Db,
+    config::{ConnectionLimits, ServiceConfig},
+    error::ApiError,
+    server::ListenError,
+};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,11 +45,15 @@ where
 }
 
 /// The listener a service serves on: the one it was given (a test's, or the
-/// sandbox's, bound before the service starts), else `addr`, bound now.
-pub async fn bind(listener: Option<TcpListener>, addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// sandbox's, bound before the service starts), else its configured
+/// address, bound now (see [`crate::server::listen`]).
+pub async fn bind(listener: Option<TcpListener>, config: &ServiceConfig) -> Result<TcpListener, ListenError> {
     match listener {
         Some(listener) => Ok(listener),
-        None => TcpListener::bind(addr).await,
+        None => {
+            let what = format!("the {} service", config.service);
+            crate::server::listen(config.service, &what, config.listen).await
+        }
     }
 }
 
