@@ -170,7 +170,7 @@ impl Authenticator {
             .fetch_optional(pool)
             .await?
         });
-        let (account_id, principal_id, role) = row.ok_or_else(ApiError::unauthenticated)?;
+        let (account_id, principal_id, role) = row.ok_or_else(ApiError::unknown_key)?;
         let role = role.parse().map_err(ApiError::internal)?;
         Ok(Principal {
             account_id,

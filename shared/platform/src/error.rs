@@ -46,6 +46,8 @@ struct ProblemParts {
     errors: Option<Vec<FieldError>>,
     extensions: Map<String, Value>,
     retry_after: Option<u64>,
+    /// The `WWW-Authenticate` challenge of a 401 (RFC 6750 §3).
+    challenge: Option<&'static str>,
     internal_cause: Option<String>,
 }
 
@@ -92,6 +94,7 @@ impl ApiError {
             errors: None,
             extensions: Map::new(),
             retry_after: None,
+            challenge: None,
             internal_cause: None,
         }))
     }
@@ -160,13 +163,26 @@ impl ApiError {
 
     // --- the contract's problems, by code ---
 
+    /// No key was sent: the 401 asks for one (`WWW-Authenticate: Bearer`).
     pub fn unauthenticated() -> Self {
-        Self::new(
+        let mut error = Self::new(
             StatusCode::UNAUTHORIZED,
             "unauthenticated",
             "Authentication required",
             "send `Authorization: Bearer <api key>` with a valid key",
-        )
+        );
+        error.0.challenge = Some("Bearer");
+        error
+    }
+
+    /// A key was sent that the service does not know (or that was revoked):
+    /// the same 401, whose challenge says the key is what failed (RFC 6750).
+    pub fn unknown_key() -> Self {
+        let mut error = Self::unauthenticated().with_detail(
+            "the `Authorization: Bearer` key is not one this service knows (or it was revoked); send a valid key",
+        );
+        error.0.challenge = Some(r#"Bearer error="invalid_token""#);
+        error
     }
 
     pub fn forbidden(detail: impl Into<String>) -> Self {
@@ -325,6 +341,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(challenge) = self.0.challenge {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
         }
         if let Some(cause) = self.0.internal_cause {
             response.extensions_mut().insert(InternalCause(cause));

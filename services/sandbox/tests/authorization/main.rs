@@ -101,6 +101,19 @@ fn mismatch(expect: Expect, answer: &TestResponse) -> Option<String> {
     ))
 }
 
+/// What is wrong with a 401's challenge (RFC 6750 §3): `Bearer` for a
+/// request without a key, `Bearer error="invalid_token"` for a key no
+/// service has; and no challenge on any other answer.
+fn challenge_mismatch(who: Principal, answer: &TestResponse) -> Option<String> {
+    let challenge = answer.header("www-authenticate");
+    let wanted = match (answer.status.as_u16(), who) {
+        (401, Principal::Nobody) => Some("Bearer"),
+        (401, _) => Some(r#"Bearer error="invalid_token""#),
+        _ => None,
+    };
+    (challenge != wanted).then(|| format!("WWW-Authenticate: expected {wanted:?}, got {challenge:?}"))
+}
+
 /// acme's values that an answer shows, besides those its request named (a
 /// 404 says which id it did not find).
 fn leaked<'a>(service: &'a Seeded, sent: &str, answer: &TestResponse) -> Vec<&'a str> {
@@ -150,7 +163,7 @@ async fn every_operation_of_every_service_answers_each_principal_as_the_table_sa
                 let (sent, request) = request(service, row, who, cell);
                 let cell_name = format!("{} {} {} as {who:?}", service.name, request.method(), request.uri());
                 let answer = service.client.send(request).await;
-                if let Some(why) = mismatch(expect, &answer) {
+                if let Some(why) = mismatch(expect, &answer).or_else(|| challenge_mismatch(who, &answer)) {
                     wrong.push(format!("{cell_name}: {why}"));
                 }
                 if !matches!(who, Principal::Acme(_)) {

@@ -6,7 +6,7 @@ use platform::{Authenticator, Backend, Principal, Role};
 
 use crate::support::*;
 
-async fn a_missing_or_unknown_bearer_key_is_401(backend: Backend) {
+async fn a_missing_or_unknown_bearer_key_is_401_with_a_bearer_challenge(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let anonymous = app
         .send(
@@ -22,6 +22,12 @@ async fn a_missing_or_unknown_bearer_key_is_401(backend: Backend) {
     anonymous.assert_problem(401, "unauthenticated");
     unknown.assert_problem(401, "unauthenticated");
     assert_eq!(app.ticket_count().await, 0);
+    // RFC 6750 §3: the challenge asks for a key, and says when the one sent is what failed
+    assert_eq!(anonymous.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        unknown.header("www-authenticate"),
+        Some(r#"Bearer error="invalid_token""#)
+    );
 }
 
 async fn a_created_api_key_authenticates_and_only_its_hash_is_stored(backend: Backend) {
@@ -143,7 +149,7 @@ async fn the_bearer_scheme_is_case_insensitive(backend: Backend) {
 
 platform::both_backends!(
     the_bearer_scheme_is_case_insensitive,
-    a_missing_or_unknown_bearer_key_is_401,
+    a_missing_or_unknown_bearer_key_is_401_with_a_bearer_challenge,
     a_created_api_key_authenticates_and_only_its_hash_is_stored,
     demo_keys_exist_only_in_sandbox_mode,
     the_same_key_in_two_accounts_is_two_operations,
