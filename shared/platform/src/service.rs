@@ -5,6 +5,7 @@
 
 use axum::{
     Json, Router,
+    extract::Path,
     http::StatusCode,
     response::{Html, IntoResponse},
     routing::get,
@@ -243,10 +244,10 @@ pub fn common_routes(title: &'static str, mut openapi: OpenApi) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
         .route("/docs", get(move || async move { Html(docs_page(title)) }))
-        // each problem's `type`; the page shows every code, with this one's anchor
+        // each problem's `type`: the page of that code alone; a code no service has is 404
         .route(
             "/docs/problems/{code}",
-            get(move || async move { Html(docs_page(title)) }),
+            get(move |Path(code): Path<String>| async move { problem_page(title, &code) }),
         )
         .merge(SwaggerUi::new("/docs/api").external_url_unchecked("/openapi.json", crate::openapi::complete(&openapi)))
 }
@@ -266,6 +267,26 @@ pub fn finish(router: Router) -> Router {
         })
         .layer(axum::extract::DefaultBodyLimit::max(crate::json::MAX_BODY_BYTES))
         .layer(crate::telemetry::request_layer())
+}
+
+/// The page a problem's `type` names: its code, status and meaning, and the
+/// way to the page of every code.
+fn problem_page(title: &str, code: &str) -> Result<Html<String>, ApiError> {
+    let (code, status, meaning) = PROBLEM_CODES
+        .iter()
+        .find(|(known, _, _)| *known == code)
+        .ok_or_else(|| ApiError::not_found("this problem code"))?;
+    Ok(Html(format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{code} — {title}</title>
+<style>body{{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}code{{background:#f4f4f4;padding:0 .2rem}}</style>
+</head><body>
+<h1><code>{code}</code></h1>
+<p>HTTP {status}. {}</p>
+<p>Every problem is <code>application/problem+json</code> with this <code>code</code>; <a href="/docs#problem-{code}">every code of {title}</a>.</p>
+</body></html>"#,
+        escape(meaning)
+    )))
 }
 
 fn docs_page(title: &str) -> String {

@@ -245,6 +245,25 @@ async fn the_service_serves_health_and_its_openapi_document(backend: Backend) {
     assert!(swagger.header("content-type").unwrap().starts_with("text/html"));
 }
 
+async fn a_problems_type_opens_the_page_of_its_code_and_an_unknown_code_is_404(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let refused = app.create_ticket("key-1", r#"{"project":"ops"}"#).await;
+    let link = refused.json()["type"].as_str().unwrap().to_owned();
+
+    let page = app.get(&link, ACME_AGENT).await;
+    assert_eq!(page.status, 200, "{link}");
+    let text = String::from_utf8_lossy(&page.body);
+    assert!(text.contains("<h1><code>invalid_request</code></h1>"), "{text}");
+    assert!(text.contains("HTTP 400"), "{text}");
+    assert!(
+        !text.contains("idempotency_key_reused"),
+        "the page of this code alone: {text}"
+    );
+    app.get("/docs/problems/no_such_code", ACME_AGENT)
+        .await
+        .assert_problem(404, "not_found");
+}
+
 /// Every status an operation can answer is in the document: the ones the
 /// shared layers answer before a handler runs as problems (the 503 of a
 /// connection past the cap among them), and the 431 of headers too large,
@@ -333,5 +352,6 @@ platform::both_backends!(
     a_closed_ticket_does_not_change_status_and_the_409_names_its_status_once,
     lists_page_through_every_ticket_in_creation_order,
     the_service_serves_health_and_its_openapi_document,
+    a_problems_type_opens_the_page_of_its_code_and_an_unknown_code_is_404,
     each_operation_documents_every_status_it_can_answer_with_the_problem_schema,
 );
