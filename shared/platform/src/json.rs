@@ -109,7 +109,53 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         return Err(ApiError::invalid_field(field, "must not contain the NUL character"));
     }
     integral_numbers_as_integers(&mut value);
-    serde_path_to_error::deserialize(value).map_err(|e| field_problem(&e.path().to_string(), &e.inner().to_string()))
+    serde_path_to_error::deserialize(&value).map_err(|first| every_member_problem::<T>(&value, &first))
+}
+
+/// serde stops at the first failure; a person fixing a body wants them all.
+/// So each member is read again alone (another member's failure cannot hide
+/// it, and what it lacks alone is not its failure), then the valid members
+/// together, for the first required member that is missing. A body whose
+/// failure is no one member's keeps the first failure.
+fn every_member_problem<T: DeserializeOwned>(body: &Value, first: &PathError) -> ApiError {
+    let Value::Object(members) = body else {
+        return field_problems(vec![field_error(first)]);
+    };
+    let read = |members: &mut dyn Iterator<Item = (&String, &Value)>| {
+        let members = members.map(|(name, member)| (name.as_str(), member));
+        let members = de::value::MapDeserializer::<_, serde_json::Error>::new(members);
+        serde_path_to_error::deserialize::<_, T>(members).err()
+    };
+    let mut errors = Vec::new();
+    let mut invalid = Vec::new();
+    for member in members {
+        if let Some(error) = read(&mut std::iter::once(member)).filter(|e| missing_member(e).is_none()) {
+            invalid.push(member.0.as_str());
+            errors.push(field_error(&error));
+        }
+    }
+    let missing = read(&mut members.iter().filter(|(name, _)| !invalid.contains(&name.as_str())));
+    if let Some(error) = missing.filter(|e| missing_member(e).is_some_and(|name| !invalid.contains(&name.as_str()))) {
+        errors.push(field_error(&error));
+    }
+    if errors.is_empty() {
+        errors.push(field_error(first));
+    }
+    field_problems(errors)
+}
+
+type PathError = serde_path_to_error::Error<serde_json::Error>;
+
+/// The body's own member that a failure says is missing (not one inside a member).
+fn missing_member(error: &PathError) -> Option<String> {
+    let message = error.inner().to_string();
+    (error.path().to_string() == "." && message.starts_with("missing field"))
+        .then(|| quoted_name(&message))
+        .flatten()
+}
+
+fn field_error<E: std::fmt::Display>(error: &serde_path_to_error::Error<E>) -> FieldError {
+    field_failure(&error.path().to_string(), &error.inner().to_string())
 }
 
 /// The body as a JSON value, refusing what serde_json alone would accept
@@ -294,7 +340,7 @@ fn integral_numbers_as_integers(value: &mut Value) {
 }
 
 /// Turns serde's `path` and message into the contract's `{field, message}`.
-fn field_problem(path: &str, message: &str) -> ApiError {
+fn field_failure(path: &str, message: &str) -> FieldError {
     let message = without_position(message);
     let parent = if path == "." { "" } else { path };
     let join = |name: String| {
@@ -315,7 +361,7 @@ fn field_problem(path: &str, message: &str) -> ApiError {
         _ if parent.is_empty() => ("body".to_owned(), message),
         _ => (parent.to_owned(), message),
     };
-    ApiError::invalid_field(field, message)
+    FieldError::new(field, message)
 }
 
 fn quoted_name(message: &str) -> Option<String> {
@@ -335,7 +381,13 @@ fn without_position(message: &str) -> String {
 pub fn validation_problem(errors: ValidationErrors) -> ApiError {
     let mut fields = Vec::new();
     collect(&errors, "", &mut fields);
+    field_problems(fields)
+}
+
+/// The 400 `invalid_request` listing `fields`, in the order of their names.
+fn field_problems(mut fields: Vec<FieldError>) -> ApiError {
     fields.sort_by(|a, b| a.field.cmp(&b.field));
+    fields.dedup();
     let detail = match fields.as_slice() {
         [one] => format!("`{}` {}", one.field, one.message),
         _ => format!("{} fields failed validation", fields.len()),
@@ -397,7 +449,7 @@ where
         }
         serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(pairs))
             .map(ApiQuery)
-            .map_err(|e| field_problem(&e.path().to_string(), &e.inner().to_string()))
+            .map_err(|e| field_problems(vec![field_error(&e)]))
     }
 }
 

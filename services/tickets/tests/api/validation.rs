@@ -72,6 +72,26 @@ async fn every_failed_field_is_listed_with_its_message(backend: Backend) {
     assert_eq!(fields, ["labels", "project", "title"]);
 }
 
+async fn a_body_with_several_fields_wrong_lists_every_one_and_the_key_works_with_a_fixed_body(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    // a wrong type, an unknown priority, an unknown member, and `project` missing
+    let response = app
+        .create_ticket("key-1", r#"{"title":42,"priority":"asap","colour":"red"}"#)
+        .await;
+
+    response.assert_problem(400, "invalid_request");
+    let fields: Vec<_> = response.json()["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(fields, ["colour", "priority", "project", "title"]);
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_operations").await, 0);
+    let fixed = app.create_ticket("key-1", ROTATE_CERT).await;
+    assert_eq!(fixed.status, 201, "the key was left unclaimed");
+}
+
 async fn a_wrong_type_or_an_unknown_priority_is_400_naming_the_field(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let wrong_type = app.create_ticket("key-1", r#"{"project":"ops","title":42}"#).await;
@@ -287,6 +307,7 @@ platform::both_backends!(
     a_request_that_fails_validation_claims_nothing_and_the_key_works_with_a_fixed_body,
     an_unknown_field_is_400_invalid_request_naming_the_field,
     every_failed_field_is_listed_with_its_message,
+    a_body_with_several_fields_wrong_lists_every_one_and_the_key_works_with_a_fixed_body,
     a_wrong_type_or_an_unknown_priority_is_400_naming_the_field,
     a_body_that_is_not_json_is_400_and_a_non_json_content_type_is_415,
     unknown_routes_and_methods_answer_in_problem_json,
