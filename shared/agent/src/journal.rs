@@ -286,6 +286,30 @@ impl Journal {
         Ok(row.map(Entry::from))
     }
 
+    /// Binds `name` to `request` again, under the same key, when all it came
+    /// to was a refusal that claimed nothing: a final failure that belongs
+    /// to no operation, as the 400 of a body that fails validation. The
+    /// service holds nothing under the key, so it may carry the fixed body
+    /// (docs/contract.md §1). A name the service has an operation for keeps
+    /// its payload.
+    pub async fn rebind_unclaimed(&self, name: &str, request: &Request) -> Result<(), AgentError> {
+        sqlx::query(
+            "UPDATE agent_operations SET payload_digest = $3, method = $4, target = $5, state = 'pending', \
+             result_status = NULL, result_body = NULL, updated_at = $6 \
+             WHERE account = $1 AND name = $2 AND state = $7 AND operation_id IS NULL AND payload_digest <> $3",
+        )
+        .bind(self.account.as_str())
+        .bind(name)
+        .bind(payload_digest(request))
+        .bind(request.method.as_str())
+        .bind(request.target())
+        .bind(now())
+        .bind(Outcome::Failed.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Forgets the outcome recorded for `name`, keeping its key: the answer
     /// was about the caller (a key the service did not accept), not the
     /// operation, so the next run sends again.

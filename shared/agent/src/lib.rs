@@ -6,7 +6,9 @@
 //!
 //! - the key is made once and stored in the [`journal`] **before the first
 //!   send**; a restart of the agent finds it there and sends it again; the
-//!   same name with another payload is refused before anything is sent;
+//!   same name with another payload is refused before anything is sent,
+//!   unless all the name came to was a refusal that claimed nothing (a 400
+//!   for a bad body): then the fixed payload goes under the same key;
 //! - a known success is recorded as done and never sent again;
 //! - a timeout or a connection failure is not a failure: the agent asks
 //!   `GET /v1/operations?idempotency_key=` and retries **with the same key**
@@ -288,6 +290,7 @@ impl Agent {
 
     /// Runs the operation `name` by the retry rule: see the module docs.
     pub async fn execute(&self, name: &str, request: &Request) -> Result<Report, AgentError> {
+        self.journal.rebind_unclaimed(name, request).await?;
         let entry = self.journal.begin(name, request).await?;
         let key = entry.idempotency_key.clone();
         if let Some(known) = entry.state.filter(|s| s.is_final()) {

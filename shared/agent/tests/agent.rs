@@ -211,6 +211,34 @@ async fn the_same_name_with_another_payload_is_refused_before_anything_is_sent(b
     assert_eq!(world.tickets().await, 1);
 }
 
+async fn a_name_refused_with_400_before_anything_was_claimed_runs_again_with_a_fixed_body(backend: Backend) {
+    let world = world(backend).await;
+    let agent = world.agent().await;
+    let blank_title = Request::post(&world.proxy.url, "/v1/tickets", json!({"project": "ops", "title": ""}));
+
+    let refused = agent.execute("rotate-cert", &blank_title).await.unwrap();
+    let fixed = agent
+        .execute("rotate-cert", &world.ticket("Rotate staging certificate"))
+        .await
+        .unwrap();
+    let changed_again = agent
+        .execute("rotate-cert", &world.ticket("Rotate production certificate"))
+        .await;
+
+    assert_eq!(refused.outcome, Outcome::Failed, "{}", refused.note);
+    assert_eq!((refused.status, refused.operation_id.as_deref()), (Some(400), None));
+    assert_eq!(fixed.outcome, Outcome::Created, "{}", fixed.note);
+    assert_eq!(
+        fixed.idempotency_key, refused.idempotency_key,
+        "the fixed body goes under the key the service never claimed"
+    );
+    assert!(
+        matches!(changed_again, Err(AgentError::ChangedPayload { .. })),
+        "once the service has an operation, the name keeps its payload: {changed_again:?}"
+    );
+    assert_eq!(world.tickets().await, 1);
+}
+
 async fn a_known_success_is_never_sent_again(backend: Backend) {
     let world = world(backend).await;
     let agent = world.agent().await;
@@ -524,6 +552,7 @@ async fn an_operation_id_asked_about_is_one_path_segment_never_another_route(bac
 }
 
 platform::both_backends!(
+    a_name_refused_with_400_before_anything_was_claimed_runs_again_with_a_fixed_body,
     the_key_is_stored_before_the_first_send_and_a_restarted_agent_sends_the_same_key,
     a_restarted_agent_finishes_the_operation_under_the_key_it_stored,
     a_dropped_answer_is_asked_about_and_the_retry_with_the_same_key_replays_it,
