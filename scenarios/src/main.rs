@@ -29,7 +29,8 @@ use world::Backend;
 struct Cli {
     /// `all` (every story and the matrix), `matrix`, `list`, or the names of
     /// stories (the files in scenarios/stories/), matrix routes (a row) or
-    /// matrix cells (`capture/1-dropped-answer`).
+    /// matrix cells (`capture/1a-dropped-answer`: a route, then a file of
+    /// scenarios/matrix/tests/).
     #[arg(required = true)]
     stories: Vec<String>,
     /// Which database the services run on.
@@ -193,4 +194,73 @@ fn build_binaries() -> Result<PathBuf, String> {
     me.parent()
         .map(PathBuf::from)
         .ok_or_else(|| "where is this binary?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn source(path: &str) -> String {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+        std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+    }
+
+    /// The text between backticks in `text`.
+    fn quoted(text: &str) -> Vec<&str> {
+        text.split('`').skip(1).step_by(2).collect()
+    }
+
+    #[test]
+    fn the_help_the_docs_the_readme_and_the_report_name_the_matrix_alike() {
+        let matrix = matrix::load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/matrix"))).unwrap();
+        // what reads as a cell (a route, a slash, a template) must be one
+        let cells_named_in = |text: &str, words: Vec<&str>| {
+            for word in words {
+                let Some((route, _)) = word.split_once('/') else {
+                    continue;
+                };
+                if matrix.routes.iter().any(|r| r == route) {
+                    assert!(
+                        matrix.cells.iter().any(|c| c.name == word),
+                        "{text} names the cell `{word}`, which the matrix does not have"
+                    );
+                }
+            }
+        };
+        let help = Cli::command().render_long_help().to_string();
+        cells_named_in("the help", quoted(&help));
+
+        // docs/scenarios.md's table: the report's rows (routes) and columns (tests)
+        let docs = source("../docs/scenarios.md");
+        let mut table = docs
+            .lines()
+            .skip_while(|l| !l.starts_with("| route |"))
+            .take_while(|l| l.starts_with('|'));
+        let header: Vec<&str> = table.next().unwrap().split('|').map(str::trim).collect();
+        assert_eq!(
+            &header[2..header.len() - 2],
+            matrix.tests,
+            "the table's columns are the matrix's tests"
+        );
+        let rows: Vec<&str> = table
+            .skip(1)
+            .map(|row| row.split('|').nth(1).unwrap().trim().trim_matches('`'))
+            .collect();
+        assert_eq!(rows, matrix.routes, "the table's rows are the matrix's routes");
+        cells_named_in(
+            "docs/scenarios.md",
+            docs.split_whitespace()
+                .map(|w| w.trim_matches(|c: char| !(c.is_alphanumeric() || c == '-')))
+                .collect(),
+        );
+
+        let readme = source("../README.md");
+        for test in &matrix.tests {
+            assert!(readme.contains(test.as_str()), "the README names the test `{test}`");
+        }
+    }
 }

@@ -189,10 +189,12 @@ the simulated payment provider and deployment controller.</p>"#
                     let variant = p.story.cell.as_ref().and_then(|c| c.variant.as_deref());
                     let _ = write!(
                         page,
-                        r##"{}<a class="{}" href="#{}">{}{}</a>"##,
+                        r##"{}<a class="{}" href="#{}" title="{}">{}{}</a>"##,
                         if i > 0 { "<br>" } else { "" },
                         if p.passed() { "ok" } else { "failed" },
                         anchor(p),
+                        // the cell's name, as `list` prints it and the runner takes it
+                        escape(&p.story.name),
                         variant.map(|v| format!("{}: ", escape(v))).unwrap_or_default(),
                         if p.passed() { "passed" } else { "FAILED" }
                     );
