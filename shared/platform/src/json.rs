@@ -113,33 +113,36 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// serde stops at the first failure; a person fixing a body wants them all.
-/// So each member is read again alone (another member's failure cannot hide
-/// it, and what it lacks alone is not its failure), then the valid members
-/// together, for the first required member that is missing. A body whose
-/// failure is no one member's keeps the first failure.
+/// So each member is read again alone: a failure inside it (or it being
+/// unknown) is its own, while one about the body as a whole (what it lacks
+/// alone) is not. Then the valid members are read together, for the first
+/// required member that is missing. The first failure is always listed.
 fn every_member_problem<T: DeserializeOwned>(body: &Value, first: &PathError) -> ApiError {
+    let mut errors = vec![field_error(first)];
     let Value::Object(members) = body else {
-        return field_problems(vec![field_error(first)]);
+        return field_problems(errors);
     };
     let read = |members: &mut dyn Iterator<Item = (&String, &Value)>| {
         let members = members.map(|(name, member)| (name.as_str(), member));
         let members = de::value::MapDeserializer::<_, serde_json::Error>::new(members);
         serde_path_to_error::deserialize::<_, T>(members).err()
     };
-    let mut errors = Vec::new();
+    let mut add = |error: &PathError| {
+        let error = field_error(error);
+        if !errors.iter().any(|listed| listed.field == error.field) {
+            errors.push(error);
+        }
+    };
     let mut invalid = Vec::new();
     for member in members {
-        if let Some(error) = read(&mut std::iter::once(member)).filter(|e| missing_member(e).is_none()) {
+        if let Some(error) = read(&mut std::iter::once(member)).filter(|e| e.path().to_string() != ".") {
             invalid.push(member.0.as_str());
-            errors.push(field_error(&error));
+            add(&error);
         }
     }
     let missing = read(&mut members.iter().filter(|(name, _)| !invalid.contains(&name.as_str())));
     if let Some(error) = missing.filter(|e| missing_member(e).is_some_and(|name| !invalid.contains(&name.as_str()))) {
-        errors.push(field_error(&error));
-    }
-    if errors.is_empty() {
-        errors.push(field_error(first));
+        add(&error);
     }
     field_problems(errors)
 }
