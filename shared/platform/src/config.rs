@@ -178,11 +178,6 @@ pub fn sandbox_port(default_port: u16) -> Result<u16, ConfigError> {
     }
 }
 
-/// The variable that moves a server: `<SERVER>_ADDR` (`PAYMENT_PROVIDER_ADDR`).
-pub fn addr_variable(server: &str) -> String {
-    format!("{}_ADDR", server.to_ascii_uppercase())
-}
-
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }

@@ -69,7 +69,8 @@ impl ConnectionCap {
 /// use is most often the first thing a new user meets.
 pub async fn listen(name: &str, what: &str, addr: SocketAddr) -> Result<TcpListener, ListenError> {
     TcpListener::bind(addr).await.map_err(|cause| {
-        let variable = crate::config::addr_variable(name);
+        // the variable `config::listen_addr` reads
+        let variable = format!("{}_ADDR", name.to_ascii_uppercase());
         let why = match cause.kind() {
             std::io::ErrorKind::AddrInUse => {
                 "the address is already in use (another process listens there: an earlier run still going?)".to_owned()
