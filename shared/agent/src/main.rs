@@ -14,6 +14,8 @@
 //! must not be retried (`conflict`, `failed`, or a payload changed under the
 //! same name), and 3 when it is not known yet (`in_progress`,
 //! `awaiting_approval`, `unknown`): run it again later, with the same name.
+//! A `failed` that claimed nothing (a 400 for a bad body, with no operation
+//! id) may be run again under the same name with the body fixed.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
