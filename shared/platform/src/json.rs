@@ -109,7 +109,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         return Err(ApiError::invalid_field(field, "must not contain the NUL character"));
     }
     integral_numbers_as_integers(&mut value);
-    serde_path_to_error::deserialize(&value).map_err(|first| every_member_problem::<T>(&value, &first))
+    // the value is moved into the command, its strings with it; only a body
+    // that fails is read again, to list every failure
+    serde_path_to_error::deserialize(value).map_err(|first| {
+        let mut body = parse_unambiguous(bytes).unwrap_or_default();
+        integral_numbers_as_integers(&mut body);
+        every_member_problem::<T>(&body, &first)
+    })
 }
 
 /// serde stops at the first failure; a person fixing a body wants them all.
