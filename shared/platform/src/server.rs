@@ -80,7 +80,7 @@ pub async fn listen(name: &str, what: &str, addr: SocketAddr) -> Result<TcpListe
         ListenError {
             message: format!(
                 "{what} cannot listen on {addr}: {why}; stop what holds it, or move {what} with \
-                 {variable}=127.0.0.1:<another port>"
+                 {variable}=127.0.0.1:<another port> (RETRYSAFE_BASE_PORT=<port> moves every sandbox port at once)"
             ),
             cause,
         }
