@@ -173,10 +173,10 @@ pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
     let openapi = openapi(&app.policy.environments);
-    let metrics = app.idempotency.metrics().clone();
+    let (metrics, db) = (app.idempotency.metrics().clone(), app.idempotency.db().clone());
     let routes =
         platform::metrics::tracked(routes::router().merge(idempotency::routes::routes()), metrics).with_state(app);
-    platform::service::router("Retrysafe deployments", routes, openapi)
+    platform::service::router("Retrysafe deployments", routes, openapi, &db)
 }
 
 /// Connects, migrates, and serves on `config.listen` until `shutdown`

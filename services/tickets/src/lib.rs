@@ -76,10 +76,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
-    let metrics = app.idempotency.metrics().clone();
+    let (metrics, db) = (app.idempotency.metrics().clone(), app.idempotency.db().clone());
     let routes =
         platform::metrics::tracked(routes::router().merge(idempotency::routes::routes()), metrics).with_state(app);
-    platform::service::router("Retrysafe tickets", routes, openapi())
+    platform::service::router("Retrysafe tickets", routes, openapi(), &db)
 }
 
 /// Connects, migrates, and serves on `config.listen` until `shutdown`

@@ -168,6 +168,32 @@ impl Db {
         }
     }
 
+    /// Whether the database answers a query within `within`: what `/healthz`
+    /// reports. On PostgreSQL it also asks that the server take writes, since
+    /// a standby (or a demoted primary) answers reads but refuses every claim.
+    pub async fn reachable(&self, within: Duration) -> bool {
+        let asked = async {
+            match self {
+                // a connection of its own: the pool may be busy, or waiting out its
+                // back-off after refused connections, while the server is fine
+                Db::Postgres(pools) => {
+                    use sqlx::{ConnectOptions, Connection};
+                    let Ok(mut connection) = pools.main.connect_options().connect().await else {
+                        return false;
+                    };
+                    let writable = sqlx::query_scalar::<_, bool>("SELECT NOT pg_is_in_recovery()")
+                        .fetch_one(&mut connection)
+                        .await
+                        .unwrap_or(false);
+                    let _ = connection.close().await;
+                    writable
+                }
+                Db::Sqlite(pools) => sqlx::query("SELECT 1").execute(&pools.read).await.is_ok(),
+            }
+        };
+        tokio::time::timeout(within, asked).await.unwrap_or(false)
+    }
+
     /// Applies every given set of migrations, in version order, as one list.
     pub async fn migrate(&self, sets: &[&Migrations]) -> Result<(), MigrateError> {
         let pick = |set: &&Migrations| match self {

@@ -277,6 +277,23 @@ impl ApiError {
         .with("current_version", current)
     }
 
+    /// The database cannot be reached, or the connection died under a
+    /// statement — perhaps under the COMMIT, whose outcome is then unknown
+    /// here (docs/contract.md §5). So the detail never says "nothing
+    /// happened": the retry with the same key finds out. The cause is logged.
+    pub fn database_unavailable(cause: impl std::fmt::Display) -> Self {
+        let mut error = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            "Database unavailable",
+            "the service cannot reach its database, so whether this request took effect is not known here: \
+             send it again with the same key after `Retry-After` seconds, and that attempt finds out",
+        )
+        .with_retry_after(1);
+        error.0.internal_cause = Some(cause.to_string());
+        error
+    }
+
     /// A 500 whose cause is logged, never sent.
     pub fn internal(cause: impl std::fmt::Display) -> Self {
         let mut error = Self::new(
@@ -356,7 +373,31 @@ impl IntoResponse for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
-        ApiError::internal(format!("database: {error}"))
+        if database_unreachable(&error) {
+            ApiError::database_unavailable(error)
+        } else {
+            ApiError::internal(format!("database: {error}"))
+        }
+    }
+}
+
+/// Whether an error says the database could not be reached or lost the
+/// connection — a fault of where the database is, not of the request — rather
+/// than refusing the statement. A server that takes no writes (a standby, a
+/// primary demoted in a failover) counts: a retry finds the new primary.
+pub fn database_unreachable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            // 08: connection exception; 57P01–57P03: the server shuts down or
+            // is not taking connections yet; 25006: a read-only transaction
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "25006")
+        }),
+        _ => false,
     }
 }
 

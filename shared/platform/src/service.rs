@@ -78,8 +78,8 @@ pub async fn run(
 /// A service's whole router: its own `routes` (given their state), what
 /// every service has besides ([`common_routes`], with `openapi` as the
 /// document), and the fallbacks and request span of [`finish`].
-pub fn router(title: &'static str, routes: Router, openapi: OpenApi) -> Router {
-    finish(routes.merge(common_routes(title, openapi)))
+pub fn router(title: &'static str, routes: Router, openapi: OpenApi, db: &Db) -> Router {
+    finish(routes.merge(common_routes(title, openapi, db)))
 }
 
 /// Every problem `code` a service may answer with, and what it means; the
@@ -222,6 +222,11 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
         "The server holds as many connections as it may. Nothing of the request was read, so nothing was claimed: send it again after `Retry-After` seconds (with the same key).",
     ),
     (
+        "database_unavailable",
+        503,
+        "The service cannot reach its database (or lost it under the request's commit). Whether the request took effect is not known here: send it again with the same key after `Retry-After` seconds, and that attempt finds out.",
+    ),
+    (
         "internal_error",
         500,
         "The server failed and committed nothing; retry with the same key.",
@@ -229,7 +234,7 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
 ];
 
 /// The router parts every service shares. `openapi` is the service's document.
-pub fn common_routes(title: &'static str, mut openapi: OpenApi) -> Router {
+pub fn common_routes(title: &'static str, mut openapi: OpenApi, db: &Db) -> Router {
     openapi.info.title = title.to_owned();
     let components = openapi.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
@@ -242,7 +247,7 @@ pub fn common_routes(title: &'static str, mut openapi: OpenApi) -> Router {
         ),
     );
     Router::new()
-        .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+        .route("/healthz", get(health).with_state(db.clone()))
         .route("/docs", get(move || async move { Html(docs_page(title)) }))
         // each problem's `type`: the page of that code alone; a code no service has is 404
         .route(
@@ -250,6 +255,26 @@ pub fn common_routes(title: &'static str, mut openapi: OpenApi) -> Router {
             get(move |Path(code): Path<String>| async move { problem_page(title, &code) }),
         )
         .merge(SwaggerUi::new("/docs/api").external_url_unchecked("/openapi.json", crate::openapi::complete(&openapi)))
+}
+
+/// How long `/healthz` waits for the database: a probe must hear within a
+/// couple of seconds that this replica cannot serve writes.
+const HEALTH_QUERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `/healthz`: 200 while the database answers and takes writes, else 503 with
+/// `Retry-After`, so a load balancer sends requests to a replica that can
+/// claim keys. It says nothing of why: the service's log does.
+async fn health(axum::extract::State(db): axum::extract::State<Db>) -> axum::response::Response {
+    if db.reachable(HEALTH_QUERY).await {
+        Json(serde_json::json!({"status": "ok", "database": "reachable"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, "1")],
+            Json(serde_json::json!({"status": "unavailable", "database": "unreachable"})),
+        )
+            .into_response()
+    }
 }
 
 /// Adds the problem+json fallbacks and the request span to a finished router.

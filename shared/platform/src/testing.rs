@@ -11,6 +11,7 @@
 //! the PostgreSQL half of each test says so and passes — except under
 //! `CI=true`, where an unreachable PostgreSQL fails the test.
 
+mod forwarder;
 mod process;
 
 use std::{fmt::Display, str::FromStr};
@@ -28,6 +29,7 @@ use sqlx::{
 use tokio::sync::OnceCell;
 use tower::ServiceExt;
 
+pub use self::forwarder::TcpForwarder;
 pub use self::process::{ServiceProcess, create_api_key, help_of, keys_made_by_create_api_key_act_with_their_roles};
 use crate::{
     auth::{Authenticator, Principal, Role},

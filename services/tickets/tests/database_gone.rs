@@ -1,0 +1,95 @@
+//! The database goes away under a running service, as it does in a failover
+//! (docs/contract.md §5): the service answers 503 with `Retry-After`, never a
+//! 500 that reads "nothing was committed"; `/healthz` says so at once; and
+//! once the database is back the service reconnects by itself and the same
+//! keys carry on. PostgreSQL only: an embedded SQLite file cannot go away.
+
+use std::str::FromStr;
+
+use idempotency::IdempotencyConfig;
+use platform::{
+    Backend, Db, on_pool,
+    testing::{ACME_AGENT, TcpForwarder, TestClient, TestDb},
+};
+use sqlx::postgres::PgConnectOptions;
+
+const BODY: &str = r#"{"project":"ops","title":"Rotate staging certificate","priority":"high"}"#;
+
+/// A fresh tickets database, and a service that reaches it through a
+/// forwarder the test can cut.
+async fn service_behind_a_forwarder(db: &TestDb) -> (TestClient, TcpForwarder) {
+    tickets::migrate(&db.db).await.expect("migrations apply");
+    let options = PgConnectOptions::from_str(&db.url).unwrap();
+    let server = format!("{}:{}", options.get_host(), options.get_port());
+    let upstream = tokio::net::lookup_host(&server).await.unwrap().next().unwrap();
+    let forwarder = TcpForwarder::start(upstream).await;
+    let url = db.url.replacen(&server, &forwarder.addr.to_string(), 1);
+    let reached = Db::connect(&url, 8).await.expect("the database, through the forwarder");
+    let app = tickets::App::new(reached, IdempotencyConfig::default(), true);
+    (TestClient::new(tickets::build_router(app)), forwarder)
+}
+
+async fn ticket_count(db: &TestDb) -> i64 {
+    on_pool!(db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM tickets"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_its_database_is_gone_a_service_answers_503_with_retry_after_and_the_same_key_works_once_it_is_back() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres).await;
+    let (service, database) = service_behind_a_forwarder(&db).await;
+    let first = service.post("/v1/tickets", ACME_AGENT, Some("before"), BODY).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(
+        service.get("/healthz", ACME_AGENT).await.json()["database"],
+        "reachable"
+    );
+
+    database.cut().await;
+    // the pool waits out its acquire timeout for the server to come back first
+    let refused = service.post("/v1/tickets", ACME_AGENT, Some("during"), BODY).await;
+    refused.assert_problem(503, "database_unavailable");
+    assert!(refused.header("retry-after").is_some(), "a 503 says when to come back");
+    let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        !detail.contains("nothing was committed"),
+        "its outcome is not known here: {detail}"
+    );
+    assert!(detail.contains("same key"), "{detail}");
+    let health = service.get("/healthz", ACME_AGENT).await;
+    assert_eq!(health.status, 503);
+    assert_eq!(health.json()["database"], "unreachable");
+    // a replay needs the database too, unless this replica remembers the answer
+    let replayed = service.post("/v1/tickets", ACME_AGENT, Some("before"), BODY).await;
+    assert!(
+        replayed.status == 201 || replayed.status == 503,
+        "a retry is a replay or a 503, never a second ticket or a 500: {}",
+        replayed.status
+    );
+
+    database.restore().await;
+
+    let mut health = service.get("/healthz", ACME_AGENT).await;
+    for _ in 0..50 {
+        if health.status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        health = service.get("/healthz", ACME_AGENT).await;
+    }
+    assert_eq!(health.status, 200, "the service reconnects by itself");
+    let created = service.post("/v1/tickets", ACME_AGENT, Some("during"), BODY).await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.replayed(), Some("false"), "the 503 claimed nothing");
+    let replayed = service.post("/v1/tickets", ACME_AGENT, Some("before"), BODY).await;
+    assert_eq!(replayed.replayed(), Some("true"));
+    assert_eq!(replayed.body, first.body, "the stored answer, byte for byte");
+    assert_eq!(ticket_count(&db).await, 2);
+}
