@@ -57,6 +57,7 @@ pub mod approval;
 pub mod attempts;
 pub mod audit;
 pub mod execute;
+mod fail_point;
 pub mod fingerprint;
 mod gauges;
 pub mod key;

@@ -102,37 +102,25 @@ pub struct OperationRecord {
 }
 
 impl OperationRecord {
-    /// An audit record of this operation, by `principal_id`.
-    pub fn audit(&self, event: AuditEvent, principal_id: &str, at: Timestamp) -> Record {
-        Record {
-            account_id: self.account_id.clone(),
-            principal_id: principal_id.to_owned(),
-            operation_id: Some(self.operation_id.clone()),
-            idempotency_key: Some(self.key.as_str().to_owned()),
-            fingerprint: Some(self.fingerprint.as_str().to_owned()),
-            route: Some(self.route.clone()),
-            event,
-            external_ref: self.external_ref.clone(),
-            at,
-            attempt: None,
-            change: None,
-            evidence: None,
-        }
-    }
-
-    pub fn status_url(&self) -> String {
-        status_url(&self.operation_id)
-    }
-
-    /// Who an outbox event of this operation belongs to.
-    pub(crate) fn event_of(&self) -> crate::outbox::EventOf<'_> {
-        crate::outbox::EventOf {
+    /// Who this operation is.
+    pub fn identity(&self) -> OperationIdentity<'_> {
+        OperationIdentity {
             account_id: &self.account_id,
             operation_id: &self.operation_id,
             idempotency_key: self.key.as_str(),
             fingerprint: self.fingerprint.as_str(),
             route: &self.route,
         }
+    }
+
+    /// A journal record of this operation, by `principal_id`.
+    pub fn audit(&self, event: AuditEvent, principal_id: &str, at: Timestamp) -> Record {
+        self.identity()
+            .audit(event, principal_id, self.external_ref.as_deref(), at)
+    }
+
+    pub fn status_url(&self) -> String {
+        status_url(&self.operation_id)
     }
 
     /// True when nobody holds the lease any more: its holder crashed or is too slow.
@@ -146,6 +134,39 @@ impl OperationRecord {
             .map(|until| until.seconds_from_now())
             .unwrap_or(0)
             .max(1)
+    }
+}
+
+/// Who an operation is: the account, the key, the operation id, the
+/// fingerprint and the route. Its record, its journal entries and its outbox
+/// events all carry these five, and name them the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OperationIdentity<'a> {
+    pub account_id: &'a str,
+    pub operation_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub fingerprint: &'a str,
+    pub route: &'a str,
+}
+
+impl OperationIdentity<'_> {
+    /// A journal record of what happened to this operation, by `by`: the one
+    /// place an operation's identity is copied into the journal.
+    pub fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
+        Record {
+            account_id: self.account_id.to_owned(),
+            principal_id: by.to_owned(),
+            operation_id: Some(self.operation_id.to_owned()),
+            idempotency_key: Some(self.idempotency_key.to_owned()),
+            fingerprint: Some(self.fingerprint.to_owned()),
+            route: Some(self.route.to_owned()),
+            event,
+            external_ref: external_ref.map(str::to_owned),
+            at,
+            attempt: None,
+            change: None,
+            evidence: None,
+        }
     }
 }
 

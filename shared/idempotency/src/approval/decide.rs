@@ -10,7 +10,7 @@ use crate::{
     Idempotency,
     audit::{self, AuditEvent},
     execute::problem_response,
-    operation::OperationState,
+    operation::{OperationIdentity, OperationState},
     store::{self, Completion},
 };
 
@@ -194,20 +194,14 @@ impl Idempotency {
 
 impl ApprovalRecord {
     fn audit(&self, event: AuditEvent, principal_id: &str, at: Timestamp) -> audit::Record {
-        audit::Record {
-            account_id: self.account_id.clone(),
-            principal_id: principal_id.to_owned(),
-            operation_id: Some(self.operation_id.clone()),
-            idempotency_key: Some(self.idempotency_key.clone()),
-            fingerprint: Some(self.fingerprint.as_str().to_owned()),
-            route: Some(self.route.clone()),
-            event,
-            external_ref: None,
-            at,
-            attempt: None,
-            change: None,
-            evidence: None,
-        }
+        let identity = OperationIdentity {
+            account_id: &self.account_id,
+            operation_id: &self.operation_id,
+            idempotency_key: &self.idempotency_key,
+            fingerprint: self.fingerprint.as_str(),
+            route: &self.route,
+        };
+        identity.audit(event, principal_id, None, at)
     }
 }
 

@@ -20,11 +20,11 @@ use platform::{
 use sqlx::Row;
 
 use super::{
-    chain::{AuditEntry, GENESIS, Head, Record, chained},
+    chain::{AuditEntry, Head, Record, chained},
     inbox,
-    query::decode_record,
+    query::{HEAD, decode_record, head_or_genesis},
 };
-use crate::execute::fail_point;
+use crate::fail_point::fail_point;
 
 /// How often the chainer links what is waiting, at the latest.
 const CHAIN_EVERY: Duration = Duration::from_millis(100);
@@ -448,14 +448,6 @@ async fn lock_chain(tx: &mut Tx) -> Result<(), sqlx::Error> {
             .await?;
     }
     Ok(())
-}
-
-/// The chain's last entry, `(seq, hash)` (none while the chain is empty).
-pub(super) const HEAD: &str = "SELECT seq, hash FROM audit_journal ORDER BY seq DESC LIMIT 1";
-
-/// What the next entry follows: the last entry's `(seq, hash)`, or `(0, GENESIS)`.
-pub(super) fn head_or_genesis(last: Option<(i64, String)>) -> (i64, String) {
-    last.unwrap_or((0, GENESIS.to_owned()))
 }
 
 /// Takes the oldest `ROUND_SIZE` records out of the inbox, in inbox order.

@@ -4,10 +4,15 @@
 use platform::{Db, Timestamp, on_pool};
 use sqlx::Row;
 
-use super::{
-    chain::{AuditEntry, AuditEvent, Head, Record, StateChange},
-    chainer::{HEAD, head_or_genesis},
-};
+use super::chain::{AuditEntry, AuditEvent, GENESIS, Head, Record, StateChange};
+
+/// The chain's last entry, `(seq, hash)` (none while the chain is empty).
+pub(super) const HEAD: &str = "SELECT seq, hash FROM audit_journal ORDER BY seq DESC LIMIT 1";
+
+/// What the next entry follows: the last entry's `(seq, hash)`, or `(0, GENESIS)`.
+pub(super) fn head_or_genesis(last: Option<(i64, String)>) -> (i64, String) {
+    last.unwrap_or((0, GENESIS.to_owned()))
+}
 
 fn unknown_event(event: &str) -> sqlx::Error {
     sqlx::Error::Decode(format!("audit: unknown event `{event}`").into())

@@ -14,7 +14,7 @@ use crate::{
     audit::{AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyHeaders,
-    operation::new_operation_id,
+    operation::{OperationIdentity, new_operation_id},
     store::NewOperation,
 };
 
@@ -83,19 +83,17 @@ impl<'a> Attempt<'a> {
         fingerprint: &Fingerprint,
         at: Timestamp,
     ) -> Record {
+        let identity = OperationIdentity {
+            account_id: &self.principal.account_id,
+            operation_id: operation_id.unwrap_or_default(),
+            idempotency_key: self.headers.key.as_str(),
+            fingerprint: fingerprint.as_str(),
+            route: self.route,
+        };
+        // an attempt answered before it learned its operation names none
         Record {
-            account_id: self.principal.account_id.clone(),
-            principal_id: self.principal.principal_id.clone(),
             operation_id: operation_id.map(str::to_owned),
-            idempotency_key: Some(self.headers.key.as_str().to_owned()),
-            fingerprint: Some(fingerprint.as_str().to_owned()),
-            route: Some(self.route.to_owned()),
-            event,
-            external_ref: None,
-            at,
-            attempt: None,
-            change: None,
-            evidence: None,
+            ..identity.audit(event, &self.principal.principal_id, None, at)
         }
     }
 

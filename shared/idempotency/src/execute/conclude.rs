@@ -9,16 +9,16 @@ use platform::metrics::{Metrics, names};
 use platform::{ApiError, Timestamp, Tx, telemetry};
 
 use super::{
-    Attempt, Effect, fail_point,
+    Attempt, Effect,
     responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},
 };
 use crate::{
     Idempotency, audit,
     audit::AuditEvent,
+    fail_point::fail_point,
     fingerprint::Fingerprint,
     key::IdempotencyKey,
-    operation::{OperationRecord, OperationState},
-    outbox::EventOf,
+    operation::{OperationIdentity, OperationRecord, OperationState},
     store::{self, Completion, NewOperation},
 };
 
@@ -75,10 +75,10 @@ impl Claim<'_> {
         }
     }
 
-    fn event_of(&self) -> EventOf<'_> {
+    fn identity(&self) -> OperationIdentity<'_> {
         match self {
-            Claim::InTransaction(new) => new.event_of(),
-            Claim::Leased { operation, .. } => operation.event_of(),
+            Claim::InTransaction(new) => new.identity(),
+            Claim::Leased { operation, .. } => operation.identity(),
         }
     }
 
@@ -151,7 +151,7 @@ impl Idempotency {
             if !claim.end(&mut tx, &completion, attempt, &self.metrics).await? {
                 return Ok(false);
             }
-            self.hand_to_outbox(&mut tx, claim.event_of(), &done, completion.now)
+            self.hand_to_outbox(&mut tx, claim.identity(), &done, completion.now)
                 .await?;
             if completion.state == OperationState::Completed {
                 claim

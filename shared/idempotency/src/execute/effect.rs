@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use crate::{
     Idempotency,
-    operation::{OperationState, ResourceRef, StoredResponse},
-    outbox::{self, EventOf},
+    operation::{OperationIdentity, OperationState, ResourceRef, StoredResponse},
+    outbox,
     store::Completion,
 };
 
@@ -85,7 +85,7 @@ impl Idempotency {
     pub(super) async fn hand_to_outbox(
         &self,
         tx: &mut Tx,
-        of: EventOf<'_>,
+        of: OperationIdentity<'_>,
         done: &Effect,
         now: Timestamp,
     ) -> Result<(), sqlx::Error> {

@@ -9,13 +9,13 @@ use platform::{ApiError, Timestamp, Tx};
 use super::{
     Attempt, Effect,
     conclude::{Claim, Concluded},
-    fail_point,
     taken::Resolution,
 };
 use crate::{
     Idempotency,
     approval::{self, ApprovalState, ExecutionCheck, refusal, refused_operation},
     audit::{self, AuditEvent},
+    fail_point::fail_point,
     fingerprint::Fingerprint,
     operation::{OperationRecord, OperationState},
     store,

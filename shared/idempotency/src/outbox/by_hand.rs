@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use platform::{Principal, Timestamp};
 
-use super::{EventOf, EventState, Lookup, OutboxEvent, plan, status, store};
+use super::{EventState, Lookup, OutboxEvent, plan, status, store};
 use crate::{
     Idempotency, OperationState,
     audit::{self, AuditEvent, Record},
+    operation::OperationIdentity,
 };
 
 /// How long a resolution waits for the external system's answer: as long as
@@ -197,7 +198,7 @@ async fn settle_as_checked(
         return Ok(false);
     };
     ledger.settle(&mut tx, &event, settles.business).await?;
-    let operation = EventOf {
+    let operation = OperationIdentity {
         account_id,
         operation_id,
         idempotency_key: &idempotency_key,
@@ -285,13 +286,7 @@ async fn journal_refusal(
     external_ref: Option<&str>,
     evidence: &str,
 ) -> Result<(), sqlx::Error> {
-    let operation = EventOf {
-        account_id: &event.account_id,
-        operation_id: &event.operation_id,
-        idempotency_key: &event.idempotency_key,
-        fingerprint: &event.fingerprint,
-        route: &event.route,
-    };
+    let operation = event.identity();
     let refusal = Record {
         evidence: Some(evidence.to_owned()),
         ..operation.audit(
@@ -358,7 +353,7 @@ pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: 
             _ => Err(ByHandError::InvalidState(operation.state, event)),
         };
     };
-    let operation = EventOf {
+    let operation = OperationIdentity {
         account_id,
         operation_id,
         idempotency_key: &idempotency_key,

@@ -7,8 +7,8 @@ use platform::{Timestamp, Tx};
 
 use super::store;
 use crate::{
-    audit::{self, AuditEvent, Record},
-    operation::OperationState,
+    audit::{self, AuditEvent},
+    operation::{OperationIdentity, OperationState},
 };
 
 /// Withdraws an operation's event that was never handed to the external
@@ -94,20 +94,14 @@ impl Ended<'_> {
         } else {
             AuditEvent::Failed
         };
-        let ended = Record {
-            account_id: self.account_id.to_owned(),
-            principal_id: by.to_owned(),
-            operation_id: Some(self.operation_id.to_owned()),
-            idempotency_key: Some(self.idempotency_key),
-            fingerprint: Some(self.fingerprint),
-            route: Some(self.route),
-            event,
-            external_ref: self.external_ref,
-            at: now,
-            attempt: None,
-            change: None,
-            evidence: None,
+        let identity = OperationIdentity {
+            account_id: self.account_id,
+            operation_id: self.operation_id,
+            idempotency_key: &self.idempotency_key,
+            fingerprint: &self.fingerprint,
+            route: &self.route,
         };
+        let ended = identity.audit(event, by, self.external_ref.as_deref(), now);
         audit::record(tx, &[ended]).await
     }
 }

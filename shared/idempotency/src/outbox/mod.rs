@@ -95,6 +95,7 @@ pub(crate) use store::enqueue;
 use crate::{
     Idempotency,
     audit::{AuditEvent, Record},
+    operation::OperationIdentity,
 };
 
 /// The principal the journal names for what the worker does.
@@ -199,14 +200,18 @@ pub struct OutboxEvent {
 impl OutboxEvent {
     /// A journal record of what happened to this event's operation.
     fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
-        EventOf {
+        self.identity().audit(event, by, external_ref, at)
+    }
+
+    /// Who this event's operation is.
+    pub fn identity(&self) -> OperationIdentity<'_> {
+        OperationIdentity {
             account_id: &self.account_id,
             operation_id: &self.operation_id,
             idempotency_key: &self.idempotency_key,
             fingerprint: &self.fingerprint,
             route: &self.route,
         }
-        .audit(event, by, external_ref, at)
     }
 }
 
@@ -290,37 +295,6 @@ pub trait Ledger: std::fmt::Debug + Send + Sync + 'static {
 /// What [`Ledger::settle`] returns: its writes, as a boxed future, so that
 /// the layer can hold any service's ledger.
 pub type Settling<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
-
-/// The identity of an operation, as its outbox events and its journal records
-/// name it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct EventOf<'a> {
-    pub account_id: &'a str,
-    pub operation_id: &'a str,
-    pub idempotency_key: &'a str,
-    pub fingerprint: &'a str,
-    pub route: &'a str,
-}
-
-impl EventOf<'_> {
-    /// A journal record of what happened to this operation, by `by`.
-    fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
-        Record {
-            account_id: self.account_id.to_owned(),
-            principal_id: by.to_owned(),
-            operation_id: Some(self.operation_id.to_owned()),
-            idempotency_key: Some(self.idempotency_key.to_owned()),
-            fingerprint: Some(self.fingerprint.to_owned()),
-            route: Some(self.route.to_owned()),
-            event,
-            external_ref: external_ref.map(str::to_owned),
-            at,
-            attempt: None,
-            change: None,
-            evidence: None,
-        }
-    }
-}
 
 /// The outbox of one service: its idempotency layer (database, journal, the
 /// service's [`Ledger`]), the external system its events go to, and the pace.

@@ -5,14 +5,15 @@
 use platform::{Timestamp, Tx, on_tx};
 use sqlx::Row;
 
-use super::{EventOf, EventState, Message, OutboxEvent, external_key};
+use super::{EventState, Message, OutboxEvent, external_key};
+use crate::operation::OperationIdentity;
 
 /// Writes `message` as a pending event of its operation, inside the
 /// transaction of the effect that made it: the event exists if and only if
 /// the effect and the operation's answer do.
 pub(crate) async fn enqueue(
     tx: &mut Tx,
-    of: EventOf<'_>,
+    of: OperationIdentity<'_>,
     message: &Message,
     now: Timestamp,
 ) -> Result<(), sqlx::Error> {

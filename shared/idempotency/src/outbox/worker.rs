@@ -7,7 +7,7 @@ use platform::{Timestamp, metrics::names};
 use super::{Delivery, Destination, EventState, Outbox, OutboxEvent, WORKER, new_lease_token, store};
 use crate::{
     audit::{self, AuditEvent, Record},
-    execute::fail_point,
+    fail_point::fail_point,
 };
 
 impl<D: Destination> Outbox<D> {

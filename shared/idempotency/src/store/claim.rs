@@ -8,7 +8,7 @@ use crate::{
     audit::{self, AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
-    operation::{OperationRecord, OperationState, StoredResponse},
+    operation::{OperationIdentity, OperationRecord, OperationState, StoredResponse},
 };
 
 use super::{Completion, read::decode};
@@ -182,9 +182,9 @@ pub async fn claim_awaiting_approval(
 }
 
 impl NewOperation<'_> {
-    /// Who an outbox event of this operation belongs to.
-    pub(crate) fn event_of(&self) -> crate::outbox::EventOf<'_> {
-        crate::outbox::EventOf {
+    /// Who this operation is.
+    pub fn identity(&self) -> OperationIdentity<'_> {
+        OperationIdentity {
             account_id: self.account_id,
             operation_id: &self.operation_id,
             idempotency_key: self.key.as_str(),
@@ -193,21 +193,8 @@ impl NewOperation<'_> {
         }
     }
 
-    /// An audit record of this operation, by the principal claiming it.
+    /// A journal record of this operation, by the principal claiming it.
     pub fn audit(&self, event: AuditEvent, at: Timestamp) -> Record {
-        Record {
-            account_id: self.account_id.to_owned(),
-            principal_id: self.principal_id.to_owned(),
-            operation_id: Some(self.operation_id.clone()),
-            idempotency_key: Some(self.key.as_str().to_owned()),
-            fingerprint: Some(self.fingerprint.as_str().to_owned()),
-            route: Some(self.route.to_owned()),
-            event,
-            external_ref: None,
-            at,
-            attempt: None,
-            change: None,
-            evidence: None,
-        }
+        self.identity().audit(event, self.principal_id, None, at)
     }
 }
