@@ -12,7 +12,7 @@ use platform::{
     on_pool,
 };
 
-use crate::Idempotency;
+use crate::layer::Idempotency;
 
 const OUTBOX_STATES: [&str; 4] = ["pending", "sending", "unknown", "dead"];
 const UNFINISHED: [&str; 3] = ["in_progress", "awaiting_approval", "unknown"];

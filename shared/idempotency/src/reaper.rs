@@ -4,7 +4,7 @@
 
 use platform::Timestamp;
 
-use crate::{Idempotency, store};
+use crate::{layer::Idempotency, store};
 
 impl Idempotency {
     /// Deletes the finished operations last touched before `now - retention`.

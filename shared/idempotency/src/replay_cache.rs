@@ -16,7 +16,7 @@ use std::{
 
 use platform::Timestamp;
 
-use crate::{Fingerprint, OperationState, StoredResponse};
+use crate::{fingerprint::Fingerprint, operation::OperationState, operation::StoredResponse};
 
 /// A finished operation, as a replay needs it.
 #[derive(Debug)]

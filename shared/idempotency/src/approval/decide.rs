@@ -7,10 +7,10 @@ use platform::metrics::names;
 use platform::{ApiError, Principal, Role, Timestamp, Tx};
 
 use crate::{
-    Idempotency,
     audit::{self, AuditEvent},
-    execute::problem_response,
+    layer::Idempotency,
     operation::{OperationIdentity, OperationState},
+    responses::problem_response,
     store::{self, Completion},
 };
 

@@ -6,13 +6,16 @@
 use axum::response::{IntoResponse, Response};
 use platform::{ApiError, Timestamp, telemetry};
 
-use super::{
-    Attempt,
-    responses::{key_reused, stored_response},
-};
+use super::Attempt;
 use crate::{
-    Idempotency, audit::AuditEvent, fingerprint::Fingerprint, key::IdempotencyKey, operation::OperationRecord,
-    replay_cache::CachedAnswer, store::Completion,
+    audit::AuditEvent,
+    fingerprint::Fingerprint,
+    key::IdempotencyKey,
+    layer::Idempotency,
+    operation::OperationRecord,
+    replay_cache::CachedAnswer,
+    responses::{key_reused, stored_response},
+    store::Completion,
 };
 
 impl Idempotency {

@@ -5,12 +5,13 @@
 use axum::{http::StatusCode, response::Response};
 use platform::{ApiError, Tx, telemetry};
 
-use super::{Attempt, Effect, effect::json_response, nothing_to_call, responses::stored_response};
+use super::{Attempt, Effect, effect::json_response, nothing_to_call};
+use crate::responses::stored_response;
 use crate::{
-    Idempotency,
     approval::{self, ApprovalRecord, ApprovalRequested, ApprovalSummary, new_approval_id},
     audit::{self, AuditEvent},
     fingerprint::Fingerprint,
+    layer::Idempotency,
     operation::{OperationState, status_url},
     store,
 };

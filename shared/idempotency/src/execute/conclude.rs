@@ -8,17 +8,16 @@ use axum::response::{IntoResponse, Response};
 use platform::metrics::{Metrics, names};
 use platform::{ApiError, Timestamp, Tx, telemetry};
 
-use super::{
-    Attempt, Effect,
-    responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},
-};
+use super::{Attempt, Effect};
 use crate::{
-    Idempotency, audit,
+    audit,
     audit::AuditEvent,
     fail_point::fail_point,
     fingerprint::Fingerprint,
     key::IdempotencyKey,
+    layer::Idempotency,
     operation::{OperationIdentity, OperationRecord, OperationState},
+    responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},
     store::{self, Completion, NewOperation},
 };
 

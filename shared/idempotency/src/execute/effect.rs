@@ -5,7 +5,7 @@ use platform::{Timestamp, Tx};
 use serde::Serialize;
 
 use crate::{
-    Idempotency,
+    layer::Idempotency,
     operation::{OperationIdentity, OperationState, ResourceRef, StoredResponse},
     outbox,
     store::Completion,

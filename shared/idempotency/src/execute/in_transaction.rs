@@ -10,7 +10,7 @@ use super::{
     conclude::{Claim, Concluded},
     nothing_to_call,
 };
-use crate::{Idempotency, fingerprint::Fingerprint};
+use crate::{fingerprint::Fingerprint, layer::Idempotency};
 
 impl Idempotency {
     /// [`ClaimMode::InTransaction`](crate::ClaimMode::InTransaction): the

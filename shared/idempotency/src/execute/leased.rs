@@ -12,11 +12,11 @@ use super::{
     taken::Resolution,
 };
 use crate::{
-    Idempotency,
     approval::{self, ApprovalState, ExecutionCheck, refusal, refused_operation},
     audit::{self, AuditEvent},
     fail_point::fail_point,
     fingerprint::Fingerprint,
+    layer::Idempotency,
     operation::{OperationRecord, OperationState},
     store,
 };

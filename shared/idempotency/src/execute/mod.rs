@@ -41,14 +41,9 @@ use axum::{
 use platform::{ApiError, Principal, Tx};
 use serde::Serialize;
 
-use crate::{ClaimMode, Idempotency, IdempotencyHeaders, operation::new_operation_id};
+use crate::{config::ClaimMode, key::IdempotencyHeaders, layer::Idempotency, operation::new_operation_id};
 
-use responses::stored_response_without_operation;
-
-/// The header naming the operation an answer belongs to.
-pub const OPERATION_ID: &str = "operation-id";
-/// The header telling a replayed answer (`true`) from a first one (`false`).
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+use crate::responses::stored_response_without_operation;
 
 /// A route's effect, as one that is given what its call-out said: nothing.
 /// A closure written in place rather than returned by a function, so that
@@ -66,14 +61,12 @@ mod conclude;
 mod effect;
 mod in_transaction;
 mod leased;
-mod responses;
 mod taken;
 mod verdict;
 
+pub use crate::responses::{IDEMPOTENT_REPLAYED, OPERATION_ID, stored_response};
 pub use attempt::Attempt;
 pub use effect::Effect;
-pub(crate) use responses::problem_response;
-pub use responses::stored_response;
 
 impl Idempotency {
     /// Runs one attempt of an operation. `command` is the validated command

@@ -13,15 +13,16 @@ use platform::{ApiError, Timestamp, Tx, telemetry};
 use super::{
     Attempt, Effect,
     attempt::new_lease_token,
-    responses::{in_progress, key_reused, with_operation_headers},
     verdict::{Asking, Stored, Verdict, verdict},
 };
 use crate::{
-    Idempotency, approval,
+    approval,
     audit::{self, AuditEvent},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
+    layer::Idempotency,
     operation::{OperationRecord, OperationState},
+    responses::{in_progress, key_reused, with_operation_headers},
     store,
 };
 

@@ -15,9 +15,10 @@ use platform::{Principal, Timestamp};
 
 use super::{EventState, Lookup, OutboxEvent, plan, status, store};
 use crate::{
-    Idempotency, OperationState,
     audit::{self, AuditEvent, Record},
+    layer::Idempotency,
     operation::OperationIdentity,
+    operation::OperationState,
 };
 
 /// How long a resolution waits for the external system's answer: as long as

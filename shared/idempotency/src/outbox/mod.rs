@@ -54,7 +54,10 @@
 //!
 //! # The files
 //!
-//! - `mod.rs`: the types a service sees, and [`Outbox`], which runs the two loops;
+//! - `mod.rs`: [`Outbox`], which runs the two loops;
+//! - `event.rs`: an event, and what a service gives the outbox: the
+//!   [`Destination`] it sends to, the [`Ledger`] of its rows, the [`Witness`]
+//!   a person's resolution is checked with;
 //! - `worker.rs` and `reconciler.rs`: taking due events, delivering, asking;
 //! - `plan.rs`: the rows of both tables above, one pure function from an
 //!   outcome to what it writes; `settle.rs` writes it in one transaction;
@@ -72,6 +75,7 @@ mod answer;
 mod by_hand;
 mod config;
 mod ending;
+pub mod event;
 mod plan;
 mod reconciler;
 mod settle;
@@ -79,24 +83,20 @@ mod status;
 mod store;
 mod worker;
 
-use std::{future::Future, sync::Arc};
+use std::sync::Arc;
 
-use platform::{Timestamp, Tx};
 use serde::Serialize;
 
 pub use answer::{Delivery, Lookup, is_external_id};
 pub use by_hand::{ByHandError, Resolution, Resolved, redeliver, resolve};
 pub use config::OutboxConfig;
 pub use ending::{finish, withdraw};
+pub use event::{Asking, Destination, EventState, Ledger, OutboxEvent, Settlement, Settling, Witness};
 pub use status::{DeliveryStatus, NeedsAPerson, event_of};
 pub(crate) use status::{delivery_of, needing_a_person};
 pub(crate) use store::enqueue;
 
-use crate::{
-    Idempotency,
-    audit::{AuditEvent, Record},
-    operation::OperationIdentity,
-};
+use crate::layer::Idempotency;
 
 /// The principal the journal names for what the worker does.
 pub const WORKER: &str = "system:outbox-worker";
@@ -128,173 +128,6 @@ impl Message {
         }
     }
 }
-
-/// Where an event is in its delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EventState {
-    /// To be sent (first, or again).
-    Pending,
-    /// A worker holds it and may have sent it.
-    Sending,
-    /// Sent, and the answer was lost: the reconciler asks.
-    Unknown,
-    Delivered,
-    Failed,
-    /// Failed too often ([`OutboxConfig::max_failures`]): no longer tried,
-    /// its operation left as it was, until an admin sends it again
-    /// ([`redeliver`]) or, if its operation is `unknown`, settles that by
-    /// hand ([`resolve`]).
-    Dead,
-}
-
-impl EventState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventState::Pending => "pending",
-            EventState::Sending => "sending",
-            EventState::Unknown => "unknown",
-            EventState::Delivered => "delivered",
-            EventState::Failed => "failed",
-            EventState::Dead => "dead",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => EventState::Pending,
-            "sending" => EventState::Sending,
-            "unknown" => EventState::Unknown,
-            "delivered" => EventState::Delivered,
-            "failed" => EventState::Failed,
-            "dead" => EventState::Dead,
-            _ => return None,
-        })
-    }
-}
-
-/// One event, as a worker or the reconciler holds it.
-#[derive(Debug, Clone)]
-pub struct OutboxEvent {
-    pub event_id: String,
-    pub account_id: String,
-    pub operation_id: String,
-    pub idempotency_key: String,
-    pub fingerprint: String,
-    pub route: String,
-    /// What to deliver, in the service's words (`capture`, `refund`, `rollout`…).
-    pub kind: String,
-    pub payload: serde_json::Value,
-    /// The external system's idempotency key: the same on every delivery.
-    pub external_key: String,
-    /// Where it was when it was taken: `Sending` means a worker died holding it.
-    pub state: EventState,
-    /// How many times it was handed to the external system, this time included.
-    pub deliveries: i32,
-    /// How many deliveries and lookups came to nothing known, and settlements
-    /// failed, before this one.
-    pub failures: i32,
-    lease_token: String,
-}
-
-impl OutboxEvent {
-    /// A journal record of what happened to this event's operation.
-    fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
-        self.identity().audit(event, by, external_ref, at)
-    }
-
-    /// Who this event's operation is.
-    pub fn identity(&self) -> OperationIdentity<'_> {
-        OperationIdentity {
-            account_id: &self.account_id,
-            operation_id: &self.operation_id,
-            idempotency_key: &self.idempotency_key,
-            fingerprint: &self.fingerprint,
-            route: &self.route,
-        }
-    }
-}
-
-/// How an event ended, for the service's business rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settlement<'a> {
-    Accepted {
-        external_ref: &'a str,
-    },
-    Refused {
-        reason: &'a str,
-    },
-    /// A person found that it took effect, and named no reference (the
-    /// external system may be gone for good; see [`resolve`]): an end like an
-    /// acceptance, with no external id for the rows to keep — so nothing
-    /// acts at the external system in the operation's name afterwards.
-    CompletedByHand,
-    /// A person settled it as not taken effect, on the external system's word
-    /// that it holds nothing under the operation's key (see [`resolve`]): an
-    /// end like a refusal.
-    FailedByHand,
-    /// Sent, and nobody knows yet whether it took effect.
-    Unknown,
-}
-
-/// The external system a service's events go to.
-pub trait Destination: Send + Sync + 'static {
-    /// Sends `event`, with `event.external_key` as the external system's
-    /// idempotency key. The outbox bounds it by its delivery timeout: a
-    /// delivery that runs out of time is [`Delivery::AnswerLost`].
-    fn deliver(&self, event: &OutboxEvent) -> impl Future<Output = Delivery> + Send;
-
-    /// Asks the external system what became of `event`, by its key or by the
-    /// service's own reference. `Err`: it could not be asked.
-    fn look_up(&self, event: &OutboxEvent) -> impl Future<Output = Result<Lookup, String>> + Send;
-}
-
-/// The external system as a person's resolution asks it ([`resolve`]): the
-/// reconciler's own lookup ([`Destination::look_up`]), as a trait object the
-/// layer holds beside its [`Ledger`], since a resolution is a request
-/// handler's and not the outbox's. Every [`Destination`] is one; the service
-/// gives it to its layer with
-/// [`Idempotency::with_witness`](crate::Idempotency::with_witness).
-pub trait Witness: std::fmt::Debug + Send + Sync + 'static {
-    /// What the external system holds for `event`, by its key or by the
-    /// service's own reference. `Err`: it could not be asked.
-    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> Asking<'a>;
-}
-
-/// What [`Witness::holds`] returns: the lookup, as a boxed future, so that
-/// the layer can hold any service's witness.
-pub type Asking<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Lookup, String>> + Send + 'a>>;
-
-impl<D: Destination + std::fmt::Debug> Witness for D {
-    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> Asking<'a> {
-        Box::pin(async move { self.look_up(event).await.map(Lookup::checked) })
-    }
-}
-
-/// The service's own rows for the work its events carry: how an event's
-/// ending is written in them. Apart from the [`Destination`] because a person
-/// settles an operation by hand ([`resolve`]) through the same writes as the
-/// reconciler, from any request handler, with no external system involved;
-/// the service gives it to its layer with
-/// [`Idempotency::with_ledger`](crate::Idempotency::with_ledger).
-pub trait Ledger: std::fmt::Debug + Send + Sync + 'static {
-    /// Whether the external system's acceptance ends the operation: `true`
-    /// for a charge (accepted is done), `false` for work that goes on there
-    /// (a rollout): the operation then stays `in_progress`, with the external
-    /// reference, until the service ends it with [`finish`].
-    fn completes_on_acceptance(&self, _event: &OutboxEvent) -> bool {
-        true
-    }
-
-    /// The service's business writes for how `event` ended (a capture
-    /// succeeded, a refund failed…), in the transaction that settles the event
-    /// and its operation.
-    fn settle<'a>(&'a self, tx: &'a mut Tx, event: &'a OutboxEvent, settlement: Settlement<'a>) -> Settling<'a>;
-}
-
-/// What [`Ledger::settle`] returns: its writes, as a boxed future, so that
-/// the layer can hold any service's ledger.
-pub type Settling<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
 
 /// The outbox of one service: its idempotency layer (database, journal, the
 /// service's [`Ledger`]), the external system its events go to, and the pace.

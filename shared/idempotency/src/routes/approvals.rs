@@ -14,8 +14,9 @@ use platform::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Idempotency, OptionalIdempotencyHeaders,
     approval::{self, ApprovalState, ApprovalView, Decision},
+    key::OptionalIdempotencyHeaders,
+    layer::Idempotency,
 };
 
 use super::may_read_approvals;

@@ -9,8 +9,8 @@ use platform::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Idempotency,
     audit::{self, AuditEntry, AuditEvent, AuditFilter, Head},
+    layer::Idempotency,
 };
 
 use super::may_read_approvals;

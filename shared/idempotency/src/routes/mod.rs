@@ -21,9 +21,11 @@ use axum::{
 use platform::{ApiError, Authenticator, Principal, Role};
 
 use crate::{
-    Idempotency, OperationState, ResourceRef,
     approval::{ApprovalRequested, ApprovalState, ApprovalSummary, ApprovalView, Decision},
     audit::{AuditEntry, AuditEvent, Head},
+    layer::Idempotency,
+    operation::OperationState,
+    operation::ResourceRef,
 };
 
 pub use approvals::{ApprovalList, ApprovalQuery, DECISION_ROUTE, DecisionBody, decide, get_approval, list_approvals};

@@ -10,8 +10,12 @@ use platform::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Idempotency, IdempotencyKey, OperationRecord, OperationState, ResourceRef,
     approval::{self, ApprovalState},
+    key::IdempotencyKey,
+    layer::Idempotency,
+    operation::OperationRecord,
+    operation::OperationState,
+    operation::ResourceRef,
     outbox::{self, EventState, NeedsAPerson},
     store,
 };

@@ -13,7 +13,9 @@ use validator::{Validate, ValidationError, ValidationErrors};
 
 use super::operations::OperationView;
 use crate::{
-    Idempotency, OperationState, OptionalIdempotencyHeaders,
+    key::OptionalIdempotencyHeaders,
+    layer::Idempotency,
+    operation::OperationState,
     outbox::{self, ByHandError, Resolution, Resolved},
     store,
 };

@@ -7,12 +7,16 @@ use axum::{
 };
 use platform::{ApiError, error::PROBLEM_JSON};
 
-use super::{IDEMPOTENT_REPLAYED, OPERATION_ID};
 use crate::operation::{OperationRecord, OperationState, StoredResponse};
+
+/// The header naming the operation an answer belongs to.
+pub const OPERATION_ID: &str = "operation-id";
+/// The header telling a replayed answer (`true`) from a first one (`false`).
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// A commit whose outcome the server cannot know (the connection broke while
 /// committing). A retry with the same key finds out: a replay if it committed.
-pub(super) fn commit_failed(error: sqlx::Error) -> Response {
+pub(crate) fn commit_failed(error: sqlx::Error) -> Response {
     ApiError::internal(format!("commit: {error}"))
         .with_detail("the server could not confirm the commit; retry with the same key: if it committed, the retry replays its answer")
         .into_response()
@@ -20,7 +24,7 @@ pub(super) fn commit_failed(error: sqlx::Error) -> Response {
 
 /// 422: the key names another request. Only the operation's id and state are
 /// told, never what it stored.
-pub(super) fn key_reused(operation_id: &str, state: OperationState) -> Response {
+pub(crate) fn key_reused(operation_id: &str, state: OperationState) -> Response {
     let error = ApiError::new(
         StatusCode::UNPROCESSABLE_ENTITY,
         "idempotency_key_reused",
@@ -42,7 +46,7 @@ pub(crate) fn problem_response(error: &ApiError) -> StoredResponse {
     }
 }
 
-pub(super) fn in_progress(operation: &OperationRecord) -> Response {
+pub(crate) fn in_progress(operation: &OperationRecord) -> Response {
     let error = ApiError::new(
         StatusCode::CONFLICT,
         "request_in_progress",
@@ -61,7 +65,7 @@ pub fn stored_response(stored: &StoredResponse, operation_id: &str, replayed: bo
     with_operation_headers(stored_response_without_operation(stored), operation_id, replayed)
 }
 
-pub(super) fn stored_response_without_operation(stored: &StoredResponse) -> Response {
+pub(crate) fn stored_response_without_operation(stored: &StoredResponse) -> Response {
     let mut response = (stored.status, stored.body.clone()).into_response();
     let headers = response.headers_mut();
     if let Ok(content_type) = HeaderValue::from_str(&stored.content_type) {
@@ -73,7 +77,7 @@ pub(super) fn stored_response_without_operation(stored: &StoredResponse) -> Resp
     response
 }
 
-pub(super) fn with_operation_headers(mut response: Response, operation_id: &str, replayed: bool) -> Response {
+pub(crate) fn with_operation_headers(mut response: Response, operation_id: &str, replayed: bool) -> Response {
     let headers = response.headers_mut();
     if let Ok(id) = HeaderValue::from_str(operation_id) {
         headers.insert(OPERATION_ID, id);
@@ -85,7 +89,7 @@ pub(super) fn with_operation_headers(mut response: Response, operation_id: &str,
     response
 }
 
-pub(super) fn with_retry_after(mut response: Response, error: &ApiError) -> Response {
+pub(crate) fn with_retry_after(mut response: Response, error: &ApiError) -> Response {
     if let Some(seconds) = error.retry_after() {
         response
             .headers_mut()

@@ -1,0 +1,24 @@
+//! Where a crash test can stop the process dead; nothing without the
+//! `failpoints` feature.
+
+/// A place where a test can stop the process dead (docs/contract.md §5's
+/// crash): with the `failpoints` feature and `FAILPOINTS=<name>=return`, the
+/// request stops here and holds what it has until the process is killed.
+pub(crate) async fn fail_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    {
+        // fail points are read from `FAILPOINTS` once per process, wherever it started
+        static FROM_ENV: std::sync::Once = std::sync::Once::new();
+        FROM_ENV.call_once(|| std::mem::forget(fail::FailScenario::setup()));
+    }
+    #[cfg(feature = "failpoints")]
+    if fail::eval(name, |_| ()).is_some() {
+        tracing::warn!(
+            fail_point = name,
+            "fail point reached: holding here until the process is killed"
+        );
+        std::future::pending::<()>().await;
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}

@@ -1,0 +1,216 @@
+//! The idempotency layer of one service ([`Idempotency`]): its database, its
+//! settings, and the background work that keeps it (the reaper, the attempt
+//! writer, the journal's chainer).
+
+use std::time::Duration;
+
+use platform::Db;
+
+use crate::{
+    attempts, audit,
+    config::IdempotencyConfig,
+    outbox::event::{Ledger, Witness},
+    replay_cache,
+};
+
+/// The idempotency layer of one service: its database and its settings.
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    pub(crate) db: Db,
+    pub(crate) config: IdempotencyConfig,
+    pub(crate) attempts: attempts::AttemptCounter,
+    pub(crate) replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
+    pub(crate) journal: audit::Journal,
+    /// Wakes this process's outbox worker when an effect wrote an event.
+    pub(crate) outbox_wake: std::sync::Arc<tokio::sync::Notify>,
+    /// The service's rows for its outbox work, if it has any.
+    pub(crate) ledger: Option<std::sync::Arc<dyn Ledger>>,
+    /// The external system that work goes to, as a person's resolution asks it.
+    pub(crate) witness: Option<std::sync::Arc<dyn Witness>>,
+    /// The service's metrics registry.
+    pub(crate) metrics: platform::metrics::Metrics,
+    /// When `/metrics` last read its gauges from the database.
+    pub(crate) gauges_read: std::sync::Arc<tokio::sync::Mutex<Option<std::time::Instant>>>,
+}
+
+impl Idempotency {
+    pub fn new(db: Db, config: IdempotencyConfig) -> Self {
+        let lifetime = config.retention.saturating_sub(config.reap_every * 2);
+        let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, lifetime);
+        Idempotency {
+            db,
+            config,
+            attempts: Default::default(),
+            replay_cache: std::sync::Arc::new(replay_cache),
+            journal: Default::default(),
+            outbox_wake: Default::default(),
+            ledger: None,
+            witness: None,
+            metrics: platform::metrics::Metrics::new("unnamed"),
+            gauges_read: Default::default(),
+        }
+    }
+
+    /// The layer of the service called `service`, which labels its metrics.
+    pub fn for_service(mut self, service: &'static str) -> Self {
+        self.metrics = platform::metrics::Metrics::new(service);
+        self
+    }
+
+    /// The service's metrics registry, for its routes' middleware and `/metrics`.
+    pub fn metrics(&self) -> &platform::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Begins a transaction, counting how long it waited for a connection
+    /// (on SQLite a write waits for the one writer).
+    pub(crate) async fn begin(&self) -> Result<platform::Tx, sqlx::Error> {
+        let started = std::time::Instant::now();
+        let tx = self.db.begin().await;
+        self.metrics
+            .observe(platform::metrics::names::DB_ACQUIRE, &[], started.elapsed());
+        tx
+    }
+
+    /// The layer of a service whose work leaves the process: `ledger` writes
+    /// how each outbox event ended in the service's rows, for the reconciler
+    /// and for a person settling an operation by hand alike.
+    pub fn with_ledger(mut self, ledger: impl Ledger) -> Self {
+        self.ledger = Some(std::sync::Arc::new(ledger));
+        self
+    }
+
+    pub(crate) fn ledger(&self) -> Option<std::sync::Arc<dyn Ledger>> {
+        self.ledger.clone()
+    }
+
+    /// The layer of a service whose work leaves the process: `witness` is the
+    /// external system a person's resolution is checked with (its outbox's
+    /// [`Destination`](crate::outbox::Destination), asked as the reconciler asks).
+    pub fn with_witness(mut self, witness: impl Witness) -> Self {
+        self.witness = Some(std::sync::Arc::new(witness));
+        self
+    }
+
+    pub(crate) fn witness(&self) -> Option<std::sync::Arc<dyn Witness>> {
+        self.witness.clone()
+    }
+
+    /// Writes attempt counts in the background, shortly after they arrive.
+    /// Without it they are written when an operation's status is read.
+    pub fn spawn_attempt_writer(&self) -> tokio::task::JoinHandle<()> {
+        let (attempts, db) = (self.attempts.clone(), self.db.clone());
+        tokio::spawn(async move { attempts.write_continuously(&db).await })
+    }
+
+    /// Writes every attempt counted so far. A failure is logged, not
+    /// returned: the counts are kept for the next round, and no answer
+    /// depends on them.
+    pub async fn flush_attempts(&self) {
+        if let Err(e) = self.attempts.flush(&self.db).await {
+            tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
+        }
+    }
+
+    /// Links journal events into the hash chain in the background, shortly
+    /// after they are recorded (see [`audit::Journal`]). It logs the chain's
+    /// head first: the head the service starts from, for operators to pin,
+    /// and the one its rounds refuse to go behind.
+    pub fn spawn_journal_chainer(&self) -> tokio::task::JoinHandle<()> {
+        let (journal, db, metrics) = (self.journal.clone(), self.db.clone(), self.metrics.clone());
+        tokio::spawn(async move {
+            if let Some(head) = audit::log_head(&db, "at start-up").await {
+                journal.remember(head);
+            }
+            journal.chain_continuously(&db, &metrics).await
+        })
+    }
+
+    /// Links every journal event recorded or observed so far into the chain,
+    /// so a read of the journal shows them. A failure is logged: the events
+    /// wait for the next round.
+    pub async fn flush_journal(&self) {
+        if let Err(e) = self.journal.chain_pending(&self.db, &self.metrics).await {
+            audit::log_unlinked(&e);
+        }
+    }
+
+    /// Starts the layer's background work — the retention reaper (and
+    /// approval expiry), the attempt writer, the journal's chainer, the
+    /// database clock's measure and the metrics' upkeep — until
+    /// [`Background::stop`].
+    pub fn spawn_background(&self) -> Background {
+        Background {
+            idempotency: self.clone(),
+            tasks: vec![
+                self.spawn_reaper(),
+                self.spawn_attempt_writer(),
+                self.spawn_journal_chainer(),
+                self.spawn_metrics_upkeep(),
+                self.spawn_clock_sync(),
+            ],
+        }
+    }
+
+    /// Measures the database's clock again and again: clocks drift apart,
+    /// and leases and retention are measured on it (see [`platform::time`]).
+    fn spawn_clock_sync(&self) -> tokio::task::JoinHandle<()> {
+        const EVERY: Duration = Duration::from_secs(60);
+        let db = self.db.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(EVERY).await;
+                if let Err(e) = db.sync_clock().await {
+                    tracing::warn!(error = %e, "could not read the database's clock; keeping the last offset");
+                }
+            }
+        })
+    }
+
+    /// Drains the histograms between scrapes, so that their buffers stay small.
+    fn spawn_metrics_upkeep(&self) -> tokio::task::JoinHandle<()> {
+        const EVERY: Duration = Duration::from_secs(5);
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(EVERY).await;
+                metrics.run_upkeep();
+            }
+        })
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    pub fn config(&self) -> &IdempotencyConfig {
+        &self.config
+    }
+}
+
+/// The background tasks of one service's idempotency layer.
+#[derive(Debug)]
+pub struct Background {
+    idempotency: Idempotency,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Adds a task of the service's own (its outbox, say), stopped with the rest.
+    pub fn with(mut self, task: tokio::task::JoinHandle<()>) -> Self {
+        self.tasks.push(task);
+        self
+    }
+
+    /// Stops the tasks, then writes what they had not written yet: the
+    /// attempt counts and the journal's waiting events. Then it logs the
+    /// chain's head, the last entry this process linked included.
+    pub async fn stop(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.idempotency.flush_attempts().await;
+        self.idempotency.flush_journal().await;
+        audit::log_head(&self.idempotency.db, "on shutdown").await;
+    }
+}
