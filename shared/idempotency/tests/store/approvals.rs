@@ -1,0 +1,165 @@
+//! An approved run re-reads what its approver was promised.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::http::StatusCode;
+use idempotency::{
+    Attempt, Effect, OperationState,
+    approval::{self, ApprovalSummary, Decision},
+    audit::AuditEvent,
+    store,
+};
+use platform::{ApiError, Backend, Principal, Role};
+use serde_json::json;
+
+use crate::support::*;
+
+/// What a test's route tells an approver: an action that replaces `replaces`.
+fn summary(replaces: &str) -> ApprovalSummary {
+    ApprovalSummary {
+        action: "replace the thing".into(),
+        target: "the thing".into(),
+        consequences: format!("replaces {replaces}"),
+        identifiers: [("replaces".to_owned(), replaces.to_owned())].into(),
+    }
+}
+
+impl Fixture {
+    /// An attempt on `key` whose policy gives the request to a human, shown `summary`.
+    fn attempt_shown(&self, key: &str, summary: &ApprovalSummary) -> Attempt<'_> {
+        self.attempt(key).approval(Some(summary.clone()))
+    }
+
+    /// An operation asked for on `key` with `summary`, and approved by an approver of the account.
+    async fn approved(&self, key: &str, command: &serde_json::Value, summary: &ApprovalSummary) {
+        let asked = self
+            .idempotency
+            .execute(self.attempt_shown(key, summary), command, async |_, _| {
+                Err(ApiError::internal("an operation waiting for a human does not run"))
+            })
+            .await;
+        let (status, _, body) = read(asked).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body:?}");
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let approver = Principal {
+            account_id: "acme".into(),
+            principal_id: "acme-approver".into(),
+            role: Role::Approver,
+        };
+        self.idempotency
+            .decide_approval(
+                &approver,
+                request["approval_id"].as_str().unwrap(),
+                Decision::Approve,
+                request["fingerprint"].as_str().unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn journaled(&self, event: AuditEvent) -> usize {
+        self.idempotency.flush_journal().await;
+        let entries = idempotency::audit::entries(&self.db.db, 0, 1000).await.unwrap();
+        entries.iter().filter(|e| e.event == event).count()
+    }
+}
+
+/// The approved run re-reads what the approver was promised: when the
+/// route's policy now writes another summary for the same request, the run
+/// is refused as stale, nothing runs, and every later attempt gets that 409.
+async fn an_approved_run_whose_summary_no_longer_reads_as_approved_is_refused_as_stale_and_never_runs(
+    backend: Backend,
+) {
+    let f = fixture(backend).await;
+    let command = json!({"n": 1});
+    f.approved("k", &command, &summary("nothing")).await;
+    let runs = AtomicUsize::new(0);
+    let retry = async || {
+        f.idempotency
+            .execute(f.attempt_shown("k", &summary("op_2")), &command, async |tx, _| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                insert_effect(tx).await?;
+                Ok(Effect::json(StatusCode::CREATED, &json!({})))
+            })
+            .await
+    };
+
+    let (status, _, body) = read(retry().await).await;
+    let (again, parts, again_body) = read(retry().await).await;
+
+    assert_eq!(status, StatusCode::CONFLICT);
+    let refusal: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(refusal["code"], "approval_stale");
+    assert_eq!(refusal["state"], "rejected");
+    assert!(
+        refusal["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("`replaces` was `nothing` when approved and is `op_2` now"),
+        "{refusal}"
+    );
+    assert_eq!((again, again_body), (status, body), "replayed to every later attempt");
+    assert_eq!(header(&parts, "idempotent-replayed"), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the effect never ran");
+    assert_eq!(f.effects().await, 0);
+    let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
+    assert_eq!(stored.state, OperationState::Rejected);
+    assert_eq!(f.journaled(AuditEvent::Stale).await, 1);
+}
+
+/// A promise that can change after the retry read it is held by the effect,
+/// in its own transaction: when the effect answers `approval::stale`, its
+/// writes roll back and the operation is refused as stale, exactly as when
+/// the summary itself had changed.
+async fn an_effect_that_finds_its_approvals_promise_broken_is_refused_as_stale_and_leaves_nothing(backend: Backend) {
+    let f = fixture(backend).await;
+    let command = json!({"n": 1});
+    f.approved("k", &command, &summary("nothing")).await;
+    let retry = async || {
+        f.idempotency
+            .execute(f.attempt_shown("k", &summary("nothing")), &command, async |tx, _| {
+                insert_effect(tx).await?;
+                Err(approval::stale("`op_2` replaced nothing meanwhile"))
+            })
+            .await
+    };
+
+    let (status, first, body) = read(retry().await).await;
+    let (again, _, again_body) = read(retry().await).await;
+
+    assert_eq!(status, StatusCode::CONFLICT);
+    let refusal: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(refusal["code"], "approval_stale");
+    assert_eq!(refusal["state"], "rejected");
+    assert_eq!(refusal["operation_id"], header(&first, "operation-id").unwrap());
+    assert!(refusal["approval_id"].is_string());
+    assert_eq!((again, again_body), (status, body));
+    assert_eq!(f.effects().await, 0, "the effect's writes rolled back");
+    let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
+    assert_eq!(stored.state, OperationState::Rejected);
+    assert_eq!(f.journaled(AuditEvent::Stale).await, 1);
+}
+
+/// The same summary, as approved: the approved run goes ahead.
+async fn an_approved_run_whose_promise_holds_runs_once(backend: Backend) {
+    let f = fixture(backend).await;
+    let command = json!({"n": 1});
+    f.approved("k", &command, &summary("nothing")).await;
+
+    let ran = f
+        .idempotency
+        .execute(f.attempt_shown("k", &summary("nothing")), &command, async |tx, _| {
+            insert_effect(tx).await?;
+            Ok(Effect::json(StatusCode::CREATED, &json!({})))
+        })
+        .await;
+
+    assert_eq!(read(ran).await.0, StatusCode::CREATED);
+    assert_eq!(f.effects().await, 1);
+}
+
+platform::both_backends!(
+    an_approved_run_whose_summary_no_longer_reads_as_approved_is_refused_as_stale_and_never_runs,
+    an_effect_that_finds_its_approvals_promise_broken_is_refused_as_stale_and_leaves_nothing,
+    an_approved_run_whose_promise_holds_runs_once,
+);
