@@ -3,7 +3,6 @@
 //! running attempt makes inside its effect's transaction (docs/contract.md §6).
 
 use platform::{Db, Timestamp, Tx, on_pool, on_tx};
-use sqlx::Row;
 
 use crate::fingerprint::Fingerprint;
 
@@ -63,12 +62,12 @@ pub(crate) async fn insert(tx: &mut Tx, approval: &ApprovalRecord) -> Result<(),
 pub async fn find(db: &Db, account_id: &str, approval_id: &str) -> Result<Option<ApprovalRecord>, sqlx::Error> {
     let sql = format!("SELECT {COLUMNS} FROM idempotency_approvals WHERE account_id = $1 AND approval_id = $2");
     Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+        sqlx::query_as::<_, ApprovalRow>(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(account_id)
             .bind(approval_id)
             .fetch_optional(pool)
             .await?
-            .map(|row| decode(&row))
+            .map(ApprovalRecord::try_from)
             .transpose()?
     }))
 }
@@ -117,15 +116,15 @@ pub async fn list(
          WHERE account_id = $1 AND list_seq > $2 AND {condition} AND $4 IS NOT NULL ORDER BY list_seq LIMIT $3"
     );
     Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+        sqlx::query_as::<_, ApprovalRow>(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(account_id)
             .bind(after_seq)
             .bind(limit)
             .bind(now)
             .fetch_all(pool)
             .await?
-            .iter()
-            .map(decode)
+            .into_iter()
+            .map(ApprovalRecord::try_from)
             .collect::<Result<Vec<_>, _>>()?
     }))
 }
@@ -162,13 +161,13 @@ pub(super) async fn due(db: &Db, now: Timestamp, limit: i64) -> Result<Vec<Appro
          ORDER BY a.seq LIMIT $2"
     );
     Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+        sqlx::query_as::<_, ApprovalRow>(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(now)
             .bind(limit)
             .fetch_all(pool)
             .await?
-            .iter()
-            .map(decode)
+            .into_iter()
+            .map(ApprovalRecord::try_from)
             .collect::<Result<Vec<_>, _>>()?
     }))
 }
@@ -263,39 +262,52 @@ pub(crate) async fn check_for_execution(
     })
 }
 
-fn decode<R>(row: &R) -> Result<ApprovalRecord, sqlx::Error>
-where
-    R: Row,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<Timestamp>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_approvals: {what}").into());
-    let summary: String = row.try_get("summary")?;
-    let decision = match row.try_get::<Option<String>, _>("decision")?.as_deref() {
-        None => None,
-        Some("approved") => Some(ApprovalState::Approved),
-        Some("rejected") => Some(ApprovalState::Rejected),
-        Some("expired") => Some(ApprovalState::Expired),
-        Some(_) => return Err(corrupt("unknown decision")),
-    };
-    Ok(ApprovalRecord {
-        seq: row.try_get("seq")?,
-        approval_id: row.try_get("approval_id")?,
-        account_id: row.try_get("account_id")?,
-        operation_id: row.try_get("operation_id")?,
-        idempotency_key: row.try_get("idempotency_key")?,
-        route: row.try_get("route")?,
-        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
-        summary: serde_json::from_str(&summary).map_err(|_| corrupt("summary is not JSON"))?,
-        requested_by: row.try_get("requested_by")?,
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        decision,
-        decided_by: row.try_get("decided_by")?,
-        decided_at: row.try_get("decided_at")?,
-    })
+/// A row of `idempotency_approvals`, as the database has it.
+#[derive(Debug, sqlx::FromRow)]
+struct ApprovalRow {
+    seq: i64,
+    approval_id: String,
+    account_id: String,
+    operation_id: String,
+    idempotency_key: String,
+    route: String,
+    fingerprint: String,
+    summary: String,
+    requested_by: String,
+    created_at: Timestamp,
+    expires_at: Timestamp,
+    decision: Option<String>,
+    decided_by: Option<String>,
+    decided_at: Option<Timestamp>,
+}
+
+impl TryFrom<ApprovalRow> for ApprovalRecord {
+    type Error = sqlx::Error;
+
+    fn try_from(row: ApprovalRow) -> Result<Self, sqlx::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_approvals: {what}").into());
+        let decision = match row.decision.as_deref() {
+            None => None,
+            Some("approved") => Some(ApprovalState::Approved),
+            Some("rejected") => Some(ApprovalState::Rejected),
+            Some("expired") => Some(ApprovalState::Expired),
+            Some(_) => return Err(corrupt("unknown decision")),
+        };
+        Ok(ApprovalRecord {
+            seq: row.seq,
+            approval_id: row.approval_id,
+            account_id: row.account_id,
+            operation_id: row.operation_id,
+            idempotency_key: row.idempotency_key,
+            route: row.route,
+            fingerprint: Fingerprint::from_stored(row.fingerprint),
+            summary: serde_json::from_str(&row.summary).map_err(|_| corrupt("summary is not JSON"))?,
+            requested_by: row.requested_by,
+            created_at: row.created_at,
+            expires_at: row.expires_at,
+            decision,
+            decided_by: row.decided_by,
+            decided_at: row.decided_at,
+        })
+    }
 }

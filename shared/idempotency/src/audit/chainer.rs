@@ -13,16 +13,15 @@ use std::{
 };
 
 use platform::{
-    Db, Timestamp, Tx,
+    Db, Tx,
     metrics::{Metrics, names},
     on_pool, on_tx,
 };
-use sqlx::Row;
 
 use super::{
     chain::{AuditEntry, Head, Record, chained},
     inbox,
-    query::{HEAD, decode_record, head_or_genesis},
+    query::{HEAD, InboxRow, head_or_genesis},
 };
 use crate::fail_point::fail_point;
 
@@ -457,30 +456,17 @@ async fn take_batch(tx: &mut Tx) -> Result<Vec<Record>, sqlx::Error> {
          RETURNING id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
                    event, external_ref, at, attempt, resource_type, resource_id, state, evidence";
     let mut taken = on_tx!(tx, |conn| {
-        sqlx::query(TAKE)
+        sqlx::query_as::<_, InboxRow>(TAKE)
             .bind(ROUND_SIZE as i64)
             .fetch_all(conn)
             .await?
-            .iter()
-            .map(taken_record)
+            .into_iter()
+            .map(|row| Ok::<_, sqlx::Error>((row.id, Record::try_from(row.record)?)))
             .collect::<Result<Vec<_>, _>>()?
     });
     // RETURNING promises no order
     taken.sort_unstable_by_key(|(id, _)| *id);
     Ok(taken.into_iter().map(|(_, record)| record).collect())
-}
-
-fn taken_record<R>(row: &R) -> Result<(i64, Record), sqlx::Error>
-where
-    R: Row,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    Ok((row.try_get("id")?, decode_record(row)?))
 }
 
 /// Appends `entries`, in order, in one statement; the database checks each

@@ -2,7 +2,6 @@
 //! export, and its head.
 
 use platform::{Db, Timestamp, on_pool};
-use sqlx::Row;
 
 use super::chain::{AuditEntry, AuditEvent, GENESIS, Head, Record, StateChange};
 
@@ -37,13 +36,13 @@ const ENTRY_COLUMNS: &str = "seq, account_id, principal_id, operation_id, idempo
 pub async fn entries(db: &Db, after_seq: i64, limit: i64) -> Result<Vec<AuditEntry>, sqlx::Error> {
     let sql = format!("SELECT {ENTRY_COLUMNS} FROM audit_journal WHERE seq > $1 ORDER BY seq LIMIT $2");
     Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+        sqlx::query_as::<_, EntryRow>(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(after_seq)
             .bind(limit)
             .fetch_all(pool)
             .await?
-            .iter()
-            .map(decode_entry)
+            .into_iter()
+            .map(AuditEntry::try_from)
             .collect::<Result<Vec<_>, _>>()?
     }))
 }
@@ -62,7 +61,7 @@ pub async fn find(
          AND ($5 IS NULL OR at >= $5) AND ($6 IS NULL OR at < $6) ORDER BY seq LIMIT $7"
     );
     Ok(on_pool!(db.read(), |pool| {
-        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+        sqlx::query_as::<_, EntryRow>(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(account_id)
             .bind(after_seq)
             .bind(filter.operation_id.as_deref())
@@ -72,67 +71,84 @@ pub async fn find(
             .bind(limit)
             .fetch_all(pool)
             .await?
-            .iter()
-            .map(decode_entry)
+            .into_iter()
+            .map(AuditEntry::try_from)
             .collect::<Result<Vec<_>, _>>()?
     }))
 }
 
-/// The columns an inbox row and a journal entry share.
-pub(super) fn decode_record<R>(row: &R) -> Result<Record, sqlx::Error>
-where
-    R: Row,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let event: String = row.try_get("event")?;
-    let change = match (
-        row.try_get::<Option<String>, _>("resource_type")?,
-        row.try_get::<Option<String>, _>("resource_id")?,
-        row.try_get::<Option<String>, _>("state")?,
-    ) {
-        (Some(resource_type), Some(resource_id), Some(state)) => Some(StateChange {
-            resource_type,
-            resource_id,
-            state,
-        }),
-        _ => None,
-    };
-    Ok(Record {
-        account_id: row.try_get("account_id")?,
-        principal_id: row.try_get("principal_id")?,
-        operation_id: row.try_get("operation_id")?,
-        idempotency_key: row.try_get("idempotency_key")?,
-        fingerprint: row.try_get("fingerprint")?,
-        route: row.try_get("route")?,
-        event: AuditEvent::parse(&event).ok_or_else(|| unknown_event(&event))?,
-        external_ref: row.try_get("external_ref")?,
-        at: row.try_get("at")?,
-        attempt: row.try_get("attempt")?,
-        change,
-        evidence: row.try_get("evidence")?,
-    })
+/// The columns an inbox row and a journal entry share, by name.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct RecordRow {
+    account_id: String,
+    principal_id: String,
+    operation_id: Option<String>,
+    idempotency_key: Option<String>,
+    fingerprint: Option<String>,
+    route: Option<String>,
+    event: String,
+    external_ref: Option<String>,
+    at: Timestamp,
+    attempt: Option<i64>,
+    resource_type: Option<String>,
+    resource_id: Option<String>,
+    state: Option<String>,
+    evidence: Option<String>,
 }
 
-fn decode_entry<R>(row: &R) -> Result<AuditEntry, sqlx::Error>
-where
-    R: Row,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Timestamp: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    Ok(AuditEntry::of(
-        decode_record(row)?,
-        row.try_get("seq")?,
-        row.try_get("prev_hash")?,
-        row.try_get("hash")?,
-    ))
+impl TryFrom<RecordRow> for Record {
+    type Error = sqlx::Error;
+
+    fn try_from(row: RecordRow) -> Result<Self, sqlx::Error> {
+        let change = match (row.resource_type, row.resource_id, row.state) {
+            (Some(resource_type), Some(resource_id), Some(state)) => Some(StateChange {
+                resource_type,
+                resource_id,
+                state,
+            }),
+            _ => None,
+        };
+        Ok(Record {
+            account_id: row.account_id,
+            principal_id: row.principal_id,
+            operation_id: row.operation_id,
+            idempotency_key: row.idempotency_key,
+            fingerprint: row.fingerprint,
+            route: row.route,
+            event: AuditEvent::parse(&row.event).ok_or_else(|| unknown_event(&row.event))?,
+            external_ref: row.external_ref,
+            at: row.at,
+            attempt: row.attempt,
+            change,
+            evidence: row.evidence,
+        })
+    }
+}
+
+/// A journal entry's row: its record, and its place in the chain.
+#[derive(Debug, sqlx::FromRow)]
+struct EntryRow {
+    #[sqlx(flatten)]
+    record: RecordRow,
+    seq: i64,
+    prev_hash: String,
+    hash: String,
+}
+
+impl TryFrom<EntryRow> for AuditEntry {
+    type Error = sqlx::Error;
+
+    fn try_from(row: EntryRow) -> Result<Self, sqlx::Error> {
+        Ok(AuditEntry::of(row.record.try_into()?, row.seq, row.prev_hash, row.hash))
+    }
+}
+
+/// An inbox row: its record, and its place in the inbox.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct InboxRow {
+    #[sqlx(flatten)]
+    pub record: RecordRow,
+    pub id: i64,
 }
 
 /// The chain's newest entry in `db`, or `0:GENESIS` while it is empty.

@@ -3,7 +3,6 @@
 //! compare-and-set on its lease token (docs/design.md §5).
 
 use platform::{Timestamp, Tx, on_tx};
-use sqlx::Row;
 
 use super::{EventState, Message, OutboxEvent, external_key};
 use crate::operation::OperationIdentity;
@@ -93,15 +92,15 @@ pub(super) async fn take_due(
         event_columns!()
     );
     let taken = on_tx!(tx, |conn| {
-        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+        sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(token)
             .bind(until)
             .bind(now)
             .bind(batch)
             .fetch_all(conn)
             .await?
-            .iter()
-            .map(decode_event)
+            .into_iter()
+            .map(OutboxEvent::try_from)
             .collect::<Result<Vec<_>, _>>()?
     });
     Ok(taken)
@@ -208,14 +207,13 @@ pub(super) async fn settleable_event(
            WHERE op.account_id = o.account_id AND op.operation_id = o.operation_id AND op.state = 'unknown')"
     );
     let found = platform::on_pool!(db.read(), |pool| {
-        sqlx::query(SQL)
+        sqlx::query_as::<_, EventRow>(SQL)
             .bind(account_id)
             .bind(operation_id)
             .bind(now)
             .fetch_optional(pool)
             .await?
-            .as_ref()
-            .map(decode_event)
+            .map(OutboxEvent::try_from)
             .transpose()?
     });
     Ok(found)
@@ -251,7 +249,7 @@ pub(super) async fn settle_by_hand(
         event_columns!()
     );
     let settled = on_tx!(tx, |conn| {
-        sqlx::query(SQL)
+        sqlx::query_as::<_, EventRow>(SQL)
             .bind(account_id)
             .bind(operation_id)
             .bind(to.state.as_str())
@@ -261,8 +259,7 @@ pub(super) async fn settle_by_hand(
             .bind(deliveries)
             .fetch_optional(conn)
             .await?
-            .as_ref()
-            .map(decode_event)
+            .map(OutboxEvent::try_from)
             .transpose()?
     });
     Ok(settled)
@@ -344,31 +341,44 @@ pub(super) async fn delivered_in_progress(
     Ok(found.map(|(key, fingerprint, route, external_ref)| ((key, fingerprint, route), external_ref)))
 }
 
-fn decode_event<R>(row: &R) -> Result<OutboxEvent, sqlx::Error>
-where
-    R: Row,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_outbox: {what}").into());
-    let state: String = row.try_get("state")?;
-    let payload: String = row.try_get("payload")?;
-    Ok(OutboxEvent {
-        event_id: row.try_get("event_id")?,
-        account_id: row.try_get("account_id")?,
-        operation_id: row.try_get("operation_id")?,
-        idempotency_key: row.try_get("idempotency_key")?,
-        fingerprint: row.try_get("fingerprint")?,
-        route: row.try_get("route")?,
-        kind: row.try_get("kind")?,
-        payload: serde_json::from_str(&payload).map_err(|_| corrupt("payload is not JSON"))?,
-        external_key: row.try_get("external_key")?,
-        state: EventState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
-        deliveries: row.try_get("deliveries")?,
-        failures: row.try_get("failures")?,
-        // an event settled by hand is returned with its lease already ended
-        lease_token: row.try_get::<Option<String>, _>("lease_token")?.unwrap_or_default(),
-    })
+/// A row of `idempotency_outbox`, as the database has it.
+#[derive(Debug, sqlx::FromRow)]
+struct EventRow {
+    event_id: String,
+    account_id: String,
+    operation_id: String,
+    idempotency_key: String,
+    fingerprint: String,
+    route: String,
+    kind: String,
+    payload: String,
+    external_key: String,
+    state: String,
+    deliveries: i32,
+    failures: i32,
+    lease_token: Option<String>,
+}
+
+impl TryFrom<EventRow> for OutboxEvent {
+    type Error = sqlx::Error;
+
+    fn try_from(row: EventRow) -> Result<Self, sqlx::Error> {
+        let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_outbox: {what}").into());
+        Ok(OutboxEvent {
+            event_id: row.event_id,
+            account_id: row.account_id,
+            operation_id: row.operation_id,
+            idempotency_key: row.idempotency_key,
+            fingerprint: row.fingerprint,
+            route: row.route,
+            kind: row.kind,
+            payload: serde_json::from_str(&row.payload).map_err(|_| corrupt("payload is not JSON"))?,
+            external_key: row.external_key,
+            state: EventState::parse(&row.state).ok_or_else(|| corrupt("unknown state"))?,
+            deliveries: row.deliveries,
+            failures: row.failures,
+            // an event settled by hand is returned with its lease already ended
+            lease_token: row.lease_token.unwrap_or_default(),
+        })
+    }
 }

@@ -11,7 +11,7 @@ use crate::{
     operation::{OperationIdentity, OperationRecord, OperationState, StoredResponse},
 };
 
-use super::{Completion, read::decode};
+use super::{Completion, row::OperationRow};
 
 /// What a first attempt writes when it claims a key.
 #[derive(Debug)]
@@ -41,7 +41,7 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
         columns!()
     );
     let row = on_tx!(tx, |conn| {
-        sqlx::query(SQL)
+        sqlx::query_as::<_, OperationRow>(SQL)
             .bind(new.account_id)
             .bind(new.key.as_str())
             .bind(&new.operation_id)
@@ -54,7 +54,7 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
             .bind(new.now)
             .fetch_optional(conn)
             .await?
-            .map(|row| decode(&row))
+            .map(OperationRecord::try_from)
             .transpose()?
     });
     Ok(row)

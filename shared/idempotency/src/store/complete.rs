@@ -10,7 +10,7 @@ use crate::{
     operation::{OperationRecord, OperationState, ResourceRef, StoredResponse},
 };
 
-use super::read::decode;
+use super::row::OperationRow;
 
 /// Takes over an operation whose lease has run out: compare-and-set on the
 /// old lease token and its expiry, so of two racing takers exactly one wins.
@@ -29,7 +29,7 @@ pub async fn take_over(
         columns!()
     );
     Ok(on_tx!(tx, |conn| {
-        sqlx::query(SQL)
+        sqlx::query_as::<_, OperationRow>(SQL)
             .bind(&operation.account_id)
             .bind(operation.key.as_str())
             .bind(new_token)
@@ -38,7 +38,7 @@ pub async fn take_over(
             .bind(operation.lease_token.as_deref().unwrap_or(""))
             .fetch_optional(conn)
             .await?
-            .map(|row| decode(&row))
+            .map(OperationRecord::try_from)
             .transpose()?
     }))
 }
@@ -60,7 +60,7 @@ pub async fn start_approved(
         columns!()
     );
     Ok(on_tx!(tx, |conn| {
-        sqlx::query(SQL)
+        sqlx::query_as::<_, OperationRow>(SQL)
             .bind(&operation.account_id)
             .bind(operation.key.as_str())
             .bind(token)
@@ -68,7 +68,7 @@ pub async fn start_approved(
             .bind(now)
             .fetch_optional(conn)
             .await?
-            .map(|row| decode(&row))
+            .map(OperationRecord::try_from)
             .transpose()?
     }))
 }

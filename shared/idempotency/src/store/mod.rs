@@ -6,9 +6,10 @@
 //! (leased, finished in the effect's transaction, or awaiting approval);
 //! `complete`, the compare-and-set writes on a claimed operation (take over,
 //! start an approved one, complete, settle, give back); `read`, the lookups by
-//! key or id and the attempt count they show; `reap`, retention.
+//! key or id and the attempt count they show; `reap`, retention; `row`, a
+//! row as the database has it, and the record it stands for.
 
-/// Every column, in the order `decode` reads them by name.
+/// Every column of an operation's row ([`row::OperationRow`]).
 macro_rules! columns {
     () => {
         "account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
@@ -21,6 +22,7 @@ mod claim;
 mod complete;
 mod read;
 mod reap;
+mod row;
 
 pub use claim::{NewOperation, claim, claim_awaiting_approval, claim_finished};
 pub use complete::{
