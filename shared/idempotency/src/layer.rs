@@ -21,8 +21,9 @@ pub struct Idempotency {
     pub(crate) attempts: attempts::AttemptCounter,
     pub(crate) replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
     pub(crate) journal: audit::Journal,
-    /// Wakes this process's outbox worker when an effect wrote an event.
-    pub(crate) outbox_wake: std::sync::Arc<tokio::sync::Notify>,
+    /// Wakes what takes handed-on work in this process (the outbox's worker)
+    /// when an effect that handed some on commits.
+    pub(crate) work_handed_on: std::sync::Arc<tokio::sync::Notify>,
     /// The service's rows for its outbox work, if it has any.
     pub(crate) ledger: Option<std::sync::Arc<dyn Ledger>>,
     /// The external system that work goes to, as a person's resolution asks it.
@@ -43,7 +44,7 @@ impl Idempotency {
             attempts: Default::default(),
             replay_cache: std::sync::Arc::new(replay_cache),
             journal: Default::default(),
-            outbox_wake: Default::default(),
+            work_handed_on: Default::default(),
             ledger: None,
             witness: None,
             metrics: platform::metrics::Metrics::new("unnamed"),
@@ -177,6 +178,12 @@ impl Idempotency {
                 metrics.run_upkeep();
             }
         })
+    }
+
+    /// Notified each time an effect that handed work on commits (see
+    /// [`crate::handoff`]): what takes that work waits on it.
+    pub fn work_handed_on(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.work_handed_on.clone()
     }
 
     pub fn db(&self) -> &Db {

@@ -77,6 +77,8 @@
 //!   it, the chainer, and the reading of it;
 //! - [`operation`]: an operation, its states, its stored answer, and its
 //!   identity ([`OperationIdentity`]), the one way a journal record of it is built;
+//! - [`handoff`]: the extension point for work an effect hands on, written in
+//!   its own transaction ([`handoff::Handoff`]; the outbox's events are one);
 //! - [`responses`]: the answers as HTTP responses, byte for byte, and the refusals;
 //! - [`store`]: the operations table's statements — claim, complete, read, reap;
 //!   [`replay_cache`] remembers finished answers, [`attempts`] counts attempts;
@@ -100,6 +102,7 @@ pub mod execute;
 mod fail_point;
 pub mod fingerprint;
 mod gauges;
+pub mod handoff;
 pub mod key;
 pub mod layer;
 pub mod operation;

@@ -150,8 +150,7 @@ impl Idempotency {
             if !claim.end(&mut tx, &completion, attempt, &self.metrics).await? {
                 return Ok(false);
             }
-            self.hand_to_outbox(&mut tx, claim.identity(), &done, completion.now)
-                .await?;
+            self.hand_on(&mut tx, claim.identity(), &done, completion.now).await?;
             if completion.state == OperationState::Completed {
                 claim
                     .journal(&mut tx, AuditEvent::Completed, attempt, completion.now)
@@ -186,7 +185,7 @@ impl Idempotency {
                 Claim::Leased { .. } => self.give_back(attempt, claim, e.into()).await,
             });
         }
-        self.wake_outbox(&done);
+        self.wake_for_handoff(&done);
         attempt.record_operation(operation_id, claim.fingerprint());
         telemetry::record_outcome("created");
         self.remember(

@@ -1,23 +1,25 @@
-//! What a route's effect answers, and the work it hands to the outbox.
+//! What a route's effect answers, and the work it hands on.
 
 use axum::http::StatusCode;
 use platform::{Timestamp, Tx};
 use serde::Serialize;
 
+use std::sync::Arc;
+
 use crate::{
+    handoff::Handoff,
     layer::Idempotency,
     operation::{OperationIdentity, OperationState, ResourceRef, StoredResponse},
-    outbox,
     store::Completion,
 };
 
 /// What the effect produced: the first answer, what it made, and the work it
-/// hands to the outbox, if any.
+/// hands on, if any.
 #[derive(Debug, Clone)]
 pub struct Effect {
     pub(super) response: StoredResponse,
     pub(super) resource: Option<ResourceRef>,
-    pub(super) outbox: Option<outbox::Message>,
+    pub(super) handoff: Option<Arc<dyn Handoff>>,
 }
 
 impl Effect {
@@ -26,7 +28,7 @@ impl Effect {
         Effect {
             response: json_response(status, body),
             resource: None,
-            outbox: None,
+            handoff: None,
         }
     }
 
@@ -42,22 +44,19 @@ impl Effect {
         self
     }
 
-    /// Work that leaves the process (a charge, a rollout): `payload` goes to
-    /// the outbox as a `kind` event, in the transaction of this effect, and the
-    /// outbox delivers it with a key derived from the operation id (see
-    /// [`crate::outbox`]). The operation answers now — this effect's answer,
-    /// usually a 202 with the resource in its first state — and stays
-    /// `in_progress`, replaying that answer, until the delivery settles it.
-    pub fn with_outbox(mut self, kind: &'static str, payload: &impl Serialize) -> Self {
-        self.outbox = Some(outbox::Message::new(kind, payload));
+    /// Work this effect hands on (see [`Handoff`]): written in the effect's
+    /// transaction, after which the operation answers now and stays
+    /// `in_progress` until the work is settled.
+    pub fn with_handoff(mut self, work: impl Handoff) -> Self {
+        self.handoff = Some(Arc::new(work));
         self
     }
 
     /// How the operation stands once this effect commits: completed, or
-    /// still in progress while the outbox delivers its work.
+    /// still in progress while the work it handed on is done.
     pub(super) fn completion(&self) -> Completion<'_> {
         Completion {
-            state: if self.outbox.is_some() {
+            state: if self.handoff.is_some() {
                 OperationState::InProgress
             } else {
                 OperationState::Completed
@@ -80,26 +79,26 @@ pub(super) fn json_response(status: StatusCode, body: &impl Serialize) -> Stored
 }
 
 impl Idempotency {
-    /// Writes the effect's outbox event, if it has one, in the transaction
-    /// that completes its operation.
-    pub(super) async fn hand_to_outbox(
+    /// Writes the work the effect hands on, if any, in the transaction that
+    /// completes its operation.
+    pub(super) async fn hand_on(
         &self,
         tx: &mut Tx,
         of: OperationIdentity<'_>,
         done: &Effect,
         now: Timestamp,
     ) -> Result<(), sqlx::Error> {
-        match &done.outbox {
-            Some(message) => outbox::enqueue(tx, of, message, now).await,
+        match &done.handoff {
+            Some(work) => work.write(tx, of, now).await,
             None => Ok(()),
         }
     }
 
-    /// After the commit: this process's outbox worker sends the event now
-    /// instead of at its next poll.
-    pub(super) fn wake_outbox(&self, done: &Effect) {
-        if done.outbox.is_some() {
-            self.outbox_wake.notify_one();
+    /// After the commit: what takes handed-on work in this process (the
+    /// outbox's worker) takes it now instead of at its next poll.
+    pub(super) fn wake_for_handoff(&self, done: &Effect) {
+        if done.handoff.is_some() {
+            self.work_handed_on.notify_one();
         }
     }
 }

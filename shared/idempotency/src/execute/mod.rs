@@ -216,7 +216,7 @@ impl Idempotency {
         };
         // no operation is stored: the effect gets an id that names none
         match effect(&mut tx, &new_operation_id()).await {
-            Ok(done) if done.outbox.is_some() => {
+            Ok(done) if done.handoff.is_some() => {
                 let _ = tx.rollback().await;
                 ApiError::internal("work for the outbox needs the idempotency layer")
                     .with_detail("this route hands work to an outbox, which needs its operation; it cannot run with RETRYSAFE_IDEMPOTENCY=off")

@@ -94,9 +94,15 @@ pub use ending::{finish, withdraw};
 pub use event::{Asking, Destination, EventState, Ledger, OutboxEvent, Settlement, Settling, Witness};
 pub use status::{DeliveryStatus, NeedsAPerson, event_of};
 pub(crate) use status::{delivery_of, needing_a_person};
-pub(crate) use store::enqueue;
 
-use crate::layer::Idempotency;
+use platform::{Timestamp, Tx};
+
+use crate::{
+    execute::Effect,
+    handoff::{Handoff, Writing},
+    layer::Idempotency,
+    operation::OperationIdentity,
+};
 
 /// The principal the journal names for what the worker does.
 pub const WORKER: &str = "system:outbox-worker";
@@ -126,6 +132,25 @@ impl Message {
             kind,
             payload: serde_json::to_value(payload).map_err(|e| e.to_string()),
         }
+    }
+}
+
+/// An event is written as the effect's handed-on work, in its transaction.
+impl Handoff for Message {
+    fn write<'a>(&'a self, tx: &'a mut Tx, of: OperationIdentity<'a>, now: Timestamp) -> Writing<'a> {
+        Box::pin(store::enqueue(tx, of, self, now))
+    }
+}
+
+impl Effect {
+    /// Work that leaves the process (a charge, a rollout): `payload` goes to
+    /// the outbox as a `kind` event, in the transaction of this effect, and the
+    /// outbox delivers it with a key derived from the operation id (see
+    /// [`crate::outbox`]). The operation answers now — this effect's answer,
+    /// usually a 202 with the resource in its first state — and stays
+    /// `in_progress`, replaying that answer, until the delivery settles it.
+    pub fn with_outbox(self, kind: &'static str, payload: &impl Serialize) -> Self {
+        self.with_handoff(Message::new(kind, payload))
     }
 }
 

@@ -20,7 +20,7 @@ impl<D: Destination> Outbox<D> {
         let plan = plan(&outcome, self.ledger.completes_on_acceptance(event));
         let written = self.write(event, &plan, outcome.by()).await;
         if plan.wake_worker {
-            self.idempotency.outbox_wake.notify_one();
+            self.idempotency.work_handed_on.notify_one();
         }
         match written {
             Ok(Some(EventState::Dead)) => self.dead(event, plan.last_error.unwrap_or("")),

@@ -42,7 +42,7 @@ impl<D: Destination> Outbox<D> {
     /// Delivers due events until the task is aborted; starts at once when an
     /// effect in this process wrote an event, otherwise looks every `poll`.
     pub(super) async fn run_worker(&self) {
-        let wake = self.idempotency.outbox_wake.clone();
+        let wake = self.idempotency.work_handed_on();
         loop {
             let taken = self.deliver_due().await.unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "outbox: could not take events to deliver; trying again");
