@@ -33,7 +33,7 @@ pub struct IdempotencyConfig {
     /// How often the reaper looks for operations past their retention.
     pub reap_every: Duration,
     /// How many finished answers each process keeps in memory to answer
-    /// replays with no query (0: none). See [`replay_cache`].
+    /// replays with no query (0: none). See [`crate::replay_cache`].
     pub replay_cache_entries: usize,
     /// How long an approval request waits for a decision, and an approved
     /// operation for the retry that runs it (docs/contract.md §6; 15 minutes).
