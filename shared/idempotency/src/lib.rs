@@ -66,9 +66,11 @@
 //!
 //! # Where each part is
 //!
-//! From the bottom up: a module imports only modules listed before it
-//! (one exception: the layer holds the outbox's [`outbox::Ledger`] and
-//! [`outbox::Witness`], which `outbox/event.rs` defines).
+//! From the bottom up: a module imports only modules listed before it. The
+//! exception is the outbox, which runs on the [`Idempotency`] layer and adds
+//! [`Effect::with_outbox`], while the layer holds the outbox's
+//! [`outbox::Ledger`] and [`outbox::Witness`] (`outbox/event.rs`); the
+//! execute path reaches the outbox only through [`handoff`].
 //!
 //! - [`key`], [`fingerprint`] and [`config`]: the `Idempotency-Key` header,
 //!   what a request's fingerprint hashes, and the settings
