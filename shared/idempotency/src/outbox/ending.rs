@@ -43,7 +43,7 @@ pub async fn withdraw(
 }
 
 /// Ends an operation whose work went on at the external system after it
-/// accepted it ([`Destination::completes_on_acceptance`](super::Destination::completes_on_acceptance)):
+/// accepted it ([`Ledger::completes_on_acceptance`](super::Ledger::completes_on_acceptance)):
 /// `completed` or `failed`, journaled by `by`, in `tx` (the one that records
 /// how the work ended in the service's own rows). `false`: it had ended already.
 pub async fn finish(
