@@ -11,6 +11,7 @@ use crate::{
     config::IdempotencyConfig,
     outbox::event::{Ledger, Witness},
     replay_cache,
+    transitions::Sink,
 };
 
 /// The idempotency layer of one service: its database and its settings.
@@ -21,6 +22,8 @@ pub struct Idempotency {
     pub(crate) attempts: attempts::AttemptCounter,
     pub(crate) replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
     pub(crate) journal: audit::Journal,
+    /// Where the execute path reports transitions: the journal, as a [`Sink`].
+    pub(crate) transitions: std::sync::Arc<dyn Sink>,
     /// Wakes what takes handed-on work in this process (the outbox's worker)
     /// when an effect that handed some on commits.
     pub(crate) work_handed_on: std::sync::Arc<tokio::sync::Notify>,
@@ -38,12 +41,14 @@ impl Idempotency {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
         let lifetime = config.retention.saturating_sub(config.reap_every * 2);
         let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, lifetime);
+        let journal = audit::Journal::default();
         Idempotency {
             db,
             config,
             attempts: Default::default(),
             replay_cache: std::sync::Arc::new(replay_cache),
-            journal: Default::default(),
+            journal: journal.clone(),
+            transitions: std::sync::Arc::new(journal),
             work_handed_on: Default::default(),
             ledger: None,
             witness: None,

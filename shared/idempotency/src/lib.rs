@@ -70,13 +70,17 @@
 //! exception is the outbox, which runs on the [`Idempotency`] layer and adds
 //! [`Effect::with_outbox`], while the layer holds the outbox's
 //! [`outbox::Ledger`] and [`outbox::Witness`] (`outbox/event.rs`); the
-//! execute path reaches the outbox only through [`handoff`].
+//! execute path reaches the outbox only through [`handoff`], and the journal
+//! only through [`transitions::Sink`].
 //!
 //! - [`key`], [`fingerprint`] and [`config`]: the `Idempotency-Key` header,
 //!   what a request's fingerprint hashes, and the settings
 //!   ([`IdempotencyConfig`], [`ClaimMode`]);
-//! - [`audit`]: the hash-chained journal — its entries, how transitions reach
-//!   it, the chainer, and the reading of it;
+//! - [`transitions`]: what happens to an operation, and the extension point
+//!   it is reported to ([`transitions::Sink`]), inside the transaction that
+//!   makes it;
+//! - [`audit`]: the hash-chained journal, the sink every layer reports to —
+//!   its entries, its inbox, the chainer, and the reading of it;
 //! - [`operation`]: an operation, its states, its stored answer, and its
 //!   identity ([`OperationIdentity`]), the one way a journal record of it is built;
 //! - [`handoff`]: the extension point for work an effect hands on, written in
@@ -114,6 +118,7 @@ pub mod replay_cache;
 pub mod responses;
 pub mod routes;
 pub mod store;
+pub mod transitions;
 
 pub use config::{ClaimMode, IdempotencyConfig};
 pub use execute::{Attempt, Effect, IDEMPOTENT_REPLAYED, OPERATION_ID};

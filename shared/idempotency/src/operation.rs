@@ -5,9 +5,9 @@ use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    audit::{AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
+    transitions::{AuditEvent, Record},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

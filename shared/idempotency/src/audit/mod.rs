@@ -33,3 +33,15 @@ pub use chainer::{CHAIN_LOCK, ChainError, Journal, OBSERVATIONS_HELD_AT_MOST, Ro
 pub(crate) use inbox::bind_records;
 pub use inbox::*;
 pub use query::*;
+
+/// The journal is the sink a service's layer reports to: a transition goes to
+/// the inbox in its own transaction, an observation is held for a round.
+impl crate::transitions::Sink for Journal {
+    fn record<'a>(&'a self, tx: &'a mut platform::Tx, records: &'a [Record]) -> crate::handoff::Writing<'a> {
+        Box::pin(inbox::record(tx, records))
+    }
+
+    fn observe<'a>(&'a self, db: &'a platform::Db, record: Record) -> crate::transitions::Observing<'a> {
+        Box::pin(Journal::observe(self, db, record))
+    }
+}

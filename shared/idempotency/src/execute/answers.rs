@@ -8,7 +8,6 @@ use platform::{ApiError, Timestamp, telemetry};
 
 use super::Attempt;
 use crate::{
-    audit::AuditEvent,
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     layer::Idempotency,
@@ -16,6 +15,7 @@ use crate::{
     replay_cache::CachedAnswer,
     responses::{key_reused, stored_response},
     store::Completion,
+    transitions::AuditEvent,
 };
 
 impl Idempotency {
@@ -83,7 +83,7 @@ impl Idempotency {
             Some(told) => attempt.audit(told, Some(operation_id), fingerprint, Timestamp::now()),
             None => attempt.audit(AuditEvent::Attempted, Some(operation_id), fingerprint, attempt.started),
         };
-        self.journal.observe(&self.db, observed).await;
+        self.transitions.observe(&self.db, observed).await;
     }
 
     /// Keeps a finished answer for replays from memory. An operation still
@@ -118,7 +118,7 @@ impl Idempotency {
         fingerprint: &Fingerprint,
         error: ApiError,
     ) -> Response {
-        self.journal
+        self.transitions
             .observe(
                 &self.db,
                 attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started),

@@ -9,11 +9,11 @@ use super::{Attempt, Effect, effect::json_response, nothing_to_call};
 use crate::responses::stored_response;
 use crate::{
     approval::{self, ApprovalRecord, ApprovalRequested, ApprovalSummary, new_approval_id},
-    audit::{self, AuditEvent},
     fingerprint::Fingerprint,
     layer::Idempotency,
     operation::{OperationState, status_url},
     store,
+    transitions::AuditEvent,
 };
 
 impl Idempotency {
@@ -75,7 +75,7 @@ impl Idempotency {
                 return Ok(false);
             }
             approval::insert(&mut tx, &approval).await?;
-            audit::record(&mut tx, &journaled).await?;
+            self.transitions.record(&mut tx, &journaled).await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(true)
         };

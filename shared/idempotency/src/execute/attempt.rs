@@ -11,11 +11,11 @@ use serde::Serialize;
 
 use crate::{
     approval::ApprovalSummary,
-    audit::{AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyHeaders,
     operation::{OperationIdentity, new_operation_id},
     store::NewOperation,
+    transitions::{AuditEvent, Record},
 };
 
 /// One request that carries an idempotency key: who sent it, to which route,

@@ -10,8 +10,6 @@ use platform::{ApiError, Timestamp, Tx, telemetry};
 
 use super::{Attempt, Effect};
 use crate::{
-    audit,
-    audit::AuditEvent,
     fail_point::fail_point,
     fingerprint::Fingerprint,
     key::IdempotencyKey,
@@ -19,6 +17,7 @@ use crate::{
     operation::{OperationIdentity, OperationRecord, OperationState},
     responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},
     store::{self, Completion, NewOperation},
+    transitions::{AuditEvent, Sink},
 };
 
 /// How the attempt running the effect holds its operation: what its ending is
@@ -105,10 +104,12 @@ impl Claim<'_> {
         }
     }
 
-    /// Journals `event` in `tx`, beside the ending. An in-transaction claim
-    /// has nothing to add: its insert carried its journal records.
+    /// Reports `event` to `sink` in `tx`, beside the ending. An
+    /// in-transaction claim has nothing to add: its insert carried its
+    /// journal records.
     async fn journal(
         &self,
+        sink: &dyn Sink,
         tx: &mut Tx,
         event: AuditEvent,
         attempt: &Attempt<'_>,
@@ -117,7 +118,8 @@ impl Claim<'_> {
         match self {
             Claim::InTransaction(_) => Ok(()),
             Claim::Leased { operation, .. } => {
-                audit::record(tx, &[operation.audit(event, &attempt.principal.principal_id, at)]).await
+                sink.record(tx, &[operation.audit(event, &attempt.principal.principal_id, at)])
+                    .await
             }
         }
     }
@@ -153,7 +155,13 @@ impl Idempotency {
             self.hand_on(&mut tx, claim.identity(), &done, completion.now).await?;
             if completion.state == OperationState::Completed {
                 claim
-                    .journal(&mut tx, AuditEvent::Completed, attempt, completion.now)
+                    .journal(
+                        &*self.transitions,
+                        &mut tx,
+                        AuditEvent::Completed,
+                        attempt,
+                        completion.now,
+                    )
                     .await?;
             }
             Ok::<_, sqlx::Error>(true)
@@ -246,7 +254,9 @@ impl Idempotency {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            claim.journal(&mut tx, event, attempt, completion.now).await?;
+            claim
+                .journal(&*self.transitions, &mut tx, event, attempt, completion.now)
+                .await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(true)
         };
@@ -282,7 +292,7 @@ impl Idempotency {
             if store::give_back(&mut tx, operation, token).await? {
                 let journaled =
                     [operation.audit(AuditEvent::Released, &attempt.principal.principal_id, Timestamp::now())];
-                audit::record(&mut tx, &journaled).await?;
+                self.transitions.record(&mut tx, &journaled).await?;
             }
             tx.commit().await
         };

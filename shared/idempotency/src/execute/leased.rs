@@ -13,12 +13,12 @@ use super::{
 };
 use crate::{
     approval::{self, ApprovalState, ExecutionCheck, refusal, refused_operation},
-    audit::{self, AuditEvent},
     fail_point::fail_point,
     fingerprint::Fingerprint,
     layer::Idempotency,
     operation::{OperationRecord, OperationState},
     store,
+    transitions::AuditEvent,
 };
 
 impl Idempotency {
@@ -46,7 +46,7 @@ impl Idempotency {
                 ApiError::internal("the operation kept disappearing while it was claimed").into_response()
             }
             Err(error) => {
-                self.journal
+                self.transitions
                     .observe(
                         &self.db,
                         attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started),
@@ -72,7 +72,7 @@ impl Idempotency {
                     new.audit(AuditEvent::Attempted, attempt.started),
                     new.audit(AuditEvent::Claimed, new.now),
                 ];
-                audit::record(&mut tx, &journaled).await?;
+                self.transitions.record(&mut tx, &journaled).await?;
                 tx.commit().await?;
                 return Ok(Resolution::Run(Box::new(claimed)));
             }

@@ -17,13 +17,13 @@ use super::{
 };
 use crate::{
     approval,
-    audit::{self, AuditEvent},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     layer::Idempotency,
     operation::{OperationRecord, OperationState},
     responses::{in_progress, key_reused, with_operation_headers},
     store,
+    transitions::AuditEvent,
 };
 
 /// How often a duplicate that was asked to wait (`Prefer: wait`) looks again.
@@ -197,7 +197,7 @@ impl Idempotency {
                             taken.audit(AuditEvent::Attempted, by, attempt.started),
                             taken.audit(AuditEvent::Claimed, by, now),
                         ];
-                        audit::record(&mut tx, &journaled).await?;
+                        self.transitions.record(&mut tx, &journaled).await?;
                         tx.commit().await?;
                         tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
                         return Ok(Resolution::Run(Box::new(taken)));
@@ -215,7 +215,7 @@ impl Idempotency {
                             started.audit(AuditEvent::Attempted, by, attempt.started),
                             started.audit(AuditEvent::Claimed, by, now),
                         ];
-                        audit::record(&mut tx, &journaled).await?;
+                        self.transitions.record(&mut tx, &journaled).await?;
                         tx.commit().await?;
                         return Ok(Resolution::Run(Box::new(started)));
                     }

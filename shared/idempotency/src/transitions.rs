@@ -1,0 +1,176 @@
+//! What happens to an operation, as it is reported (docs/contract.md §8):
+//! its transitions ([`AuditEvent`], [`Record`]), and the extension point
+//! they are reported to, the [`Sink`] — inside the transaction that makes a
+//! transition, and after the answer for what an attempt only observed (a
+//! replay, a 409). The hash-chained journal ([`crate::audit::Journal`]) is
+//! the sink every service's layer reports to.
+
+use std::{future::Future, pin::Pin};
+
+use platform::{Db, Principal, Timestamp, Tx};
+use serde::{Deserialize, Serialize};
+
+use crate::handoff::Writing;
+
+/// Where an operation's transitions are reported.
+pub trait Sink: std::fmt::Debug + Send + Sync + 'static {
+    /// Records `records` in `tx`, the transaction that makes them: they
+    /// commit, or roll back, with it.
+    fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Writing<'a>;
+
+    /// Notes what an attempt observed and did not change (a replay, a 409),
+    /// with no transaction of its own.
+    fn observe<'a>(&'a self, db: &'a Db, record: Record) -> Observing<'a>;
+}
+
+/// What [`Sink::observe`] returns, as a boxed future, so the layer can hold any sink.
+pub type Observing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditEvent {
+    Attempted,
+    Claimed,
+    Replayed,
+    KeyReused,
+    InProgress,
+    ApprovalRequested,
+    Approved,
+    Rejected,
+    Expired,
+    /// An approved run found that what its summary promised no longer holds
+    /// (the release a deployment replaces): the operation is `rejected` with
+    /// 409 `approval_stale` and never runs.
+    Stale,
+    Dispatched,
+    Accepted,
+    Completed,
+    Failed,
+    Unknown,
+    Reconciled,
+    /// A claim freed after a server error: nothing happened, the key may be claimed again.
+    Released,
+    /// A business resource changed state with no transition of an operation
+    /// to record it: a request with no key (a ticket's status, a cancel), or
+    /// a worker that follows work elsewhere (a rollout the controller began
+    /// running). The entry names the resource and its new state; a request
+    /// that changed nothing (the resource already had that state) journals
+    /// nothing. With a key, the operation's own entries record the change.
+    StateChanged,
+    /// A person settled an operation whose outcome was unknown: who, with
+    /// what evidence, and the external reference they found. The entry for
+    /// the outcome (`completed`, `failed`) follows it.
+    Resolved,
+    /// An outbox event failed too often and is no longer tried; its operation
+    /// is left as it was.
+    DeadLettered,
+    /// An admin gave a dead event back to be tried again.
+    Redelivered,
+    /// A person's resolution named an external reference the external system
+    /// does not confirm as the operation's: who, with what evidence, and the
+    /// reference refused. Nothing else changed.
+    ExternalRefRefused,
+}
+
+impl AuditEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditEvent::Attempted => "attempted",
+            AuditEvent::Claimed => "claimed",
+            AuditEvent::Replayed => "replayed",
+            AuditEvent::KeyReused => "key_reused",
+            AuditEvent::InProgress => "in_progress",
+            AuditEvent::ApprovalRequested => "approval_requested",
+            AuditEvent::Approved => "approved",
+            AuditEvent::Rejected => "rejected",
+            AuditEvent::Expired => "expired",
+            AuditEvent::Stale => "stale",
+            AuditEvent::Dispatched => "dispatched",
+            AuditEvent::Accepted => "accepted",
+            AuditEvent::Completed => "completed",
+            AuditEvent::Failed => "failed",
+            AuditEvent::Unknown => "unknown",
+            AuditEvent::Reconciled => "reconciled",
+            AuditEvent::Released => "released",
+            AuditEvent::StateChanged => "state_changed",
+            AuditEvent::Resolved => "resolved",
+            AuditEvent::DeadLettered => "dead_lettered",
+            AuditEvent::Redelivered => "redelivered",
+            AuditEvent::ExternalRefRefused => "external_ref_refused",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+    }
+}
+
+/// What to record: who, which operation, what happened, when. Never an API key or a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub account_id: String,
+    pub principal_id: String,
+    pub operation_id: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub fingerprint: Option<String>,
+    pub route: Option<String>,
+    pub event: AuditEvent,
+    pub external_ref: Option<String>,
+    pub at: Timestamp,
+    /// Which attempt on the operation made the entry, where the entry stands
+    /// for the attempt too: a claim that ran and finished in one transaction
+    /// journals only its outcome, and that entry carries the attempt's number.
+    pub attempt: Option<i64>,
+    /// The resource a `state_changed` entry is about, and its new state.
+    pub change: Option<StateChange>,
+    /// What a person gave for settling an operation by hand (`resolved`,
+    /// `external_ref_refused`).
+    pub evidence: Option<String>,
+}
+
+/// A business resource's new state: `{resource_type, resource_id, state}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateChange {
+    /// In the service's words: `ticket`, `payment_intent`, `deployment`.
+    pub resource_type: String,
+    pub resource_id: String,
+    pub state: String,
+}
+
+impl Record {
+    /// `principal` changed a resource's state through `route`, with no key.
+    pub fn state_changed(principal: &Principal, route: &str, change: StateChange) -> Record {
+        Record {
+            account_id: principal.account_id.clone(),
+            principal_id: principal.principal_id.clone(),
+            operation_id: None,
+            idempotency_key: None,
+            fingerprint: None,
+            route: Some(route.to_owned()),
+            event: AuditEvent::StateChanged,
+            external_ref: None,
+            at: Timestamp::now(),
+            attempt: None,
+            change: Some(change),
+            evidence: None,
+        }
+    }
+
+    /// The record, standing for attempt `n` on its operation too.
+    pub fn by_attempt(self, n: i64) -> Record {
+        Record {
+            attempt: Some(n),
+            ..self
+        }
+    }
+}
+
+impl StateChange {
+    pub fn new(resource_type: &str, resource_id: &str, state: &str) -> StateChange {
+        StateChange {
+            resource_type: resource_type.to_owned(),
+            resource_id: resource_id.to_owned(),
+            state: state.to_owned(),
+        }
+    }
+}
