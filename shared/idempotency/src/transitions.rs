@@ -10,18 +10,19 @@ use std::{future::Future, pin::Pin};
 use platform::{Db, Principal, Timestamp, Tx};
 use serde::{Deserialize, Serialize};
 
-use crate::handoff::Writing;
-
 /// Where an operation's transitions are reported.
 pub trait Sink: std::fmt::Debug + Send + Sync + 'static {
     /// Records `records` in `tx`, the transaction that makes them: they
     /// commit, or roll back, with it.
-    fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Writing<'a>;
+    fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Recording<'a>;
 
     /// Notes what an attempt observed and did not change (a replay, a 409),
     /// with no transaction of its own.
     fn observe<'a>(&'a self, db: &'a Db, record: Record) -> Observing<'a>;
 }
+
+/// What [`Sink::record`] returns: its writes, as a boxed future, so the layer can hold any sink.
+pub type Recording<'a> = Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
 
 /// What [`Sink::observe`] returns, as a boxed future, so the layer can hold any sink.
 pub type Observing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;

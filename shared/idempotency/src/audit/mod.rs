@@ -37,7 +37,7 @@ pub use query::*;
 /// The journal is the sink a service's layer reports to: a transition goes to
 /// the inbox in its own transaction, an observation is held for a round.
 impl crate::transitions::Sink for Journal {
-    fn record<'a>(&'a self, tx: &'a mut platform::Tx, records: &'a [Record]) -> crate::handoff::Writing<'a> {
+    fn record<'a>(&'a self, tx: &'a mut platform::Tx, records: &'a [Record]) -> crate::transitions::Recording<'a> {
         Box::pin(inbox::record(tx, records))
     }
 
