@@ -17,6 +17,9 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// A commit whose outcome the server cannot know (the connection broke while
 /// committing). A retry with the same key finds out: a replay if it committed.
 pub(crate) fn commit_failed(error: sqlx::Error) -> Response {
+    if platform::error::database_unreachable(&error) {
+        return ApiError::database_unavailable(format!("commit: {error}")).into_response();
+    }
     ApiError::internal(format!("commit: {error}"))
         .with_detail("the server could not confirm the commit; retry with the same key: if it committed, the retry replays its answer")
         .into_response()
