@@ -78,8 +78,14 @@ impl IdempotencyConfig {
         if let Some(seconds) = number("RETRYSAFE_APPROVAL_TTL_SECONDS")? {
             config.approval_ttl = Duration::from_secs_f64(seconds);
         }
-        if let Some(entries) = number("RETRYSAFE_REPLAY_CACHE")? {
-            config.replay_cache_entries = entries as usize;
+        // 0 is a size like any other here: no answer is kept in memory
+        if let Ok(entries) = std::env::var("RETRYSAFE_REPLAY_CACHE")
+            && !entries.trim().is_empty()
+        {
+            config.replay_cache_entries = entries
+                .trim()
+                .parse()
+                .map_err(|_| format!("RETRYSAFE_REPLAY_CACHE `{entries}` is not a number of answers (0 for none)"))?;
         }
         match std::env::var("RETRYSAFE_CLAIM").as_deref() {
             Ok("transaction") | Ok("") | Err(_) => {}
