@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use idempotency::{
-    OperationState, audit,
+    OperationState,
     outbox::{self, Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling},
 };
 use platform::{ApiError, Db, Tx};
@@ -244,7 +244,7 @@ impl Controller {
                     } else {
                         // running: no transition of the operation, a change of the deployment all the same
                         let (account, operation) = (&watched.account_id, &watched.operation_id);
-                        audit::record_resource_change(&mut tx, WATCHER, account, operation, to.as_str()).await?;
+                        journal::record_resource_change(&mut tx, WATCHER, account, operation, to.as_str()).await?;
                     }
                 }
                 tx.commit().await?;

@@ -116,6 +116,7 @@ impl App {
         App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("deployments")
+                .with_sink(journal::Journal::default())
                 .with_ledger(controller::Rollouts)
                 .with_witness(controller.clone()),
             auth: Authenticator::new(db.clone(), sandbox),
@@ -149,6 +150,7 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
 pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
     let mut doc = routes::DeploymentsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
+    doc.merge(journal::routes::JournalApi::openapi());
     let mut json = serde_json::to_value(&doc).expect("an OpenAPI document is JSON");
     let known = serde_json::json!(environments);
     for body in ["CreateDeploymentBody", "RollbackBody"] {
@@ -174,8 +176,13 @@ pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
 pub fn build_router(app: App) -> Router {
     let openapi = openapi(&app.policy.environments);
     let (metrics, db) = (app.idempotency.metrics().clone(), app.idempotency.db().clone());
-    let routes =
-        platform::metrics::tracked(routes::router().merge(idempotency::routes::routes()), metrics).with_state(app);
+    let routes = platform::metrics::tracked(
+        routes::router()
+            .merge(idempotency::routes::routes())
+            .merge(journal::routes()),
+        metrics,
+    )
+    .with_state(app);
     platform::service::router("Retrysafe deployments", routes, openapi, &db)
 }
 

@@ -13,7 +13,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{Attempt, Effect, IdempotencyHeaders, OperationState, OptionalIdempotencyHeaders, audit, outbox};
+use idempotency::{Attempt, Effect, IdempotencyHeaders, OperationState, OptionalIdempotencyHeaders, outbox};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal, Tx,
     page::{Page, PageRequest},
@@ -276,8 +276,8 @@ pub async fn cancel_deployment(
             let (deployment, changed) = cancel(&mut tx, &principal, &command.deployment_id, stopped).await?;
             if changed {
                 let change =
-                    audit::StateChange::new(deployment.kind.as_str(), &deployment.id, deployment.state.as_str());
-                audit::record_state_change(&mut tx, &principal, CANCEL_DEPLOYMENT, change).await?;
+                    journal::StateChange::new(deployment.kind.as_str(), &deployment.id, deployment.state.as_str());
+                journal::record_state_change(&mut tx, &principal, CANCEL_DEPLOYMENT, change).await?;
             }
             tx.commit().await?;
             Ok::<_, ApiError>(deployment)

@@ -86,8 +86,8 @@ async fn three_replicas_on_one_database_start_one_rollout_per_deployment_and_hol
         2,
         "one rollout per deployment, over three replicas"
     );
-    let entries = idempotency::audit::all_entries(&db.db).await.unwrap();
-    idempotency::audit::verify(&entries, None).expect("the journal verifies");
+    let entries = journal::all_entries(&db.db).await.unwrap();
+    journal::verify(&entries, None).expect("the journal verifies");
     for replica in replicas {
         replica.kill().await;
     }

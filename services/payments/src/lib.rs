@@ -95,6 +95,7 @@ impl App {
         App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("payments")
+                .with_sink(journal::Journal::default())
                 .with_ledger(provider::Transfers)
                 .with_witness(provider.clone()),
             auth: Authenticator::new(db.clone(), sandbox),
@@ -125,14 +126,20 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::PaymentsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
+    doc.merge(journal::routes::JournalApi::openapi());
     doc
 }
 
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
     let (metrics, db) = (app.idempotency.metrics().clone(), app.idempotency.db().clone());
-    let routes =
-        platform::metrics::tracked(routes::router().merge(idempotency::routes::routes()), metrics).with_state(app);
+    let routes = platform::metrics::tracked(
+        routes::router()
+            .merge(idempotency::routes::routes())
+            .merge(journal::routes()),
+        metrics,
+    )
+    .with_state(app);
     platform::service::router("Retrysafe payments", routes, openapi(), &db)
 }
 

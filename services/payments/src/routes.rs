@@ -13,10 +13,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{
-    Attempt, Effect, IdempotencyHeaders, OptionalIdempotencyHeaders,
-    audit::{self, StateChange},
-};
+use idempotency::{Attempt, Effect, IdempotencyHeaders, OptionalIdempotencyHeaders};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal,
     page::{Page, PageRequest},
@@ -144,8 +141,8 @@ async fn cancel_without_key(
     let mut tx = app.db.begin().await?;
     let (intent, cancelled) = store::cancel_intent(&mut tx, &principal.account_id, &command.intent_id).await?;
     if cancelled {
-        let change = StateChange::new("payment_intent", &intent.id, intent.state.as_str());
-        audit::record_state_change(&mut tx, principal, CANCEL_INTENT, change).await?;
+        let change = journal::StateChange::new("payment_intent", &intent.id, intent.state.as_str());
+        journal::record_state_change(&mut tx, principal, CANCEL_INTENT, change).await?;
     }
     tx.commit().await?;
     Ok(intent)

@@ -31,7 +31,7 @@ fn requests_counted(text: &str, route: &str, outcome: &str) -> f64 {
 }
 
 /// Every journal entry, read through a replica as an approver, page by page.
-async fn whole_journal(replica: &Payments) -> Vec<idempotency::audit::AuditEntry> {
+async fn whole_journal(replica: &Payments) -> Vec<journal::AuditEntry> {
     let mut entries = Vec::new();
     let mut cursor = String::new();
     loop {
@@ -148,10 +148,10 @@ async fn three_replicas_on_one_database_start_together_and_keep_every_payment_to
 
     // one chain, and each operation's transitions in it once
     let journal = whole_journal(&replicas[2]).await;
-    idempotency::audit::verify(&journal, None).expect("the journal verifies");
+    journal::verify(&journal, None).expect("the journal verifies");
     let mut completed: Vec<&str> = journal
         .iter()
-        .filter(|e| e.event == idempotency::audit::AuditEvent::Completed)
+        .filter(|e| e.event == journal::AuditEvent::Completed)
         .filter_map(|e| e.operation_id.as_deref())
         .collect();
     let total = completed.len();

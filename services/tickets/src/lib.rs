@@ -49,7 +49,9 @@ impl FromRef<App> for Authenticator {
 impl App {
     pub fn new(db: Db, idempotency: IdempotencyConfig, sandbox: bool) -> Self {
         App {
-            idempotency: Idempotency::new(db.clone(), idempotency).for_service("tickets"),
+            idempotency: Idempotency::new(db.clone(), idempotency)
+                .for_service("tickets")
+                .with_sink(journal::Journal::default()),
             auth: Authenticator::new(db.clone(), sandbox),
             db,
             policy: TicketsPolicy::default(),
@@ -71,14 +73,20 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::TicketsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
+    doc.merge(journal::routes::JournalApi::openapi());
     doc
 }
 
 /// The whole HTTP API of the service.
 pub fn build_router(app: App) -> Router {
     let (metrics, db) = (app.idempotency.metrics().clone(), app.idempotency.db().clone());
-    let routes =
-        platform::metrics::tracked(routes::router().merge(idempotency::routes::routes()), metrics).with_state(app);
+    let routes = platform::metrics::tracked(
+        routes::router()
+            .merge(idempotency::routes::routes())
+            .merge(journal::routes()),
+        metrics,
+    )
+    .with_state(app);
     platform::service::router("Retrysafe tickets", routes, openapi(), &db)
 }
 

@@ -3,7 +3,7 @@
 //! `tickets` serves (configuration from the environment: see `platform::config`);
 //! `tickets create-api-key <account> <principal> <role>` stores a new key's
 //! hash and prints the key once. The audit journal is exported and verified
-//! by the `audit` tool of the idempotency crate (`cargo run -p idempotency
+//! by the `audit` tool of the journal crate (`cargo run -p journal
 //! --bin audit -- verify --service tickets`).
 
 use idempotency::IdempotencyConfig;

@@ -12,10 +12,7 @@ use axum::{
     response::Response,
     routing::{get, post, put},
 };
-use idempotency::{
-    Attempt, Effect, IdempotencyHeaders,
-    audit::{self, StateChange},
-};
+use idempotency::{Attempt, Effect, IdempotencyHeaders};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal,
     page::{Page, PageRequest},
@@ -275,8 +272,8 @@ pub async fn set_status(
     )
     .await?;
     if changed {
-        let change = StateChange::new("ticket", &ticket.id, ticket.status.as_str());
-        audit::record_state_change(&mut tx, &principal, SET_STATUS, change).await?;
+        let change = journal::StateChange::new("ticket", &ticket.id, ticket.status.as_str());
+        journal::record_state_change(&mut tx, &principal, SET_STATUS, change).await?;
     }
     tx.commit().await?;
     Ok(Json(TicketStatusChanged { ticket, changed }))

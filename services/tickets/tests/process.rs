@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
-use idempotency::audit::AuditEvent;
+use journal::AuditEvent;
 use platform::{
     Backend, on_pool,
     testing::{ACME_AGENT, ServiceProcess, TestDb, TestResponse, json_request},
@@ -194,8 +194,8 @@ async fn the_journal_head_is_logged_at_start_up_and_after_the_last_entries_on_sh
     let on_shutdown = service.0.wait_for("audit journal head on shutdown").await;
     let exit = service.0.exited().await;
 
-    let head = idempotency::audit::head(&db.db).await.unwrap();
-    let genesis = format!("0:{}", idempotency::audit::GENESIS);
+    let head = journal::head(&db.db).await.unwrap();
+    let genesis = format!("0:{}", journal::GENESIS);
     assert_eq!(created, StatusCode::CREATED);
     assert!(at_start["message"].as_str().unwrap().ends_with(&genesis), "{at_start}");
     assert_eq!(head.seq, 1, "the create's entry is linked: {head}");
@@ -234,8 +234,8 @@ async fn after_a_crash_in_the_middle_of_a_chain_round_the_journal_verifies_and_h
     restarted.0.terminate(); // links what waits, then exits
     assert_eq!(restarted.0.exited().await, Some(0));
 
-    let entries = idempotency::audit::all_entries(&db.db).await.unwrap();
-    assert!(idempotency::audit::verify(&entries, None).is_ok(), "the chain verifies");
+    let entries = journal::all_entries(&db.db).await.unwrap();
+    assert!(journal::verify(&entries, None).is_ok(), "the chain verifies");
     assert_eq!(ticket_count(&db).await, keys.len() as i64, "one ticket a key");
     for key in &keys {
         let completed = entries

@@ -40,7 +40,7 @@ async fn three_replicas_start_together_on_an_empty_database_and_a_200_way_storm_
         .fetch_one(pool)
         .await
         .unwrap());
-    let entries = idempotency::audit::all_entries(&db.db).await.unwrap();
+    let entries = journal::all_entries(&db.db).await.unwrap();
 
     assert!(
         storm.iter().all(|r| r.status == StatusCode::CREATED),
@@ -57,10 +57,10 @@ async fn three_replicas_start_together_on_an_empty_database_and_a_200_way_storm_
         "the same bytes from every replica"
     );
     assert_eq!(tickets, 1);
-    idempotency::audit::verify(&entries, None).expect("the journal verifies");
+    journal::verify(&entries, None).expect("the journal verifies");
     let completed = entries
         .iter()
-        .filter(|e| e.event == idempotency::audit::AuditEvent::Completed)
+        .filter(|e| e.event == journal::AuditEvent::Completed)
         .count();
     assert_eq!(completed, 1, "the create journaled once");
     for replica in replicas {

@@ -4,7 +4,7 @@
 /// A place where a test can stop the process dead (docs/contract.md §5's
 /// crash): with the `failpoints` feature and `FAILPOINTS=<name>=return`, the
 /// request stops here and holds what it has until the process is killed.
-pub(crate) async fn fail_point(name: &str) {
+pub async fn fail_point(name: &str) {
     #[cfg(feature = "failpoints")]
     {
         // fail points are read from `FAILPOINTS` once per process, wherever it started

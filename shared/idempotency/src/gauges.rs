@@ -82,7 +82,7 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
         .fetch_one(pool)
         .await?);
     // what waits in the inbox, and the observations waiting in this process's memory
-    let backlog = inbox as f64 + idempotency.journal.queued() as f64;
+    let backlog = inbox as f64 + idempotency.transitions.held() as f64;
     metrics.set(names::JOURNAL_BACKLOG, &[], backlog);
     Ok(())
 }

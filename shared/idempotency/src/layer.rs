@@ -1,13 +1,13 @@
 //! The idempotency layer of one service ([`Idempotency`]): its database, its
 //! settings, and the background work that keeps it (the reaper, the attempt
-//! writer, the journal's chainer).
+//! writer, and whatever its transitions' sink keeps running).
 
 use std::time::Duration;
 
 use platform::Db;
 
 use crate::{
-    attempts, audit,
+    attempts,
     config::IdempotencyConfig,
     outbox::event::{Ledger, Witness},
     replay_cache,
@@ -21,8 +21,7 @@ pub struct Idempotency {
     pub(crate) config: IdempotencyConfig,
     pub(crate) attempts: attempts::AttemptCounter,
     pub(crate) replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
-    pub(crate) journal: audit::Journal,
-    /// Where the execute path reports transitions: the journal, as a [`Sink`].
+    /// Where transitions are reported: the journal, in every service.
     pub(crate) transitions: std::sync::Arc<dyn Sink>,
     /// Wakes what takes handed-on work in this process (the outbox's worker)
     /// when an effect that handed some on commits.
@@ -41,14 +40,12 @@ impl Idempotency {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
         let lifetime = config.retention.saturating_sub(config.reap_every * 2);
         let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, lifetime);
-        let journal = audit::Journal::default();
         Idempotency {
             db,
             config,
             attempts: Default::default(),
             replay_cache: std::sync::Arc::new(replay_cache),
-            journal: journal.clone(),
-            transitions: std::sync::Arc::new(journal),
+            transitions: std::sync::Arc::new(crate::transitions::Inbox),
             work_handed_on: Default::default(),
             ledger: None,
             witness: None,
@@ -61,6 +58,19 @@ impl Idempotency {
     pub fn for_service(mut self, service: &'static str) -> Self {
         self.metrics = platform::metrics::Metrics::new(service);
         self
+    }
+
+    /// The layer reporting its transitions to `sink` (the journal); without
+    /// one they are inbox rows no one reads ([`crate::transitions::Inbox`]).
+    pub fn with_sink(mut self, sink: impl Sink) -> Self {
+        self.transitions = std::sync::Arc::new(sink);
+        self
+    }
+
+    /// The sink transitions are reported to, if it is a `T`.
+    pub fn sink<T: Sink>(&self) -> Option<&T> {
+        let sink: &dyn std::any::Any = &*self.transitions;
+        sink.downcast_ref()
     }
 
     /// The service's metrics registry, for its routes' middleware and `/metrics`.
@@ -118,43 +128,31 @@ impl Idempotency {
         }
     }
 
-    /// Links journal events into the hash chain in the background, shortly
-    /// after they are recorded (see [`audit::Journal`]). It logs the chain's
-    /// head first: the head the service starts from, for operators to pin,
-    /// and the one its rounds refuse to go behind.
-    pub fn spawn_journal_chainer(&self) -> tokio::task::JoinHandle<()> {
-        let (journal, db, metrics) = (self.journal.clone(), self.db.clone(), self.metrics.clone());
-        tokio::spawn(async move {
-            if let Some(head) = audit::log_head(&db, "at start-up").await {
-                journal.remember(head);
-            }
-            journal.chain_continuously(&db, &metrics).await
-        })
-    }
-
-    /// Links every journal event recorded or observed so far into the chain,
-    /// so a read of the journal shows them. A failure is logged: the events
-    /// wait for the next round.
+    /// Makes what was reported until now readable (the journal links it
+    /// into its chain). A failure is the sink's to log.
     pub async fn flush_journal(&self) {
-        if let Err(e) = self.journal.chain_pending(&self.db, &self.metrics).await {
-            audit::log_unlinked(&e);
-        }
+        self.transitions.flush(&self.db, &self.metrics).await;
     }
 
     /// Starts the layer's background work — the retention reaper (and
-    /// approval expiry), the attempt writer, the journal's chainer, the
-    /// database clock's measure and the metrics' upkeep — until
-    /// [`Background::stop`].
+    /// approval expiry), the attempt writer, the sink's own work (the
+    /// journal's chainer), the database clock's measure and the metrics'
+    /// upkeep — until [`Background::stop`].
     pub fn spawn_background(&self) -> Background {
+        let mut tasks = vec![
+            self.spawn_reaper(),
+            self.spawn_attempt_writer(),
+            self.spawn_metrics_upkeep(),
+            self.spawn_clock_sync(),
+        ];
+        tasks.extend(
+            self.transitions
+                .keep(self.db.clone(), self.metrics.clone())
+                .map(tokio::spawn),
+        );
         Background {
             idempotency: self.clone(),
-            tasks: vec![
-                self.spawn_reaper(),
-                self.spawn_attempt_writer(),
-                self.spawn_journal_chainer(),
-                self.spawn_metrics_upkeep(),
-                self.spawn_clock_sync(),
-            ],
+            tasks,
         }
     }
 
@@ -215,14 +213,19 @@ impl Background {
     }
 
     /// Stops the tasks, then writes what they had not written yet: the
-    /// attempt counts and the journal's waiting events. Then it logs the
-    /// chain's head, the last entry this process linked included.
+    /// attempt counts, and what the sink holds (the journal links its
+    /// waiting events and logs the chain's head).
     pub async fn stop(self) {
         for task in &self.tasks {
             task.abort();
         }
         self.idempotency.flush_attempts().await;
-        self.idempotency.flush_journal().await;
-        audit::log_head(&self.idempotency.db, "on shutdown").await;
+        let Idempotency {
+            transitions,
+            db,
+            metrics,
+            ..
+        } = &self.idempotency;
+        transitions.stop(db, metrics).await;
     }
 }

@@ -71,16 +71,14 @@
 //! [`Effect::with_outbox`], while the layer holds the outbox's
 //! [`outbox::Ledger`] and [`outbox::Witness`] (`outbox/event.rs`); the
 //! execute path reaches the outbox only through [`handoff`], and the journal
-//! only through [`transitions::Sink`].
+//! only through [`transitions::Sink`] (the journal, a crate of its own, is one).
 //!
 //! - [`key`], [`fingerprint`] and [`config`]: the `Idempotency-Key` header,
 //!   what a request's fingerprint hashes, and the settings
 //!   ([`IdempotencyConfig`], [`ClaimMode`]);
 //! - [`transitions`]: what happens to an operation, and the extension point
 //!   it is reported to ([`transitions::Sink`]), inside the transaction that
-//!   makes it;
-//! - [`audit`]: the hash-chained journal, the sink every layer reports to —
-//!   its entries, its inbox, the chainer, and the reading of it;
+//!   makes it, as the inbox row every sink reads ([`transitions::inbox`]);
 //! - [`operation`]: an operation, its states, its stored answer, and its
 //!   identity ([`OperationIdentity`]), the one way a journal record of it is built;
 //! - [`handoff`]: the extension point for work an effect hands on, written in
@@ -97,15 +95,15 @@
 //! - [`execute`]: one attempt, from its key to its answer: the two claim
 //!   modes, what a taken key means (`execute/verdict.rs`, a pure function),
 //!   and how a run ends (`execute/conclude.rs`);
-//! - [`routes`]: the operation status, approvals and audit routes every
-//!   service mounts.
+//! - [`routes`]: the operation status and approvals routes every service
+//!   mounts (the journal's are in its crate).
 
 pub mod approval;
 pub mod attempts;
-pub mod audit;
 pub mod config;
 pub mod execute;
-mod fail_point;
+#[doc(hidden)]
+pub mod fail_point;
 pub mod fingerprint;
 mod gauges;
 pub mod handoff;

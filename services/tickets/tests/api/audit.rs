@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::http::Method;
 use futures::future::join_all;
-use idempotency::{IdempotencyConfig, audit};
+use idempotency::IdempotencyConfig;
 use platform::{Backend, on_pool};
 use serde_json::{Value, json};
 
@@ -195,10 +195,10 @@ async fn the_chain_verifies_after_a_thousand_mixed_concurrent_operations(backend
     }
 
     app.app.idempotency.flush_journal().await;
-    let entries = audit::all_entries(&app.db.db).await.unwrap();
-    audit::verify(&entries, None).expect("one unbroken chain");
+    let entries = journal::all_entries(&app.db.db).await.unwrap();
+    journal::verify(&entries, None).expect("one unbroken chain");
 
-    use audit::AuditEvent::*;
+    use journal::AuditEvent::*;
     let outcomes = entries
         .iter()
         .filter(|e| matches!(e.event, Completed | Replayed | KeyReused | ApprovalRequested))
@@ -245,7 +245,7 @@ async fn a_status_change_without_a_key_is_journaled_with_its_principal_route_and
     );
     assert_eq!(entry["operation_id"], Value::Null, "no key, no operation");
     app.app.idempotency.flush_journal().await;
-    assert!(audit::verify(&audit::all_entries(&app.db.db).await.unwrap(), None).is_ok());
+    assert!(journal::verify(&journal::all_entries(&app.db.db).await.unwrap(), None).is_ok());
 }
 
 /// The head an operator pins: the chain's newest entry, for approvers and
@@ -256,14 +256,14 @@ async fn the_journal_head_is_the_chains_newest_entry_and_is_read_like_the_journa
     app.create_ticket("key-1", ROTATE_CERT).await;
 
     let head = app.get("/v1/audit/head", ACME_APPROVER).await;
-    let entries = audit::all_entries(&app.db.db).await.unwrap();
+    let entries = journal::all_entries(&app.db.db).await.unwrap();
     let newest = entries.last().expect("the create's entries");
 
-    assert_eq!(empty.json(), json!({"seq": 0, "hash": audit::GENESIS}));
+    assert_eq!(empty.json(), json!({"seq": 0, "hash": journal::GENESIS}));
     assert_eq!(head.status.as_u16(), 200);
     assert_eq!(head.json(), json!({"seq": newest.seq, "hash": newest.hash}));
-    let pinned: audit::Head = serde_json::from_value(head.json()).unwrap();
-    assert!(audit::verify(&entries, Some(&pinned)).is_ok());
+    let pinned: journal::Head = serde_json::from_value(head.json()).unwrap();
+    assert!(journal::verify(&entries, Some(&pinned)).is_ok());
     app.get("/v1/audit/head", ACME_AGENT)
         .await
         .assert_problem(403, "forbidden");
@@ -278,7 +278,7 @@ async fn a_journal_cut_under_the_running_service_is_not_linked_onto(backend: Bac
     for n in 0..3 {
         app.create_ticket(&format!("key-{n}"), ROTATE_CERT).await;
     }
-    let linked: audit::Head = serde_json::from_value(app.get("/v1/audit/head", ACME_APPROVER).await.json()).unwrap();
+    let linked: journal::Head = serde_json::from_value(app.get("/v1/audit/head", ACME_APPROVER).await.json()).unwrap();
     assert_eq!(linked.seq, 3);
     let unguard: &[&str] = match backend {
         Backend::Postgres => &["ALTER TABLE audit_journal DISABLE TRIGGER USER"],
@@ -306,7 +306,7 @@ async fn a_journal_cut_under_the_running_service_is_not_linked_onto(backend: Bac
         201
     );
     let head = app.get("/v1/audit/head", ACME_APPROVER).await.json();
-    let entries = audit::all_entries(&app.db.db).await.unwrap();
+    let entries = journal::all_entries(&app.db.db).await.unwrap();
     let scrape = axum::http::Request::get("/metrics")
         .body(axum::body::Body::empty())
         .unwrap();

@@ -7,11 +7,11 @@ use platform::metrics::names;
 use platform::{ApiError, Principal, Role, Timestamp, Tx};
 
 use crate::{
-    audit::{self, AuditEvent},
     layer::Idempotency,
     operation::{OperationIdentity, OperationState},
     responses::problem_response,
     store::{self, Completion},
+    transitions::{AuditEvent, inbox},
 };
 
 use super::{
@@ -86,7 +86,7 @@ impl Idempotency {
             // the operation ends here: its answer from now on is the refusal
             self.settle(&mut tx, &approval, ApprovalState::Rejected, now).await?;
         }
-        audit::record(&mut tx, &[approval.audit(event, &principal.principal_id, now)]).await?;
+        inbox::record(&mut tx, &[approval.audit(event, &principal.principal_id, now)]).await?;
         tx.commit().await?;
         let waited = (now.as_datetime() - approval.created_at.as_datetime())
             .to_std()
@@ -157,7 +157,7 @@ impl Idempotency {
         if !pending && !settled {
             return tx.rollback().await;
         }
-        audit::record(&mut tx, &[approval.audit(AuditEvent::Expired, EXPIRY_PRINCIPAL, now)]).await?;
+        inbox::record(&mut tx, &[approval.audit(AuditEvent::Expired, EXPIRY_PRINCIPAL, now)]).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -193,7 +193,7 @@ impl Idempotency {
 }
 
 impl ApprovalRecord {
-    fn audit(&self, event: AuditEvent, principal_id: &str, at: Timestamp) -> audit::Record {
+    fn audit(&self, event: AuditEvent, principal_id: &str, at: Timestamp) -> crate::transitions::Record {
         let identity = OperationIdentity {
             account_id: &self.account_id,
             operation_id: &self.operation_id,

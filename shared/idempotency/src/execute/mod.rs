@@ -88,7 +88,7 @@ impl Idempotency {
     ///
     /// Every attempt is journaled: the transitions it makes in the
     /// transaction that makes them, what it merely observed in memory (see
-    /// [`crate::transitions::Sink`], [`crate::audit::Journal`]).
+    /// [`crate::transitions::Sink`], the journal).
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,

@@ -7,8 +7,8 @@ use platform::{Timestamp, Tx};
 
 use super::store;
 use crate::{
-    audit::{self, AuditEvent},
     operation::{OperationIdentity, OperationState},
+    transitions::{AuditEvent, inbox},
 };
 
 /// Withdraws an operation's event that was never handed to the external
@@ -102,6 +102,6 @@ impl Ended<'_> {
             route: &self.route,
         };
         let ended = identity.audit(event, by, self.external_ref.as_deref(), now);
-        audit::record(tx, &[ended]).await
+        inbox::record(tx, &[ended]).await
     }
 }

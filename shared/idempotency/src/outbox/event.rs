@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use super::{Delivery, Lookup};
 use crate::{
-    audit::{AuditEvent, Record},
     operation::OperationIdentity,
+    transitions::{AuditEvent, Record},
 };
 
 /// Where an event is in its delivery.

@@ -5,7 +5,7 @@
 //! in one place and tested row by row.
 
 use super::{Delivery, EventState, Lookup, RECONCILER, Resolution, Resolved, Settlement, WORKER};
-use crate::{audit::AuditEvent, operation::OperationState};
+use crate::{operation::OperationState, transitions::AuditEvent};
 
 /// What handling an event came to: the worker's delivery, or the reconciler's lookup.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,15 +1,14 @@
 //! The routes every service mounts from this crate: the operation status
 //! resource (docs/contract.md §4) — the answer for an agent that timed out and
 //! does not know what happened —, what an admin does about an operation the
-//! outbox cannot settle (§5), approvals and their decisions (§6), and the
-//! audit journal (§8).
+//! outbox cannot settle (§5), and approvals and their decisions (§6). The
+//! audit journal's routes (§8) are the `journal` crate's.
 //!
-//! Each resource has its file: `operations`, `settling`, `approvals`, `audit`. This one
+//! Each resource has its file: `operations`, `settling`, `approvals`. This one
 //! holds what they share: the router a service merges, the rule of who may
 //! read approvals and the journal, and the OpenAPI document of them all.
 
 mod approvals;
-mod audit;
 mod operations;
 mod settling;
 
@@ -22,20 +21,18 @@ use platform::{ApiError, Authenticator, Principal, Role};
 
 use crate::{
     approval::{ApprovalRequested, ApprovalState, ApprovalSummary, ApprovalView, Decision},
-    audit::{AuditEntry, AuditEvent, Head},
     layer::Idempotency,
     operation::OperationState,
     operation::ResourceRef,
 };
 
 pub use approvals::{ApprovalList, ApprovalQuery, DECISION_ROUTE, DecisionBody, decide, get_approval, list_approvals};
-pub use audit::{AuditList, AuditQuery, read_audit, read_audit_head};
 pub use operations::{
     OperationApproval, OperationList, OperationQuery, OperationView, find_operation_by_key, get_operation,
 };
 pub use settling::{REDELIVERY_ROUTE, RESOLUTION_ROUTE, ResolutionBody, redeliver_operation, resolve_operation};
 
-/// The operation status, settling by hand, approvals and the journal.
+/// The operation status, settling by hand and approvals.
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
@@ -50,8 +47,6 @@ where
         .route("/v1/approvals", get(list_approvals))
         .route("/v1/approvals/{approval_id}", get(get_approval))
         .route(DECISION_ROUTE, post(decide))
-        .route("/v1/audit", get(read_audit))
-        .route("/v1/audit/head", get(read_audit_head))
         .route("/metrics", get(metrics))
 }
 
@@ -68,7 +63,7 @@ async fn metrics(axum::extract::State(idempotency): axum::extract::State<Idempot
 
 /// Approvals are for the humans who decide (`approver`) and for `admin`;
 /// an agent learns its own operation's approval from the operation status.
-fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
+pub fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
     match principal.role {
         Role::Approver | Role::Admin => Ok(()),
         Role::Agent => Err(ApiError::forbidden(
@@ -86,9 +81,7 @@ fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
         settling::redeliver_operation,
         approvals::list_approvals,
         approvals::get_approval,
-        approvals::decide,
-        audit::read_audit,
-        audit::read_audit_head
+        approvals::decide
     ),
     components(schemas(
         OperationView,
@@ -106,11 +99,7 @@ fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
         ApprovalSummary,
         ApprovalRequested,
         DecisionBody,
-        Decision,
-        AuditEntry,
-        AuditEvent,
-        AuditList,
-        Head
+        Decision
     ))
 )]
 pub struct OperationsApi;

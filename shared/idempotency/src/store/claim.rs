@@ -5,10 +5,13 @@
 use platform::{Timestamp, Tx, on_tx};
 
 use crate::{
-    audit::{self, AuditEvent, Record},
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     operation::{OperationIdentity, OperationRecord, OperationState, StoredResponse},
+    transitions::{
+        AuditEvent, Record,
+        inbox::{self, INBOX_COLUMNS, INBOX_INSERT, bind_records, placeholders},
+    },
 };
 
 use super::{Completion, row::OperationRow};
@@ -123,11 +126,11 @@ pub async fn claim_finished(
         let sql = format!(
             "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {} \
              SELECT * FROM (VALUES {}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)",
-            audit::INBOX_INSERT,
-            audit::placeholders(18, journaled.len(), audit::INBOX_COLUMNS)
+            INBOX_INSERT,
+            placeholders(18, journaled.len(), INBOX_COLUMNS)
         );
         let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
-        let written = audit::bind_records!(query, &journaled).execute(&mut **pg).await?;
+        let written = bind_records!(query, &journaled).execute(&mut **pg).await?;
         return Ok(written.rows_affected() > 0);
     }
     // SQLite has no writable CTE; its statements run in the process, so two cost no round trip
@@ -138,7 +141,7 @@ pub async fn claim_finished(
             .rows_affected()
     }) == 1;
     if claimed {
-        audit::record(tx, &journaled).await?;
+        inbox::record(tx, &journaled).await?;
     }
     Ok(claimed)
 }

@@ -6,8 +6,8 @@ use axum::http::StatusCode;
 use idempotency::{
     Attempt, Effect, OperationState,
     approval::{self, ApprovalSummary, Decision},
-    audit::AuditEvent,
     store,
+    transitions::AuditEvent,
 };
 use platform::{ApiError, Backend, Principal, Role};
 use serde_json::json;
@@ -59,7 +59,7 @@ impl Fixture {
 
     async fn journaled(&self, event: AuditEvent) -> usize {
         self.idempotency.flush_journal().await;
-        let entries = idempotency::audit::entries(&self.db.db, 0, 1000).await.unwrap();
+        let entries = journal::entries(&self.db.db, 0, 1000).await.unwrap();
         entries.iter().filter(|e| e.event == event).count()
     }
 }

@@ -163,7 +163,8 @@ async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
             claim,
             ..IdempotencyConfig::default()
         },
-    );
+    )
+    .with_sink(journal::Journal::default());
     let f = Arc::new(f);
     let runs = Arc::new(AtomicUsize::new(0));
     let answers = join_all((0..32).map(|_| {

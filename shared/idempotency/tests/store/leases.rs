@@ -136,7 +136,7 @@ async fn an_effect_that_outlives_the_lease_is_rolled_back_and_frees_the_key(back
         lease: Duration::from_millis(300),
         ..IdempotencyConfig::default()
     };
-    f.idempotency = Idempotency::new(f.db.db.clone(), config);
+    f.idempotency = Idempotency::new(f.db.db.clone(), config).with_sink(journal::Journal::default());
     let response = f
         .idempotency
         .execute(f.attempt("k"), &json!({"n": 1}), async |tx, _| {
@@ -178,7 +178,7 @@ async fn a_waiting_duplicate_answers_by_its_deadline_even_when_the_holder_s_leas
         lease: Duration::from_secs(2),
         ..IdempotencyConfig::default()
     };
-    f.idempotency = Idempotency::new(f.db.db.clone(), config);
+    f.idempotency = Idempotency::new(f.db.db.clone(), config).with_sink(journal::Journal::default());
     let (started, release) = (Notify::new(), Notify::new());
     // slow work under the lease (a call to another system), held until the test lets it go
     let slow_call = async |_: &str| {

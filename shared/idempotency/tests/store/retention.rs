@@ -11,8 +11,8 @@ use futures::future::join_all;
 use idempotency::{
     ClaimMode, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyKey,
     attempts::{AttemptCounter, KEYS_COUNTED_AT_MOST},
-    audit::AuditEvent,
     store,
+    transitions::AuditEvent,
 };
 use platform::{Backend, Timestamp, on_pool};
 use serde_json::json;
@@ -96,7 +96,7 @@ async fn the_reaper_never_takes_an_operations_journal_entries_with_it(backend: B
     assert_eq!(f.idempotency.reap_once().await.unwrap(), 1);
     f.idempotency.flush_journal().await;
 
-    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
+    let entries = journal::entries(&f.db.db, 0, 100).await.unwrap();
     let events: Vec<(Option<&str>, AuditEvent)> = entries
         .iter()
         .map(|e| (e.idempotency_key.as_deref(), e.event))
@@ -113,13 +113,16 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
     let f = Arc::new(fixture(backend).await);
     // the other process claims with a lease: its transitions wait in the
     // inbox, for chain rounds that race this process's chained claims
-    let other = Arc::new(Idempotency::new(
-        platform::Db::connect(&f.db.url, 4).await.unwrap(),
-        IdempotencyConfig {
-            claim: ClaimMode::Leased,
-            ..IdempotencyConfig::default()
-        },
-    ));
+    let other = Arc::new(
+        Idempotency::new(
+            platform::Db::connect(&f.db.url, 4).await.unwrap(),
+            IdempotencyConfig {
+                claim: ClaimMode::Leased,
+                ..IdempotencyConfig::default()
+            },
+        )
+        .with_sink(journal::Journal::default()),
+    );
     let runs = Arc::new(AtomicUsize::new(0));
 
     let answers = join_all((0..40).map(|n| {
@@ -145,8 +148,8 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
         assert_eq!(answer.unwrap(), (StatusCode::CREATED, Some("true".to_owned())));
     }
     assert_eq!(f.effects().await, 40);
-    let entries = idempotency::audit::entries(&f.db.db, 0, 1000).await.unwrap();
-    let verified = idempotency::audit::verify(&entries, None).expect("one chain that verifies");
+    let entries = journal::entries(&f.db.db, 0, 1000).await.unwrap();
+    let verified = journal::verify(&entries, None).expect("one chain that verifies");
     assert_eq!(
         verified.entries,
         20 + 20 * 3 + 40,
@@ -209,8 +212,8 @@ async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto
     second.commit().await.unwrap();
     f.idempotency.flush_journal().await;
 
-    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
-    assert_eq!(idempotency::audit::verify(&entries, None).map(|v| v.entries), Ok(2));
+    let entries = journal::entries(&f.db.db, 0, 100).await.unwrap();
+    assert_eq!(journal::verify(&entries, None).map(|v| v.entries), Ok(2));
     let claims: Vec<(Option<&str>, AuditEvent, Option<i64>)> = entries
         .iter()
         .map(|e| (e.idempotency_key.as_deref(), e.event, e.attempt))
@@ -249,7 +252,7 @@ async fn a_journal_round_whose_caller_went_away_still_links_what_it_took(backend
     assert!(hung_up.is_none(), "the round was cut short");
     f.idempotency.flush_journal().await;
 
-    let entries = idempotency::audit::entries(&f.db.db, 0, 100).await.unwrap();
+    let entries = journal::entries(&f.db.db, 0, 100).await.unwrap();
     let events: Vec<AuditEvent> = entries.iter().map(|e| e.event).collect();
     assert_eq!(events, [AuditEvent::Completed, AuditEvent::Replayed]);
 }

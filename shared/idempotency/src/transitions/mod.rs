@@ -2,16 +2,22 @@
 //! its transitions ([`AuditEvent`], [`Record`]), and the extension point
 //! they are reported to, the [`Sink`] — inside the transaction that makes a
 //! transition, and after the answer for what an attempt only observed (a
-//! replay, a 409). The hash-chained journal ([`crate::audit::Journal`]) is
-//! the sink every service's layer reports to.
+//! replay, a 409). The hash-chained journal (the `journal` crate) is the
+//! sink a service's layer reports to; a transition is recorded as an
+//! [`inbox`] row, the one shape every sink reads.
+
+pub mod inbox;
 
 use std::{future::Future, pin::Pin};
 
-use platform::{Db, Principal, Timestamp, Tx};
+use platform::{Db, Principal, Timestamp, Tx, metrics::Metrics};
 use serde::{Deserialize, Serialize};
 
-/// Where an operation's transitions are reported.
-pub trait Sink: std::fmt::Debug + Send + Sync + 'static {
+/// Where an operation's transitions are reported. Besides its two duties, a
+/// sink may keep background work, which the layer's
+/// [`spawn_background`](crate::Idempotency::spawn_background) runs and
+/// [`Background::stop`](crate::Background::stop) ends.
+pub trait Sink: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
     /// Records `records` in `tx`, the transaction that makes them: they
     /// commit, or roll back, with it.
     fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Recording<'a>;
@@ -19,6 +25,43 @@ pub trait Sink: std::fmt::Debug + Send + Sync + 'static {
     /// Notes what an attempt observed and did not change (a replay, a 409),
     /// with no transaction of its own.
     fn observe<'a>(&'a self, db: &'a Db, record: Record) -> Observing<'a>;
+
+    /// What the sink does in the background until the layer stops (the
+    /// journal links its chain); nothing by default.
+    fn keep(&self, _db: Db, _metrics: Metrics) -> Option<Observing<'static>> {
+        None
+    }
+
+    /// Makes what was recorded or observed until now readable (the journal
+    /// links it); before a read of it, and when the layer stops.
+    fn flush<'a>(&'a self, _db: &'a Db, _metrics: &'a Metrics) -> Observing<'a> {
+        Box::pin(async {})
+    }
+
+    /// The last [`flush`](Sink::flush), when the layer stops.
+    fn stop<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> Observing<'a> {
+        self.flush(db, metrics)
+    }
+
+    /// Observations the sink holds in this process's memory, waiting (a gauge).
+    fn held(&self) -> usize {
+        0
+    }
+}
+
+/// The sink of a layer given none: transitions are inbox rows, observations
+/// are not kept.
+#[derive(Debug, Default)]
+pub struct Inbox;
+
+impl Sink for Inbox {
+    fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Recording<'a> {
+        Box::pin(inbox::record(tx, records))
+    }
+
+    fn observe<'a>(&'a self, _db: &'a Db, _record: Record) -> Observing<'a> {
+        Box::pin(async {})
+    }
 }
 
 /// What [`Sink::record`] returns: its writes, as a boxed future, so the layer can hold any sink.

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use idempotency::audit::{self, AuditEvent, Record};
+use journal::{self as audit, AuditEvent, Record};
 use platform::{Backend, Timestamp, testing::TestDb};
 
 fn audit_tool(args: &[&str]) -> (bool, String) {

@@ -3,7 +3,7 @@
 
 use platform::{Db, Timestamp, on_pool};
 
-use super::chain::{AuditEntry, AuditEvent, GENESIS, Head, Record, StateChange};
+use crate::chain::{AuditEntry, AuditEvent, GENESIS, Head, Record, StateChange};
 
 /// The chain's last entry, `(seq, hash)` (none while the chain is empty).
 pub(super) const HEAD: &str = "SELECT seq, hash FROM audit_journal ORDER BY seq DESC LIMIT 1";

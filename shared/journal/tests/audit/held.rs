@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
-use idempotency::audit::{self, AuditEvent, verify};
+use journal::{self as audit, AuditEvent, verify};
 use platform::{Backend, on_pool, testing::TestDb};
 
 use crate::{

@@ -6,8 +6,8 @@ use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::fingerprint::canonical_json;
-pub use crate::transitions::{AuditEvent, Record, StateChange};
+use idempotency::fingerprint::canonical_json;
+pub use idempotency::transitions::{AuditEvent, Record, StateChange};
 
 /// The hash before the first entry.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";

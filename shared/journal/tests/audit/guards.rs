@@ -1,7 +1,7 @@
 //! What the database refuses, and what verification names when its guards
 //! are taken away.
 
-use idempotency::audit::{self, AuditEvent, Head, verify};
+use journal::{self as audit, AuditEvent, Head, verify};
 use platform::{Backend, on_pool, testing::TestDb};
 
 use crate::support::*;

@@ -1,19 +1,39 @@
 //! The audit journal (docs/contract.md §8): the account's entries in chain
 //! order, and the head of the service's chain for an operator to pin.
 
-use axum::{Json, extract::State};
+use axum::{
+    Json, Router,
+    extract::{FromRef, State},
+    routing::get,
+};
+use idempotency::{Idempotency, routes::may_read_approvals};
 use platform::{
     ApiError, ApiQuery, Principal, Timestamp,
     page::{Page, PageRequest},
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    audit::{self, AuditEntry, AuditEvent, AuditFilter, Head},
-    layer::Idempotency,
-};
+use crate::{AuditEntry, AuditEvent, AuditFilter, Head, Journal};
 
-use super::may_read_approvals;
+/// The journal's routes, which a service merges beside the core's.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Idempotency: FromRef<S>,
+    platform::Authenticator: FromRef<S>,
+{
+    Router::new()
+        .route("/v1/audit", get(read_audit))
+        .route("/v1/audit/head", get(read_audit_head))
+}
+
+/// The journal's routes in the service's OpenAPI document.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    paths(read_audit, read_audit_head),
+    components(schemas(AuditEntry, AuditEvent, AuditList, Head))
+)]
+pub struct JournalApi;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -64,8 +84,8 @@ pub async fn read_audit(
         since: query.since,
         until: query.until,
     };
-    let rows = audit::find(
-        &idempotency.db,
+    let rows = crate::find(
+        idempotency.db(),
         &principal.account_id,
         &filter,
         page.after_seq,
@@ -105,7 +125,10 @@ pub async fn read_audit_head(
     may_read_approvals(&principal)?;
     // what was recorded or observed until now is in the chain the head ends
     idempotency.flush_journal().await;
-    let in_database = audit::head(&idempotency.db).await?;
+    let in_database = crate::head(idempotency.db()).await?;
     // never behind what this process linked: a journal cut under it is verified against that
-    Ok(Json(idempotency.journal.published_head(in_database)))
+    Ok(Json(match idempotency.sink::<Journal>() {
+        Some(journal) => journal.published_head(in_database),
+        None => in_database,
+    }))
 }

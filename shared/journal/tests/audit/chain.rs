@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
-use idempotency::audit::{self, AuditEvent, Head, Record, verify};
+use journal::{self as audit, AuditEvent, Head, Record, verify};
 use platform::Backend;
 
 use crate::support::*;

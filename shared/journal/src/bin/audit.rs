@@ -15,7 +15,7 @@
 
 use std::process::ExitCode;
 
-use idempotency::audit::{self, AuditEntry, Head};
+use journal::{self as audit, AuditEntry, Head};
 use platform::{Db, config::ServiceConfig};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;

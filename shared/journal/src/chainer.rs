@@ -18,12 +18,12 @@ use platform::{
     on_pool, on_tx,
 };
 
-use super::{
+use idempotency::{fail_point::fail_point, transitions::inbox};
+
+use crate::{
     chain::{AuditEntry, Head, Record, chained},
-    inbox,
     query::{HEAD, InboxRow, head_or_genesis},
 };
-use crate::fail_point::fail_point;
 
 /// How often the chainer links what is waiting, at the latest.
 const CHAIN_EVERY: Duration = Duration::from_millis(100);
@@ -54,7 +54,7 @@ pub const CHAIN_LOCK: i64 = 0x0a0d_1700_c4a1;
 ///
 /// Two kinds of events, two kinds of durability:
 /// - a **transition** (claimed, completed, failed, approval_requested,
-///   approved, …) is recorded in `audit_inbox` by [`record`](super::record)
+///   approved, …) is recorded in `audit_inbox` by [`record`](crate::record)
 ///   in the transaction that makes it, so it is never lost, and never
 ///   recorded for a change that rolled back;
 /// - an **observation** (an attempt answered from what is stored: replayed,

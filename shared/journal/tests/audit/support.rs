@@ -1,6 +1,6 @@
 //! A journal's database, and how a test writes to it.
 
-use idempotency::audit::{self, AuditEntry, AuditEvent, ChainBreak, Record, verify};
+use journal::{self as audit, AuditEntry, AuditEvent, ChainBreak, Record, verify};
 use platform::{Backend, Timestamp, testing::TestDb};
 
 pub async fn journal(backend: Backend) -> TestDb {
