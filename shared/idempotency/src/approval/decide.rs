@@ -11,7 +11,7 @@ use crate::{
     operation::{OperationIdentity, OperationState},
     responses::problem_response,
     store::{self, Completion},
-    transitions::{AuditEvent, inbox},
+    transitions::AuditEvent,
 };
 
 use super::{
@@ -86,7 +86,9 @@ impl Idempotency {
             // the operation ends here: its answer from now on is the refusal
             self.settle(&mut tx, &approval, ApprovalState::Rejected, now).await?;
         }
-        inbox::record(&mut tx, &[approval.audit(event, &principal.principal_id, now)]).await?;
+        self.transitions
+            .record(&mut tx, &[approval.audit(event, &principal.principal_id, now)])
+            .await?;
         tx.commit().await?;
         let waited = (now.as_datetime() - approval.created_at.as_datetime())
             .to_std()
@@ -157,7 +159,9 @@ impl Idempotency {
         if !pending && !settled {
             return tx.rollback().await;
         }
-        inbox::record(&mut tx, &[approval.audit(AuditEvent::Expired, EXPIRY_PRINCIPAL, now)]).await?;
+        self.transitions
+            .record(&mut tx, &[approval.audit(AuditEvent::Expired, EXPIRY_PRINCIPAL, now)])
+            .await?;
         tx.commit().await?;
         Ok(())
     }

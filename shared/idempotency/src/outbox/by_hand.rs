@@ -18,7 +18,7 @@ use crate::{
     layer::Idempotency,
     operation::OperationIdentity,
     operation::OperationState,
-    transitions::{AuditEvent, Record, inbox},
+    transitions::{AuditEvent, Record},
 };
 
 /// How long a resolution waits for the external system's answer: as long as
@@ -218,7 +218,7 @@ async fn settle_as_checked(
             _ => operation.audit(what, who, plan.external_ref, now),
         })
         .collect();
-    inbox::record(&mut tx, &journaled).await?;
+    idempotency.transitions.record(&mut tx, &journaled).await?;
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, state = settles.operation.as_str(),
         "an operation whose outcome was unknown was settled by hand");
@@ -298,7 +298,7 @@ async fn journal_refusal(
         )
     };
     let mut tx = idempotency.begin().await?;
-    inbox::record(&mut tx, &[refusal]).await?;
+    idempotency.transitions.record(&mut tx, &[refusal]).await?;
     tx.commit().await?;
     tracing::warn!(operation_id = %event.operation_id, by = %by.principal_id, external_ref = external_ref.unwrap_or("-"),
         "a resolution the external system does not bear out was refused");
@@ -362,7 +362,7 @@ pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: 
         route: &route,
     };
     let entry = operation.audit(AuditEvent::Redelivered, &by.principal_id, None, now);
-    inbox::record(&mut tx, &[entry]).await?;
+    idempotency.transitions.record(&mut tx, &[entry]).await?;
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, "a dead event was given back to the reconciler");
     Ok(())

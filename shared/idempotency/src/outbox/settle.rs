@@ -11,7 +11,7 @@ use super::{
     plan::{Due, Outcome, Plan, plan},
     store::{self, LetGo},
 };
-use crate::transitions::{AuditEvent, Record, inbox};
+use crate::transitions::{AuditEvent, Record};
 
 impl<D: Destination> Outbox<D> {
     /// Settles `event` with what its delivery or lookup came to, and logs
@@ -89,7 +89,7 @@ impl<D: Destination> Outbox<D> {
         if state == EventState::Dead {
             journaled.push(event.audit(AuditEvent::DeadLettered, by, None, now));
         }
-        inbox::record(&mut tx, &journaled).await?;
+        self.idempotency.transitions.record(&mut tx, &journaled).await?;
         tx.commit().await?;
         Ok(Some(state))
     }
@@ -106,7 +106,7 @@ impl<D: Destination> Outbox<D> {
             let dead = store::count_failed_settlement(&mut tx, event, WHY, self.config.max_failures, now).await?;
             if dead == Some(true) {
                 let entry = event.audit(AuditEvent::DeadLettered, by, None, now);
-                inbox::record(&mut tx, &[entry]).await?;
+                self.idempotency.transitions.record(&mut tx, &[entry]).await?;
             }
             tx.commit().await?;
             Ok::<_, sqlx::Error>(dead)

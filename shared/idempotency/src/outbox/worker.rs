@@ -7,7 +7,7 @@ use platform::{Timestamp, metrics::names};
 use super::{Delivery, Destination, EventState, Outbox, OutboxEvent, WORKER, new_lease_token, store};
 use crate::{
     fail_point::fail_point,
-    transitions::{AuditEvent, Record, inbox},
+    transitions::{AuditEvent, Record},
 };
 
 impl<D: Destination> Outbox<D> {
@@ -32,7 +32,7 @@ impl<D: Destination> Outbox<D> {
             .iter()
             .map(|e| e.audit(AuditEvent::Dispatched, WORKER, None, now))
             .collect();
-        inbox::record(&mut tx, &dispatched).await?;
+        self.idempotency.transitions.record(&mut tx, &dispatched).await?;
         tx.commit().await?;
         let taken = events.len();
         futures::future::join_all(events.into_iter().map(|event| self.deliver(event))).await;
