@@ -117,6 +117,8 @@ impl App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("deployments")
                 .with_sink(journal::Journal::default())
+                .with_extension(idempotency::approval::Approvals)
+                .with_extension(idempotency::outbox::Events)
                 .with_ledger(controller::Rollouts)
                 .with_witness(controller.clone()),
             auth: Authenticator::new(db.clone(), sandbox),

@@ -96,6 +96,8 @@ impl App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("payments")
                 .with_sink(journal::Journal::default())
+                .with_extension(idempotency::approval::Approvals)
+                .with_extension(idempotency::outbox::Events)
                 .with_ledger(provider::Transfers)
                 .with_witness(provider.clone()),
             auth: Authenticator::new(db.clone(), sandbox),

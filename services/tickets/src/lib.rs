@@ -51,7 +51,8 @@ impl App {
         App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("tickets")
-                .with_sink(journal::Journal::default()),
+                .with_sink(journal::Journal::default())
+                .with_extension(idempotency::approval::Approvals),
             auth: Authenticator::new(db.clone(), sandbox),
             db,
             policy: TicketsPolicy::default(),

@@ -1,6 +1,6 @@
-//! What `GET /metrics` reads from the database at each scrape: the outbox's
-//! backlog, approvals, unfinished operations, the journal's inbox and the
-//! connection pools. Counts over the whole service database, for its
+//! What `GET /metrics` reads from the database at each scrape: unfinished
+//! operations, the journal's inbox, each extension's own (the outbox's
+//! backlog, approvals) and the connection pools. Counts over the whole service database, for its
 //! operator: never an account's rows, and no account in any label. Every
 //! replica reports the same database-wide values for these (aggregate them
 //! with `max`); the journal's backlog adds what waits in this process's
@@ -14,9 +14,7 @@ use platform::{
 
 use crate::layer::Idempotency;
 
-const OUTBOX_STATES: [&str; 4] = ["pending", "sending", "unknown", "dead"];
 const UNFINISHED: [&str; 3] = ["in_progress", "awaiting_approval", "unknown"];
-const APPROVAL_STATES: [&str; 4] = ["pending", "approved", "rejected", "expired"];
 
 /// How stale the gauges may be: `/metrics` needs no key, so a flood of
 /// scrapes must not become a flood of aggregate queries.
@@ -47,20 +45,6 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     let (db, metrics) = (&idempotency.db, &idempotency.metrics);
     let now = Timestamp::now();
 
-    let outbox = counts(
-        db,
-        "SELECT state, COUNT(*) FROM idempotency_outbox \
-         WHERE state IN ('pending', 'sending', 'unknown', 'dead') GROUP BY state",
-    )
-    .await?;
-    set_each(metrics, names::OUTBOX_EVENTS, &OUTBOX_STATES, &outbox);
-    let oldest_pending = oldest(
-        db,
-        "SELECT MIN(created_at) FROM idempotency_outbox WHERE state = 'pending'",
-    )
-    .await?;
-    metrics.set(names::OUTBOX_OLDEST_PENDING, &[], age(oldest_pending, now));
-
     let operations = counts(
         db,
         "SELECT state, COUNT(*) FROM idempotency_operations \
@@ -75,8 +59,9 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     .await?;
     metrics.set(names::OLDEST_UNKNOWN, &[], age(oldest_unknown, now));
 
-    let approvals = crate::approval::count_by_state(db, now).await?;
-    set_each(metrics, names::APPROVALS, &APPROVAL_STATES, &approvals);
+    for extension in idempotency.extensions() {
+        extension.read_gauges(db, metrics, now).await?;
+    }
 
     let inbox: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar("SELECT COUNT(*) FROM audit_inbox")
         .fetch_one(pool)
@@ -105,12 +90,13 @@ fn set_pools(db: &Db, metrics: &Metrics) {
     }
 }
 
-/// `(state, count)` rows of a `GROUP BY state`.
-async fn counts(db: &Db, sql: &'static str) -> Result<Vec<(String, i64)>, sqlx::Error> {
+/// `(state, count)` rows of a `GROUP BY state`, for an extension's gauges too.
+pub async fn counts(db: &Db, sql: &'static str) -> Result<Vec<(String, i64)>, sqlx::Error> {
     Ok(on_pool!(db.read(), |pool| sqlx::query_as(sql).fetch_all(pool).await?))
 }
 
-async fn oldest(db: &Db, sql: &'static str) -> Result<Option<Timestamp>, sqlx::Error> {
+/// The one timestamp a `SELECT MIN(…)` reads, if any row has one.
+pub async fn oldest(db: &Db, sql: &'static str) -> Result<Option<Timestamp>, sqlx::Error> {
     Ok(on_pool!(db.read(), |pool| sqlx::query_scalar(sql)
         .fetch_one(pool)
         .await?))
@@ -118,14 +104,15 @@ async fn oldest(db: &Db, sql: &'static str) -> Result<Option<Timestamp>, sqlx::E
 
 /// Each of `states` set from `rows`, 0 where no row names it: a state that
 /// empties must read 0, not keep its last value.
-fn set_each(metrics: &Metrics, name: &'static str, states: &[&'static str], rows: &[(String, i64)]) {
+pub fn set_each(metrics: &Metrics, name: &'static str, states: &[&'static str], rows: &[(String, i64)]) {
     for &state in states {
         let count = rows.iter().find(|(s, _)| s == state).map_or(0, |(_, n)| *n);
         metrics.set(name, &[("state", state)], count as f64);
     }
 }
 
-fn age(since: Option<Timestamp>, now: Timestamp) -> f64 {
+/// Seconds from `since` to `now`; 0 when there is nothing to age.
+pub fn age(since: Option<Timestamp>, now: Timestamp) -> f64 {
     since.map_or(0.0, |at| {
         (now.as_datetime() - at.as_datetime()).num_milliseconds().max(0) as f64 / 1000.0
     })

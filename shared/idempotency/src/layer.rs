@@ -1,16 +1,27 @@
 //! The idempotency layer of one service ([`Idempotency`]): its database, its
 //! settings, and the background work that keeps it (the reaper, the attempt
 //! writer, and whatever its transitions' sink keeps running).
+//!
+//! It is also the extension point for what an extension shows and keeps
+//! beside the idempotent write ([`Extension`]): its part of an operation's
+//! status (docs/contract.md §4), its gauges for `/metrics`, the operations it
+//! leaves for a person, and its background work. Approvals and the outbox
+//! are the two. The status resource's shape is the contract's, so it is the
+//! core's ([`OperationView`]); an extension fills in its fields and no more.
+//! A layer with no extension answers every field an extension would fill as
+//! `null`, and lists no operation as needing a person.
 
-use std::time::Duration;
+use std::{future::Future, pin::Pin, time::Duration};
 
-use platform::Db;
+use platform::{Db, Timestamp, metrics::Metrics};
 
 use crate::{
     attempts,
     config::IdempotencyConfig,
+    operation::OperationRecord,
     outbox::event::{Ledger, Witness},
     replay_cache,
+    status::{NeedsAPerson, OperationView},
     transitions::Sink,
 };
 
@@ -30,6 +41,8 @@ pub struct Idempotency {
     pub(crate) ledger: Option<std::sync::Arc<dyn Ledger>>,
     /// The external system that work goes to, as a person's resolution asks it.
     pub(crate) witness: Option<std::sync::Arc<dyn Witness>>,
+    /// What the service added beside the idempotent write (approvals, the outbox).
+    pub(crate) extensions: std::sync::Arc<Vec<std::sync::Arc<dyn Extension>>>,
     /// The service's metrics registry.
     pub(crate) metrics: platform::metrics::Metrics,
     /// When `/metrics` last read its gauges from the database.
@@ -49,6 +62,7 @@ impl Idempotency {
             work_handed_on: Default::default(),
             ledger: None,
             witness: None,
+            extensions: Default::default(),
             metrics: platform::metrics::Metrics::new("unnamed"),
             gauges_read: Default::default(),
         }
@@ -71,6 +85,28 @@ impl Idempotency {
     pub fn sink<T: Sink>(&self) -> Option<&T> {
         let sink: &dyn std::any::Any = &*self.transitions;
         sink.downcast_ref()
+    }
+
+    /// The layer with `extension` added: its part of every operation's
+    /// status, its gauges, its background work.
+    pub fn with_extension(mut self, extension: impl Extension) -> Self {
+        let mut extensions = self.extensions.as_ref().clone();
+        extensions.push(std::sync::Arc::new(extension));
+        self.extensions = std::sync::Arc::new(extensions);
+        self
+    }
+
+    /// The extension that is a `T`, if the service added one: how an
+    /// extension's routes find their own state on the layer.
+    pub fn extension<T: Extension>(&self) -> Option<&T> {
+        self.extensions.iter().find_map(|extension| {
+            let extension: &dyn std::any::Any = extension.as_ref();
+            extension.downcast_ref()
+        })
+    }
+
+    pub(crate) fn extensions(&self) -> impl Iterator<Item = &dyn Extension> {
+        self.extensions.iter().map(|extension| extension.as_ref())
     }
 
     /// The service's metrics registry, for its routes' middleware and `/metrics`.
@@ -134,10 +170,10 @@ impl Idempotency {
         self.transitions.flush(&self.db, &self.metrics).await;
     }
 
-    /// Starts the layer's background work — the retention reaper (and
-    /// approval expiry), the attempt writer, the sink's own work (the
-    /// journal's chainer), the database clock's measure and the metrics'
-    /// upkeep — until [`Background::stop`].
+    /// Starts the layer's background work — the retention reaper, the
+    /// attempt writer, the sink's own work (the journal's chainer), each
+    /// extension's own (approval expiry), the database clock's measure and
+    /// the metrics' upkeep — until [`Background::stop`].
     pub fn spawn_background(&self) -> Background {
         let mut tasks = vec![
             self.spawn_reaper(),
@@ -148,6 +184,11 @@ impl Idempotency {
         tasks.extend(
             self.transitions
                 .keep(self.db.clone(), self.metrics.clone())
+                .map(tokio::spawn),
+        );
+        tasks.extend(
+            self.extensions()
+                .filter_map(|extension| extension.keep(self))
                 .map(tokio::spawn),
         );
         Background {
@@ -227,5 +268,51 @@ impl Background {
             ..
         } = &self.idempotency;
         transitions.stop(db, metrics).await;
+    }
+}
+
+/// An operation's id after its number in an extension's own order, for a page of them.
+pub type OperationNumbered = (i64, String);
+
+/// A future an extension returns, boxed so that the layer can hold any extension.
+pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What an extension adds beside the idempotent write. Registered with
+/// [`Idempotency::with_extension`]; its routes find it again with
+/// [`Idempotency::extension`].
+pub trait Extension: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
+    /// Fills in this extension's part of `view`, the status of `operation`.
+    fn describe<'a>(
+        &'a self,
+        db: &'a Db,
+        operation: &'a OperationRecord,
+        view: &'a mut OperationView,
+    ) -> Boxed<'a, Result<(), sqlx::Error>>;
+
+    /// Sets this extension's gauges from the database, at a scrape of `/metrics`.
+    fn read_gauges<'a>(
+        &'a self,
+        db: &'a Db,
+        metrics: &'a Metrics,
+        now: Timestamp,
+    ) -> Boxed<'a, Result<(), sqlx::Error>>;
+
+    /// A page of the account's operations that need a person, as
+    /// `(seq, operation_id)` by this extension's own numbering; `None` when
+    /// it leaves none.
+    fn needing_a_person<'a>(
+        &'a self,
+        _db: &'a Db,
+        _account_id: &'a str,
+        _which: NeedsAPerson,
+        _after_seq: i64,
+        _limit: i64,
+    ) -> Option<Boxed<'a, Result<Vec<OperationNumbered>, sqlx::Error>>> {
+        None
+    }
+
+    /// Work kept running with the layer's background tasks, until they stop.
+    fn keep(&self, _idempotency: &Idempotency) -> Option<Boxed<'static, ()>> {
+        None
     }
 }

@@ -84,12 +84,18 @@
 //! - [`handoff`]: the extension point for work an effect hands on, written in
 //!   its own transaction ([`handoff::Handoff`]; the outbox's events are one);
 //! - [`responses`]: the answers as HTTP responses, byte for byte, and the refusals;
+//! - [`status`]: the operation status resource's shape, and the states of
+//!   what extensions add to it;
 //! - [`store`]: the operations table's statements — claim, complete, read, reap;
 //!   [`replay_cache`] remembers finished answers, [`attempts`] counts attempts;
 //! - [`outbox`]: work that leaves the process — the event and what a service
 //!   gives for it (`outbox/event.rs`), the worker, the reconciler, and the
 //!   settlement plan both follow (`outbox/plan.rs`);
-//! - [`layer`]: [`Idempotency`], one service's layer, and its background work;
+//! - [`layer`]: [`Idempotency`], one service's layer, its background work,
+//!   and the extension point for what an extension shows and keeps beside
+//!   the write ([`Extension`]: its part of an operation's status, its gauges,
+//!   its background work; approvals and the outbox are the two); [`gauges`]
+//!   are what `/metrics` reads from the database, each extension's included;
 //! - [`approval`]: approvals bound to the exact fingerprint; [`reaper`]
 //!   removes what is past its retention;
 //! - [`execute`]: one attempt, from its key to its answer: the two claim
@@ -105,7 +111,7 @@ pub mod execute;
 #[doc(hidden)]
 pub mod fail_point;
 pub mod fingerprint;
-mod gauges;
+pub mod gauges;
 pub mod handoff;
 pub mod key;
 pub mod layer;
@@ -115,6 +121,7 @@ pub mod reaper;
 pub mod replay_cache;
 pub mod responses;
 pub mod routes;
+pub mod status;
 pub mod store;
 pub mod transitions;
 
@@ -122,7 +129,7 @@ pub use config::{ClaimMode, IdempotencyConfig};
 pub use execute::{Attempt, Effect, IDEMPOTENT_REPLAYED, OPERATION_ID};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyHeaders, IdempotencyKey, OptionalIdempotencyHeaders};
-pub use layer::{Background, Idempotency};
+pub use layer::{Background, Boxed, Extension, Idempotency};
 pub use operation::{OperationIdentity, OperationRecord, OperationState, ResourceRef, StoredResponse};
 /// The types this crate's API is written in (`Db`, `Tx`, `Principal`,
 /// `ApiError`, `ApiJson`), so that a service needs no other crate of the project.

@@ -13,7 +13,7 @@ impl Idempotency {
         store::reap(&self.db, cutoff).await
     }
 
-    /// Reaps every `reap_every`, and expires approvals past their time until the returned task is aborted.
+    /// Reaps every `reap_every`, until the returned task is aborted.
     pub fn spawn_reaper(&self) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
@@ -25,11 +25,6 @@ impl Idempotency {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(reaped = n, "removed finished operations past their retention"),
                     Err(e) => tracing::warn!(error = %e, "reaper failed; trying again next round"),
-                }
-                match this.expire_due_approvals().await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(expired = n, "approvals expired; their operations are rejected"),
-                    Err(e) => tracing::warn!(error = %e, "could not expire approvals; trying again next round"),
                 }
             }
         })

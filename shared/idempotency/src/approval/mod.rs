@@ -29,12 +29,14 @@
 //! fingerprint, and how an operation ends when refused or expired.
 
 mod decide;
+mod extension;
 mod record;
 mod store;
 mod summary;
 mod view;
 
 pub use decide::may_decide;
+pub use extension::Approvals;
 pub use record::{ApprovalRecord, ApprovalState, Decision, approval_url, new_approval_id};
 pub use store::{ExecutionCheck, count, find, list};
 pub(crate) use store::{check_for_execution, count_by_state, insert};

@@ -7,28 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::fingerprint::Fingerprint;
 
 use super::ApprovalSummary;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalState {
-    /// Waiting for a decision, and not yet past `expires_at`.
-    Pending,
-    Approved,
-    Rejected,
-    /// Nobody decided before `expires_at`.
-    Expired,
-}
-
-impl ApprovalState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalState::Pending => "pending",
-            ApprovalState::Approved => "approved",
-            ApprovalState::Rejected => "rejected",
-            ApprovalState::Expired => "expired",
-        }
-    }
-}
+pub use crate::status::ApprovalState;
 
 /// What an approver decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

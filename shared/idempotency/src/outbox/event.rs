@@ -5,57 +5,13 @@
 use std::future::Future;
 
 use platform::{Timestamp, Tx};
-use serde::Serialize;
 
 use super::{Delivery, Lookup};
+pub use crate::status::EventState;
 use crate::{
     operation::OperationIdentity,
     transitions::{AuditEvent, Record},
 };
-
-/// Where an event is in its delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EventState {
-    /// To be sent (first, or again).
-    Pending,
-    /// A worker holds it and may have sent it.
-    Sending,
-    /// Sent, and the answer was lost: the reconciler asks.
-    Unknown,
-    Delivered,
-    Failed,
-    /// Failed too often ([`OutboxConfig::max_failures`](super::OutboxConfig::max_failures)): no longer tried,
-    /// its operation left as it was, until an admin sends it again
-    /// ([`redeliver`](super::redeliver)) or, if its operation is `unknown`, settles that by
-    /// hand ([`resolve`](super::resolve)).
-    Dead,
-}
-
-impl EventState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventState::Pending => "pending",
-            EventState::Sending => "sending",
-            EventState::Unknown => "unknown",
-            EventState::Delivered => "delivered",
-            EventState::Failed => "failed",
-            EventState::Dead => "dead",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => EventState::Pending,
-            "sending" => EventState::Sending,
-            "unknown" => EventState::Unknown,
-            "delivered" => EventState::Delivered,
-            "failed" => EventState::Failed,
-            "dead" => EventState::Dead,
-            _ => return None,
-        })
-    }
-}
 
 /// One event, as a worker or the reconciler holds it.
 #[derive(Debug, Clone)]

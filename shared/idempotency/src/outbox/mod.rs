@@ -76,6 +76,7 @@ mod by_hand;
 mod config;
 mod ending;
 pub mod event;
+mod extension;
 mod plan;
 mod reconciler;
 mod settle;
@@ -92,8 +93,8 @@ pub use by_hand::{ByHandError, Resolution, Resolved, redeliver, resolve};
 pub use config::OutboxConfig;
 pub use ending::{finish, withdraw};
 pub use event::{Asking, Destination, EventState, Ledger, OutboxEvent, Settlement, Settling, Witness};
-pub use status::{DeliveryStatus, NeedsAPerson, event_of};
-pub(crate) use status::{delivery_of, needing_a_person};
+pub use extension::Events;
+pub use status::{DeliveryStatus, event_of};
 
 use platform::{Timestamp, Tx};
 

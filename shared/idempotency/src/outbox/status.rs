@@ -6,6 +6,7 @@
 use platform::Timestamp;
 
 use super::EventState;
+use crate::status::NeedsAPerson;
 
 /// The state of an operation's event and how many times it was sent (for
 /// tests and tools).
@@ -61,15 +62,6 @@ pub(crate) async fn delivery_of(
             })
         }),
     )
-}
-
-/// Which operations a person must look at: with neither, those whose
-/// outcome is unknown or whose event is dead; with one or both, those that
-/// are so.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NeedsAPerson {
-    pub unknown: bool,
-    pub dead: bool,
 }
 
 /// A page of the account's operations that need a person, by their event's

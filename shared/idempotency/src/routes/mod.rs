@@ -26,10 +26,9 @@ use crate::{
     operation::ResourceRef,
 };
 
+pub use crate::status::{NeedsAPerson, OperationApproval, OperationView};
 pub use approvals::{ApprovalList, ApprovalQuery, DECISION_ROUTE, DecisionBody, decide, get_approval, list_approvals};
-pub use operations::{
-    OperationApproval, OperationList, OperationQuery, OperationView, find_operation_by_key, get_operation,
-};
+pub use operations::{OperationList, OperationQuery, find_operation_by_key, get_operation};
 pub use settling::{REDELIVERY_ROUTE, RESOLUTION_ROUTE, ResolutionBody, redeliver_operation, resolve_operation};
 
 /// The operation status, settling by hand and approvals.

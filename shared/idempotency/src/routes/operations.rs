@@ -4,118 +4,27 @@
 
 use axum::{Json, extract::State};
 use platform::{
-    ApiError, ApiPath, ApiQuery, Principal, Role, Timestamp,
+    ApiError, ApiPath, ApiQuery, Principal, Role,
     page::{Page, PageRequest},
 };
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    approval::{self, ApprovalState},
     key::IdempotencyKey,
     layer::Idempotency,
-    operation::OperationRecord,
-    operation::OperationState,
-    operation::ResourceRef,
-    outbox::{self, EventState, NeedsAPerson},
+    operation::{OperationRecord, OperationState},
+    status::{EventState, NeedsAPerson, OperationView},
     store,
 };
 
-/// An operation as its caller may see it: never the stored request or answer body.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OperationView {
-    #[schema(example = "op_0193a1b2c3d4e5f60718293a4b5c6d7e")]
-    pub operation_id: String,
-    pub idempotency_key: String,
-    #[schema(example = "POST")]
-    pub method: String,
-    #[schema(example = "/v1/tickets")]
-    pub route: String,
-    /// hex SHA-256 of the canonical validated command (docs/contract.md §2)
-    pub fingerprint: String,
-    pub state: OperationState,
-    pub created_at: Timestamp,
-    pub updated_at: Timestamp,
-    /// How many requests carried the key.
-    pub attempts: i32,
-    /// What the operation made or acted on, once known.
-    pub resource: Option<ResourceRef>,
-    /// The status of the stored answer every retry gets: once finished, or
-    /// once work that goes on after the answer (an outbox delivery) was
-    /// handed its 202, while that work runs and whatever its outcome.
-    pub response_status: Option<u16>,
-    /// The approval that applies, if any: its id, state, expiry and decision.
-    pub approval: Option<OperationApproval>,
-    /// The external system's reference, when one was involved.
-    pub external_ref: Option<String>,
-    /// Where its outbox event is, when its work left the process: `dead`
-    /// means it failed too often and is no longer tried until an admin sends
-    /// it again, the operation's `state` left as it was.
-    pub outbox: Option<EventState>,
-    /// Why the event's last delivery or lookup came to nothing, if it did:
-    /// the external system's status and problem `code` and `detail`, or what
-    /// kept its answer away; never a raw body or an address.
-    pub last_error: Option<String>,
-}
-
-impl From<OperationRecord> for OperationView {
-    fn from(op: OperationRecord) -> Self {
-        // the answer is stored for good once the operation is finished, or once its work
-        // went on after it: an operation in progress that no attempt holds (an outbox
-        // delivers its work), or whose outcome is unknown
-        let answered = op.state.is_finished()
-            || op.state == OperationState::Unknown
-            || (op.state == OperationState::InProgress && op.lease_token.is_none());
-        OperationView {
-            operation_id: op.operation_id,
-            idempotency_key: op.key.as_str().to_owned(),
-            method: op.method,
-            route: op.route,
-            fingerprint: op.fingerprint.as_str().to_owned(),
-            state: op.state,
-            created_at: op.created_at,
-            updated_at: op.updated_at,
-            attempts: op.attempts,
-            resource: op.resource,
-            response_status: op.response.filter(|_| answered).map(|r| r.status.as_u16()),
-            approval: None,
-            external_ref: op.external_ref,
-            outbox: None,
-            last_error: None,
-        }
-    }
-}
-
-/// What an operation's caller may know of its approval (never who else is waiting).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OperationApproval {
-    pub approval_id: String,
-    pub state: ApprovalState,
-    pub expires_at: Timestamp,
-    pub decided_by: Option<String>,
-    pub decided_at: Option<Timestamp>,
-}
-
 impl OperationView {
-    /// The view of `operation`, with its approval and its outbox event read
-    /// if it has them.
-    pub(crate) async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
-        let approval = match &operation.approval_id {
-            Some(id) => approval::find(&idempotency.db, &operation.account_id, id).await?,
-            None => None,
-        };
-        let delivery = outbox::delivery_of(&idempotency.db, &operation.account_id, &operation.operation_id).await?;
-        let mut view = OperationView::from(operation);
-        if let Some(delivery) = delivery {
-            view.outbox = Some(delivery.state);
-            view.last_error = delivery.last_error;
+    /// The view of `operation`, with what each of the layer's extensions
+    /// adds to it (its approval, its outbox event).
+    pub async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
+        let mut view = OperationView::from(&operation);
+        for extension in idempotency.extensions() {
+            extension.describe(&idempotency.db, &operation, &mut view).await?;
         }
-        view.approval = approval.map(|a| OperationApproval {
-            state: a.state(Timestamp::now()),
-            approval_id: a.approval_id,
-            expires_at: a.expires_at,
-            decided_by: a.decided_by,
-            decided_at: a.decided_at,
-        });
         Ok(view)
     }
 }
@@ -265,14 +174,20 @@ pub async fn find_operation_by_key(
         }
         Listing::NeedingAPerson(which) => which,
     };
-    let mut ids = outbox::needing_a_person(
-        &idempotency.db,
-        &principal.account_id,
-        which,
-        page.after_seq,
-        page.fetch_limit(),
-    )
-    .await?;
+    // the extension whose work can leave an operation for a person lists them (the outbox)
+    let listed = idempotency.extensions().find_map(|extension| {
+        extension.needing_a_person(
+            &idempotency.db,
+            &principal.account_id,
+            which,
+            page.after_seq,
+            page.fetch_limit(),
+        )
+    });
+    let mut ids = match listed {
+        Some(listing) => listing.await?,
+        None => Vec::new(),
+    };
     let more = ids.len() as i64 > page.limit;
     ids.truncate(page.limit as usize);
     let next_cursor = more

@@ -11,7 +11,7 @@ use platform::{ApiError, ApiJson, ApiPath, Principal, Role};
 use serde::{Deserialize, Serialize};
 use validator::{Validate, ValidationError, ValidationErrors};
 
-use super::operations::OperationView;
+use crate::status::OperationView;
 use crate::{
     key::OptionalIdempotencyHeaders,
     layer::Idempotency,

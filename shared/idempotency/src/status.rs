@@ -1,0 +1,160 @@
+//! The operation status resource's shape (docs/contract.md §4): what an
+//! operation's caller may see of it, and the states of what extensions add
+//! to it (its approval, its outbox event). The shape is the contract's, so it
+//! is the core's; an extension fills in its part
+//! ([`crate::Extension::describe`]).
+
+use platform::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::operation::{OperationRecord, OperationState, ResourceRef};
+
+/// An operation as its caller may see it: never the stored request or answer body.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OperationView {
+    #[schema(example = "op_0193a1b2c3d4e5f60718293a4b5c6d7e")]
+    pub operation_id: String,
+    pub idempotency_key: String,
+    #[schema(example = "POST")]
+    pub method: String,
+    #[schema(example = "/v1/tickets")]
+    pub route: String,
+    /// hex SHA-256 of the canonical validated command (docs/contract.md §2)
+    pub fingerprint: String,
+    pub state: OperationState,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// How many requests carried the key.
+    pub attempts: i32,
+    /// What the operation made or acted on, once known.
+    pub resource: Option<ResourceRef>,
+    /// The status of the stored answer every retry gets: once finished, or
+    /// once work that goes on after the answer (an outbox delivery) was
+    /// handed its 202, while that work runs and whatever its outcome.
+    pub response_status: Option<u16>,
+    /// The approval that applies, if any: its id, state, expiry and decision.
+    pub approval: Option<OperationApproval>,
+    /// The external system's reference, when one was involved.
+    pub external_ref: Option<String>,
+    /// Where its outbox event is, when its work left the process: `dead`
+    /// means it failed too often and is no longer tried until an admin sends
+    /// it again, the operation's `state` left as it was.
+    pub outbox: Option<EventState>,
+    /// Why the event's last delivery or lookup came to nothing, if it did:
+    /// the external system's status and problem `code` and `detail`, or what
+    /// kept its answer away; never a raw body or an address.
+    pub last_error: Option<String>,
+}
+
+impl From<&OperationRecord> for OperationView {
+    fn from(op: &OperationRecord) -> Self {
+        // the answer is stored for good once the operation is finished, or once its work
+        // went on after it: an operation in progress that no attempt holds (an outbox
+        // delivers its work), or whose outcome is unknown
+        let answered = op.state.is_finished()
+            || op.state == OperationState::Unknown
+            || (op.state == OperationState::InProgress && op.lease_token.is_none());
+        OperationView {
+            operation_id: op.operation_id.clone(),
+            idempotency_key: op.key.as_str().to_owned(),
+            method: op.method.clone(),
+            route: op.route.clone(),
+            fingerprint: op.fingerprint.as_str().to_owned(),
+            state: op.state,
+            created_at: op.created_at,
+            updated_at: op.updated_at,
+            attempts: op.attempts,
+            resource: op.resource.clone(),
+            response_status: op.response.as_ref().filter(|_| answered).map(|r| r.status.as_u16()),
+            approval: None,
+            external_ref: op.external_ref.clone(),
+            outbox: None,
+            last_error: None,
+        }
+    }
+}
+
+/// What an operation's caller may know of its approval (never who else is waiting).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OperationApproval {
+    pub approval_id: String,
+    pub state: ApprovalState,
+    pub expires_at: Timestamp,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<Timestamp>,
+}
+
+/// Which operations a person must look at: with neither, those whose
+/// outcome is unknown or whose event is dead; with one or both, those that
+/// are so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NeedsAPerson {
+    pub unknown: bool,
+    pub dead: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalState {
+    /// Waiting for a decision, and not yet past `expires_at`.
+    Pending,
+    Approved,
+    Rejected,
+    /// Nobody decided before `expires_at`.
+    Expired,
+}
+
+impl ApprovalState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Pending => "pending",
+            ApprovalState::Approved => "approved",
+            ApprovalState::Rejected => "rejected",
+            ApprovalState::Expired => "expired",
+        }
+    }
+}
+
+/// Where an event is in its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventState {
+    /// To be sent (first, or again).
+    Pending,
+    /// A worker holds it and may have sent it.
+    Sending,
+    /// Sent, and the answer was lost: the reconciler asks.
+    Unknown,
+    Delivered,
+    Failed,
+    /// Failed too often (`OutboxConfig::max_failures`): no longer tried,
+    /// its operation left as it was, until an admin sends it again
+    /// (`redeliver`) or, if its operation is `unknown`, settles that by
+    /// hand (`resolve`).
+    Dead,
+}
+
+impl EventState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventState::Pending => "pending",
+            EventState::Sending => "sending",
+            EventState::Unknown => "unknown",
+            EventState::Delivered => "delivered",
+            EventState::Failed => "failed",
+            EventState::Dead => "dead",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => EventState::Pending,
+            "sending" => EventState::Sending,
+            "unknown" => EventState::Unknown,
+            "delivered" => EventState::Delivered,
+            "failed" => EventState::Failed,
+            "dead" => EventState::Dead,
+            _ => return None,
+        })
+    }
+}
