@@ -4,7 +4,10 @@
 //! once the database is back the service reconnects by itself and the same
 //! keys carry on. PostgreSQL only: an embedded SQLite file cannot go away.
 
-use std::str::FromStr;
+use std::{
+    str::FromStr,
+    time::{Duration, Instant},
+};
 
 use idempotency::IdempotencyConfig;
 use platform::{
@@ -27,6 +30,20 @@ async fn service_behind_a_forwarder(db: &TestDb) -> (TestClient, TcpForwarder) {
     let reached = Db::connect(&url, 8).await.expect("the database, through the forwarder");
     let app = tickets::App::new(reached, IdempotencyConfig::default(), true);
     (TestClient::new(tickets::build_router(app)), forwarder)
+}
+
+/// Asks `/healthz` until it answers `status`, for at most `within`: whether it did.
+async fn health_turns(service: &TestClient, status: u16, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if service.get("/healthz", ACME_AGENT).await.status == status {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn ticket_count(db: &TestDb) -> i64 {
@@ -92,4 +109,38 @@ async fn while_its_database_is_gone_a_service_answers_503_with_retry_after_and_t
     assert_eq!(replayed.replayed(), Some("true"));
     assert_eq!(replayed.body, first.body, "the stored answer, byte for byte");
     assert_eq!(ticket_count(&db).await, 2);
+}
+
+/// `/healthz` needs no key, so anyone can send a flood of probes: they share
+/// one probe's answer for half a second, and the flood opens a connection or
+/// two instead of one each. The answer still follows the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_health_probes_opens_a_connection_or_two_and_healthz_still_follows_the_database_within_two_seconds()
+{
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres).await;
+    let (service, database) = service_behind_a_forwarder(&db).await;
+    let before = database.connections_accepted();
+    let started = Instant::now();
+    let probes = (0..100).map(|_| service.get("/healthz", ACME_AGENT));
+    for health in futures::future::join_all(probes).await {
+        assert_eq!(health.status, 200);
+    }
+    let opened = database.connections_accepted() - before;
+    // one probe per half second at most, however long the flood took here
+    let allowed = 1 + (started.elapsed().as_millis() / 500) as usize;
+    assert!(opened <= allowed.max(2), "100 probes opened {opened} connections");
+
+    database.cut().await;
+    assert!(
+        health_turns(&service, 503, Duration::from_secs(2)).await,
+        "/healthz is 503 within two seconds of the database going"
+    );
+    database.restore().await;
+    assert!(
+        health_turns(&service, 200, Duration::from_secs(2)).await,
+        "/healthz is 200 within two seconds of the database coming back"
+    );
 }

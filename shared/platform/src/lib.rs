@@ -8,6 +8,7 @@
 //! - [`openapi`]: what every operation's OpenAPI entry answers by construction.
 //! - [`path`]: ids put into another system's URLs, as data.
 //! - [`time`]: the timestamp type of responses and both databases.
+//! - `health`: `GET /healthz`, one probe of the database at a time.
 //! - [`server`]: the one server loop every server runs, and what bounds a client.
 //! - [`config`], [`telemetry`]: environment configuration and structured logs.
 //! - [`cli`]: the command line every binary shares (`--help`, `create-api-key`).
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod error;
+mod health;
 pub mod json;
 pub mod metrics;
 pub mod openapi;

@@ -4,7 +4,7 @@
 //! every problem `code`, a problem+json 404/405, and the request span.
 
 use axum::{
-    Json, Router,
+    Router,
     extract::Path,
     http::StatusCode,
     response::{Html, IntoResponse},
@@ -247,7 +247,10 @@ pub fn common_routes(title: &'static str, mut openapi: OpenApi, db: &Db) -> Rout
         ),
     );
     Router::new()
-        .route("/healthz", get(health).with_state(db.clone()))
+        .route(
+            "/healthz",
+            get(crate::health::health).with_state(crate::health::Probe::new(db.clone())),
+        )
         .route("/docs", get(move || async move { Html(docs_page(title)) }))
         // each problem's `type`: the page of that code alone; a code no service has is 404
         .route(
@@ -255,26 +258,6 @@ pub fn common_routes(title: &'static str, mut openapi: OpenApi, db: &Db) -> Rout
             get(move |Path(code): Path<String>| async move { problem_page(title, &code) }),
         )
         .merge(SwaggerUi::new("/docs/api").external_url_unchecked("/openapi.json", crate::openapi::complete(&openapi)))
-}
-
-/// How long `/healthz` waits for the database: a probe must hear within a
-/// couple of seconds that this replica cannot serve writes.
-const HEALTH_QUERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// `/healthz`: 200 while the database answers and takes writes, else 503 with
-/// `Retry-After`, so a load balancer sends requests to a replica that can
-/// claim keys. It says nothing of why: the service's log does.
-async fn health(axum::extract::State(db): axum::extract::State<Db>) -> axum::response::Response {
-    if db.reachable(HEALTH_QUERY).await {
-        Json(serde_json::json!({"status": "ok", "database": "reachable"})).into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(axum::http::header::RETRY_AFTER, "1")],
-            Json(serde_json::json!({"status": "unavailable", "database": "unreachable"})),
-        )
-            .into_response()
-    }
 }
 
 /// Adds the problem+json fallbacks and the request span to a finished router.

@@ -245,6 +245,17 @@ async fn the_service_serves_health_and_its_openapi_document(backend: Backend) {
     assert!(swagger.header("content-type").unwrap().starts_with("text/html"));
 }
 
+/// Probes go one at a time and share an answer (docs/contract.md §5): many
+/// at once still each get one.
+async fn health_probes_that_arrive_together_each_hear_that_the_database_is_reachable(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let probes = (0..50).map(|_| app.get("/healthz", ACME_AGENT));
+    for health in futures::future::join_all(probes).await {
+        assert_eq!(health.status, 200);
+        assert_eq!(health.json()["database"], "reachable");
+    }
+}
+
 async fn a_problems_type_opens_the_page_of_its_code_and_an_unknown_code_is_404(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let refused = app.create_ticket("key-1", r#"{"project":"ops"}"#).await;
@@ -352,6 +363,7 @@ platform::both_backends!(
     a_closed_ticket_does_not_change_status_and_the_409_names_its_status_once,
     lists_page_through_every_ticket_in_creation_order,
     the_service_serves_health_and_its_openapi_document,
+    health_probes_that_arrive_together_each_hear_that_the_database_is_reachable,
     a_problems_type_opens_the_page_of_its_code_and_an_unknown_code_is_404,
     each_operation_documents_every_status_it_can_answer_with_the_problem_schema,
 );

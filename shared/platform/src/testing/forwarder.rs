@@ -4,7 +4,10 @@
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use tokio::{net::TcpListener, task::JoinHandle};
@@ -13,6 +16,8 @@ pub struct TcpForwarder {
     /// Where clients connect: `127.0.0.1:<port>`, the same across a cut.
     pub addr: SocketAddr,
     upstream: Arc<Mutex<SocketAddr>>,
+    /// Connections taken so far, for tests that count what a service opens.
+    accepted: Arc<AtomicUsize>,
     serving: tokio::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -23,6 +28,7 @@ impl TcpForwarder {
         let forwarder = TcpForwarder {
             addr: listener.local_addr().unwrap(),
             upstream: Arc::new(Mutex::new(upstream)),
+            accepted: Default::default(),
             serving: tokio::sync::Mutex::new(None),
         };
         *forwarder.serving.lock().await = Some(forwarder.serve(listener));
@@ -55,8 +61,13 @@ impl TcpForwarder {
         *self.upstream.lock().unwrap() = upstream;
     }
 
+    /// How many connections it has taken since it started.
+    pub fn connections_accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
     fn serve(&self, listener: TcpListener) -> JoinHandle<()> {
-        let upstream = self.upstream.clone();
+        let (upstream, accepted) = (self.upstream.clone(), self.accepted.clone());
         tokio::spawn(async move {
             // dropped with this task on a cut, which aborts every connection
             let mut connections = tokio::task::JoinSet::new();
@@ -64,6 +75,7 @@ impl TcpForwarder {
                 let Ok((mut client, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let to = *upstream.lock().unwrap();
                 connections.spawn(async move {
                     if let Ok(mut server) = tokio::net::TcpStream::connect(to).await {
