@@ -294,6 +294,20 @@ impl ApiError {
         error
     }
 
+    /// No connection to the database came free within the pool's wait
+    /// (docs/contract.md §5). From here a database that refuses connections
+    /// (the pool tries again until its wait ends) and one whose every
+    /// connection is busy look the same, so the detail names both. The
+    /// attempt may have claimed its key before it waited: the retry with the
+    /// same key finds out, as after any `database_unavailable`.
+    pub fn no_database_connection() -> Self {
+        Self::database_unavailable("no connection came free within the pool's wait").with_detail(
+            "no connection to the database came free in time: it is unreachable, or busy with every connection \
+             this service may hold. Whether this request took effect is not known here: send it again with the \
+             same key after `Retry-After` seconds, and that attempt finds out",
+        )
+    }
+
     /// A 500 whose cause is logged, never sent.
     pub fn internal(cause: impl std::fmt::Display) -> Self {
         let mut error = Self::new(
@@ -375,6 +389,8 @@ impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
         if database_unreachable(&error) {
             ApiError::database_unavailable(error)
+        } else if matches!(error, sqlx::Error::PoolTimedOut) {
+            ApiError::no_database_connection()
         } else {
             ApiError::internal(format!("database: {error}"))
         }
@@ -384,14 +400,12 @@ impl From<sqlx::Error> for ApiError {
 /// Whether an error says the database could not be reached or lost the
 /// connection — a fault of where the database is, not of the request — rather
 /// than refusing the statement. A server that takes no writes (a standby, a
-/// primary demoted in a failover) counts: a retry finds the new primary.
+/// primary demoted in a failover) counts: a retry finds the new primary. A
+/// pool's timeout does not: it says no connection came free, which a busy
+/// database says too (see [`ApiError::no_database_connection`]).
 pub fn database_unreachable(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(e) => e.code().is_some_and(|code| {
             // 08: connection exception; 57P01–57P03: the server shuts down or
             // is not taking connections yet; 25006: a read-only transaction
@@ -419,6 +433,25 @@ mod tests {
         let body = String::from_utf8(ApiError::internal("password=hunter2 at db.rs:12").to_problem_json()).unwrap();
         assert!(!body.contains("hunter2"));
         assert!(body.contains("\"code\":\"internal_error\""));
+    }
+
+    #[test]
+    fn a_pool_timeout_is_503_database_unavailable_that_names_a_busy_database_as_well_as_a_gone_one() {
+        let timeout = ApiError::from(sqlx::Error::PoolTimedOut);
+        assert_eq!(timeout.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(timeout.code(), "database_unavailable");
+        assert_eq!(timeout.retry_after(), Some(1));
+        assert!(
+            timeout.detail().contains("unreachable, or busy"),
+            "{}",
+            timeout.detail()
+        );
+        assert!(timeout.detail().contains("same key"), "{}", timeout.detail());
+
+        let gone = ApiError::from(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()));
+        assert_eq!(gone.code(), "database_unavailable");
+        assert!(gone.detail().contains("cannot reach its database"), "{}", gone.detail());
+        assert!(!database_unreachable(&sqlx::Error::PoolTimedOut));
     }
 
     #[test]

@@ -224,7 +224,7 @@ pub const PROBLEM_CODES: &[(&str, u16, &str)] = &[
     (
         "database_unavailable",
         503,
-        "The service cannot reach its database (or lost it under the request's commit). Whether the request took effect is not known here: send it again with the same key after `Retry-After` seconds, and that attempt finds out.",
+        "The service cannot reach its database, or lost it under the request's commit, or no connection to it came free in time (the database is unreachable or busy: from the service the two look the same). Whether the request took effect is not known here: send it again with the same key after `Retry-After` seconds, and that attempt finds out.",
     ),
     (
         "internal_error",
