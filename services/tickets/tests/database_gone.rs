@@ -12,7 +12,7 @@ use std::{
 use idempotency::IdempotencyConfig;
 use platform::{
     Backend, Db, on_pool,
-    testing::{ACME_AGENT, TcpForwarder, TestClient, TestDb},
+    testing::{ACME_AGENT, TcpForwarder, TestClient, TestDb, TestResponse},
 };
 use sqlx::postgres::PgConnectOptions;
 
@@ -44,6 +44,25 @@ async fn health_turns(service: &TestClient, status: u16, within: Duration) -> bo
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Deletes the ticket and the operation `created` answered for, straight
+/// from the database: the rows a failover to a standby that lacked them
+/// takes away.
+async fn take_rows_away(db: &TestDb, created: &TestResponse) {
+    let (ticket_id, operation_id) = (created.str("id"), created.operation_id().to_owned());
+    on_pool!(db.db.write(), |pool| {
+        sqlx::query("DELETE FROM tickets WHERE id = $1")
+            .bind(&ticket_id)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM idempotency_operations WHERE operation_id = $1")
+            .bind(&operation_id)
+            .execute(pool)
+            .await
+            .unwrap();
+    });
 }
 
 async fn ticket_count(db: &TestDb) -> i64 {
@@ -143,4 +162,41 @@ async fn a_flood_of_health_probes_opens_a_connection_or_two_and_healthz_still_fo
         health_turns(&service, 200, Duration::from_secs(2)).await,
         "/healthz is 200 within two seconds of the database coming back"
     );
+}
+
+/// A replica that sees its database go away forgets every answer it
+/// remembered (docs/design.md §4): a failover may have taken their rows
+/// away, and a replay from memory would name a ticket the database does not
+/// have. The retry is decided by the database, as with no cache, and the
+/// operation status agrees with what it answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_a_replica_answers_no_retry_from_memory_and_the_database_decides_it() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres).await;
+    let (service, database) = service_behind_a_forwarder(&db).await;
+    let first = service.post("/v1/tickets", ACME_AGENT, Some("remembered"), BODY).await;
+    assert_eq!(first.status, 201);
+
+    database.cut().await;
+    assert!(health_turns(&service, 503, Duration::from_secs(2)).await);
+    database.restore().await;
+    assert!(health_turns(&service, 200, Duration::from_secs(2)).await);
+    take_rows_away(&db, &first).await;
+    let retry = service.post("/v1/tickets", ACME_AGENT, Some("remembered"), BODY).await;
+
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.replayed(), Some("false"), "not a replay of a ticket that is gone");
+    assert_ne!(retry.operation_id(), first.operation_id());
+    assert_ne!(retry.str("id"), first.str("id"));
+    let by_key = service
+        .get("/v1/operations?idempotency_key=remembered", ACME_AGENT)
+        .await
+        .json();
+    let operations = by_key["data"].as_array().expect("a list of operations");
+    assert_eq!(operations.len(), 1, "{by_key}");
+    assert_eq!(operations[0]["operation_id"], retry.operation_id());
+    assert_eq!(operations[0]["resource"]["id"], retry.str("id"));
+    assert_eq!(ticket_count(&db).await, 1);
 }

@@ -52,7 +52,7 @@ pub struct Idempotency {
 impl Idempotency {
     pub fn new(db: Db, config: IdempotencyConfig) -> Self {
         let lifetime = config.retention.saturating_sub(config.reap_every * 2);
-        let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, lifetime);
+        let replay_cache = replay_cache::ReplayCache::new(config.replay_cache_entries, lifetime, db.outages().clone());
         Idempotency {
             db,
             config,

@@ -6,7 +6,8 @@
 //! retry it has seen before with no query at all. The cache only ever
 //! *speeds up* an answer: on a miss (another process, a restart, an evicted
 //! entry) the database decides exactly as it would without it. Entries live
-//! no longer than the retention period (docs/design.md §4).
+//! no longer than the retention period, and none outlives an outage of the
+//! database this process sees (docs/design.md §4).
 
 use std::{
     num::NonZeroUsize,
@@ -14,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use platform::Timestamp;
+use platform::{Timestamp, db::Outages};
 
 use crate::{fingerprint::Fingerprint, operation::OperationState, operation::StoredResponse};
 
@@ -28,6 +29,9 @@ pub struct CachedAnswer {
     /// When the cached answer stops being served: before the reaper may
     /// delete the row, so memory never answers for a key the database forgot.
     expires_at: Timestamp,
+    /// The outages seen when the attempt that learned it began: after
+    /// another, the database may no longer have the operation.
+    outages_seen: u64,
 }
 
 /// `(account_id, idempotency_key)` → the answer, least recently used evicted first.
@@ -37,16 +41,20 @@ type Entries = lru::LruCache<(String, String), Arc<CachedAnswer>>;
 pub struct ReplayCache {
     entries: Option<Mutex<Entries>>,
     lifetime: Duration,
+    outages: Outages,
 }
 
 impl ReplayCache {
     /// Holds up to `capacity` answers (0 turns the cache off), each until
     /// `lifetime` after its operation finished: the retention period less a
-    /// margin for the reaper's round.
-    pub fn new(capacity: usize, lifetime: Duration) -> Self {
+    /// margin for the reaper's round; and only while no outage of the
+    /// database is seen beyond those counted in `outages` when the answer
+    /// was learned.
+    pub fn new(capacity: usize, lifetime: Duration, outages: Outages) -> Self {
         ReplayCache {
             entries: NonZeroUsize::new(capacity).map(|c| Mutex::new(lru::LruCache::new(c))),
             lifetime,
+            outages,
         }
     }
 
@@ -54,7 +62,10 @@ impl ReplayCache {
         let mut entries = self.entries.as_ref()?.lock().unwrap_or_else(|p| p.into_inner());
         let id = (account_id.to_owned(), key.to_owned());
         match entries.get(&id) {
-            Some(answer) if Timestamp::now() < answer.expires_at => Some(answer.clone()),
+            // an answer learned before the last outage seen may name rows the database lost
+            Some(answer) if Timestamp::now() < answer.expires_at && answer.outages_seen == self.outages.seen() => {
+                Some(answer.clone())
+            }
             Some(_) => {
                 entries.pop(&id);
                 None
@@ -63,8 +74,9 @@ impl ReplayCache {
         }
     }
 
-    /// Remembers a finished operation's answer, given when it `finished`;
-    /// anything unfinished is ignored.
+    /// Remembers a finished operation's answer, given when it `finished`
+    /// and learned by an attempt that began when `outages_seen` outages had
+    /// been seen; anything unfinished is ignored.
     #[allow(clippy::too_many_arguments)]
     pub fn put(
         &self,
@@ -75,6 +87,7 @@ impl ReplayCache {
         state: OperationState,
         response: &StoredResponse,
         finished: Timestamp,
+        outages_seen: u64,
     ) {
         let Some(entries) = self.entries.as_ref() else { return };
         if !state.is_finished() {
@@ -86,6 +99,7 @@ impl ReplayCache {
             state,
             response: response.clone(),
             expires_at: finished.plus(self.lifetime),
+            outages_seen,
         };
         entries
             .lock()

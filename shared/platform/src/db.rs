@@ -6,7 +6,14 @@
 //! backend: enum dispatch, with no backend generic spreading into every handler.
 //! What differs between the backends, and why: docs/design.md §9.
 
-use std::{str::FromStr, time::Duration};
+use std::{
+    str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use sqlx::{
     ConnectOptions, Connection, PgPool, Postgres, Sqlite, SqlitePool,
@@ -46,6 +53,7 @@ pub enum Db {
 pub struct PgPools {
     pub main: PgPool,
     pub relaxed: PgPool,
+    outages: Outages,
 }
 
 /// SQLite allows one writer at a time. Writers queue for the single write
@@ -56,6 +64,29 @@ pub struct PgPools {
 pub struct SqlitePools {
     pub read: SqlitePool,
     pub write: SqlitePool,
+    outages: Outages,
+}
+
+/// How many times this process has seen its database unavailable: a
+/// request answered 503 `database_unavailable`, or a `/healthz` probe that
+/// found it unreachable or taking no writes. What was read from the database
+/// before an outage may be gone after it: a failover to a standby that had
+/// not received the last commits takes them away. So what a process keeps
+/// of the database in memory (the replay cache) is kept under this count and
+/// forgotten when it goes up.
+#[derive(Clone, Debug, Default)]
+pub struct Outages(Arc<AtomicU64>);
+
+impl Outages {
+    /// The outages seen so far.
+    pub fn seen(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Counts one more.
+    pub fn saw_one(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// How many connections a pool holds, how many of them are idle, and how
@@ -112,7 +143,11 @@ impl Db {
                 .acquire_timeout(Duration::from_secs(30))
                 .connect_with(options.options([("synchronous_commit", "off")]))
                 .await?;
-            Ok(Db::Postgres(PgPools { main, relaxed }))
+            Ok(Db::Postgres(PgPools {
+                main,
+                relaxed,
+                outages: Outages::default(),
+            }))
         } else {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -131,7 +166,11 @@ impl Db {
                 .acquire_timeout(SQLITE_BUSY_TIMEOUT)
                 .connect_with(options.read_only(true))
                 .await?;
-            Ok(Db::Sqlite(SqlitePools { read, write }))
+            Ok(Db::Sqlite(SqlitePools {
+                read,
+                write,
+                outages: Outages::default(),
+            }))
         }
     }
 
@@ -139,6 +178,14 @@ impl Db {
         match self {
             Db::Postgres(_) => Backend::Postgres,
             Db::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// The outages of this database this process has seen.
+    pub fn outages(&self) -> &Outages {
+        match self {
+            Db::Postgres(pools) => &pools.outages,
+            Db::Sqlite(pools) => &pools.outages,
         }
     }
 
@@ -171,6 +218,7 @@ impl Db {
     /// Whether the database answers a query within `within`: what `/healthz`
     /// reports. On PostgreSQL it also asks that the server take writes, since
     /// a standby (or a demoted primary) answers reads but refuses every claim.
+    /// A database found otherwise counts as an outage seen ([`Outages`]).
     pub async fn reachable(&self, within: Duration) -> bool {
         let asked = async {
             match self {
@@ -191,7 +239,11 @@ impl Db {
                 Db::Sqlite(pools) => sqlx::query("SELECT 1").execute(&pools.read).await.is_ok(),
             }
         };
-        tokio::time::timeout(within, asked).await.unwrap_or(false)
+        let reachable = tokio::time::timeout(within, asked).await.unwrap_or(false);
+        if !reachable {
+            self.outages().saw_one();
+        }
+        reachable
     }
 
     /// Applies every given set of migrations, in version order, as one list.

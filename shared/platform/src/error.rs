@@ -48,12 +48,20 @@ struct ProblemParts {
     retry_after: Option<u64>,
     /// The `WWW-Authenticate` challenge of a 401 (RFC 6750 §3).
     challenge: Option<&'static str>,
+    /// Whether it says the database was unavailable: see [`DatabaseUnavailable`].
+    database_unavailable: bool,
     internal_cause: Option<String>,
 }
 
 /// The cause of a 500, handed to the logging middleware, never to the client.
 #[derive(Debug, Clone)]
 pub struct InternalCause(pub String);
+
+/// Marks an answer that says the database was unavailable, so that the
+/// service's router counts the outage ([`crate::db::Outages`]) however deep
+/// in a handler the error arose.
+#[derive(Debug, Clone, Copy)]
+pub struct DatabaseUnavailable;
 
 /// The shape of every error body, for the OpenAPI document.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -95,6 +103,7 @@ impl ApiError {
             extensions: Map::new(),
             retry_after: None,
             challenge: None,
+            database_unavailable: false,
             internal_cause: None,
         }))
     }
@@ -290,6 +299,7 @@ impl ApiError {
              send it again with the same key after `Retry-After` seconds, and that attempt finds out",
         )
         .with_retry_after(1);
+        error.0.database_unavailable = true;
         error.0.internal_cause = Some(cause.to_string());
         error
     }
@@ -377,6 +387,9 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+        }
+        if self.0.database_unavailable {
+            response.extensions_mut().insert(DatabaseUnavailable);
         }
         if let Some(cause) = self.0.internal_cause {
             response.extensions_mut().insert(InternalCause(cause));

@@ -5,9 +5,9 @@
 
 use axum::{
     Router,
-    extract::Path,
+    extract::{Path, State},
     http::StatusCode,
-    response::{Html, IntoResponse},
+    response::{Html, IntoResponse, Response},
     routing::get,
 };
 use tokio::net::TcpListener;
@@ -20,7 +20,8 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::{
     Db,
     config::{ConnectionLimits, ServiceConfig},
-    error::ApiError,
+    db::Outages,
+    error::{ApiError, DatabaseUnavailable},
     server::ListenError,
 };
 
@@ -77,9 +78,26 @@ pub async fn run(
 
 /// A service's whole router: its own `routes` (given their state), what
 /// every service has besides ([`common_routes`], with `openapi` as the
-/// document), and the fallbacks and request span of [`finish`].
+/// document), and the fallbacks and request span of [`finish`]. Every
+/// answer that says the database was unavailable counts as an outage of `db`
+/// seen ([`Outages`]).
 pub fn router(title: &'static str, routes: Router, openapi: OpenApi, db: &Db) -> Router {
-    finish(routes.merge(common_routes(title, openapi, db)))
+    let routes = routes
+        .merge(common_routes(title, openapi, db))
+        .layer(axum::middleware::map_response_with_state(
+            db.outages().clone(),
+            count_outage,
+        ));
+    finish(routes)
+}
+
+/// Counts an outage of the database for every answer that says it was
+/// unavailable: the one place every handler's errors pass through.
+async fn count_outage(State(outages): State<Outages>, response: Response) -> Response {
+    if response.extensions().get::<DatabaseUnavailable>().is_some() {
+        outages.saw_one();
+    }
+    response
 }
 
 /// Every problem `code` a service may answer with, and what it means; the

@@ -12,5 +12,6 @@ mod lists;
 mod metrics;
 mod outcomes;
 mod races;
+mod replay_cache;
 mod tickets;
 mod validation;

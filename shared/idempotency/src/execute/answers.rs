@@ -86,10 +86,12 @@ impl Idempotency {
         self.transitions.observe(&self.db, observed).await;
     }
 
-    /// Keeps a finished answer for replays from memory. An operation still
-    /// in progress (its work in the outbox) is not kept: its state changes.
+    /// Keeps a finished answer for replays from memory, for as long as no
+    /// outage is seen after `attempt` began. An operation still in progress
+    /// (its work in the outbox) is not kept: its state changes.
     pub(super) fn remember(
         &self,
+        attempt: &Attempt<'_>,
         account_id: &str,
         key: &IdempotencyKey,
         operation_id: &str,
@@ -107,6 +109,7 @@ impl Idempotency {
             done.state,
             done.response,
             done.now,
+            attempt.outages_seen,
         );
     }
 

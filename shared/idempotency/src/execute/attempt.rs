@@ -32,6 +32,10 @@ pub struct Attempt<'a> {
     pub approval: Option<ApprovalSummary>,
     /// When this attempt arrived: the time of its `attempted` journal entry.
     pub started: Timestamp,
+    /// The outages of the database this process had seen when the attempt
+    /// began (set as it begins; 0, the safe side, until then): an answer it
+    /// learns is remembered for as long as no other is seen.
+    pub(super) outages_seen: u64,
     /// The operation this request's log span names, once it is recorded.
     logged_operation: Mutex<Option<String>>,
 }
@@ -45,8 +49,15 @@ impl<'a> Attempt<'a> {
             route,
             approval: None,
             started: Timestamp::now(),
+            outages_seen: 0,
             logged_operation: Mutex::new(None),
         }
+    }
+
+    /// The attempt, beginning when `outages_seen` outages had been seen.
+    pub(super) fn begins_after(mut self, outages_seen: u64) -> Self {
+        self.outages_seen = outages_seen;
+        self
     }
 
     /// What the route's policy decided for this command: `Some(summary)` when

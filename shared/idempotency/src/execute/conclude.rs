@@ -197,6 +197,7 @@ impl Idempotency {
         attempt.record_operation(operation_id, claim.fingerprint());
         telemetry::record_outcome("created");
         self.remember(
+            attempt,
             claim.account_id(),
             claim.key(),
             operation_id,
@@ -265,6 +266,7 @@ impl Idempotency {
                 attempt.record_operation(operation_id, claim.fingerprint());
                 telemetry::record_outcome(outcome);
                 self.remember(
+                    attempt,
                     claim.account_id(),
                     claim.key(),
                     operation_id,

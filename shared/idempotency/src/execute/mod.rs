@@ -97,6 +97,8 @@ impl Idempotency {
         if !self.config.enabled {
             return self.run_unguarded(effect).await;
         }
+        // read first: an outage seen while the attempt runs makes what it learns stale
+        let attempt = attempt.begins_after(self.db.outages().seen());
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = match attempt.fingerprint(command) {
             Ok(fingerprint) => fingerprint,
@@ -150,6 +152,7 @@ impl Idempotency {
                 Err(error) => error.into_response(),
             };
         }
+        let attempt = attempt.begins_after(self.db.outages().seen());
         let account_id = attempt.principal.account_id.as_str();
         let fingerprint = match attempt.fingerprint(command) {
             Ok(fingerprint) => fingerprint,

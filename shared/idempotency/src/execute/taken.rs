@@ -166,6 +166,7 @@ impl Idempotency {
                             operation.state,
                             stored,
                             operation.updated_at,
+                            attempt.outages_seen,
                         );
                     }
                     return Ok(Resolution::Answer(response));
