@@ -359,3 +359,38 @@ pub fn escape(text: &str) -> String {
         .replace('"', "&quot;")
         .replace('\'', "&#39;")
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::{body::Body, http::Request};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_answer_that_says_the_database_was_unavailable_counts_an_outage_and_no_other_does() {
+        let db = Db::connect("sqlite::memory:", 1).await.expect("a database");
+        let routes = Router::new()
+            .route(
+                "/gone",
+                get(|| async { ApiError::database_unavailable("connection reset") }),
+            )
+            .route("/busy", get(|| async { ApiError::no_database_connection() }))
+            .route("/failed", get(|| async { ApiError::internal("a bug") }))
+            .route("/fine", get(|| async { "fine" }));
+        let service = router("test", routes, OpenApi::default(), &db);
+        let ask = async |path: &str| {
+            let request = Request::get(path).body(Body::empty()).expect("a request");
+            service.clone().oneshot(request).await.expect("an answer").status()
+        };
+
+        assert_eq!(ask("/fine").await, StatusCode::OK);
+        assert_eq!(ask("/failed").await, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(db.outages().seen(), 0);
+        assert_eq!(ask("/gone").await, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(db.outages().seen(), 1);
+        // a busy database looks like a gone one from the pool: forgetting costs only speed
+        assert_eq!(ask("/busy").await, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(db.outages().seen(), 2);
+    }
+}
