@@ -30,7 +30,6 @@ use std::sync::Arc;
 
 use axum::{
     extract::{Request, State},
-    http::{HeaderValue, header},
     middleware::Next,
     response::{IntoResponse, Response},
 };
@@ -161,13 +160,10 @@ async fn require_token(State(token): State<HttpToken>, request: Request, next: N
     if platform::auth::bearer(request.headers()).is_some_and(|presented| token.matches(presented)) {
         return next.run(request).await;
     }
-    let mut refused = platform::ApiError::unauthenticated()
+    // the platform's 401 carries the challenge (`WWW-Authenticate: Bearer`)
+    platform::ApiError::unauthenticated()
         .with_detail("send `Authorization: Bearer <token>` with this MCP server's own token (MCP_HTTP_TOKEN)")
-        .into_response();
-    refused
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    refused
+        .into_response()
 }
 
 /// Serves streamable HTTP on `listener` with the services' connection
