@@ -7,11 +7,9 @@
 
 use std::time::Duration;
 
-use idempotency::{
-    OperationState,
-    outbox::{self, Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling},
-};
-use platform::{ApiError, Db, Tx};
+use idempotency::{Idempotency, OperationState};
+use outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling};
+use platform::{ApiError, Tx};
 use serde::{Deserialize, Serialize};
 
 use crate::{domain::DeploymentState, store};
@@ -189,8 +187,10 @@ impl Controller {
     /// and moves its deployment along: `running`, then `succeeded` (the
     /// environment's new current release), `failed` or `cancelled` — and ends
     /// the operation that asked for it with it. A rollout the controller no
-    /// longer knows has failed. Returns how many deployments changed.
-    pub async fn watch_once(&self, db: &Db) -> Result<usize, sqlx::Error> {
+    /// longer knows has failed. Returns how many deployments changed; each
+    /// operation's end is reported to the sink of `idempotency`, the service's layer.
+    pub async fn watch_once(&self, idempotency: &Idempotency) -> Result<usize, sqlx::Error> {
+        let db = idempotency.db();
         let mut changed = 0;
         for watched in store::watched(db).await? {
             let rollout = match self.rollout(&watched.rollout_id).await {
@@ -240,7 +240,8 @@ impl Controller {
                 if store::change_state(&mut tx, &watched.account_id, &watched.deployment_id, from, to, &note).await? {
                     changed += 1;
                     if let Some(ended) = operation_ends_with(to) {
-                        outbox::finish(&mut tx, &watched.account_id, &watched.operation_id, ended, WATCHER).await?;
+                        let (account, operation) = (&watched.account_id, &watched.operation_id);
+                        outbox::finish(idempotency, &mut tx, account, operation, ended, WATCHER).await?;
                     } else {
                         // running: no transition of the operation, a change of the deployment all the same
                         let (account, operation) = (&watched.account_id, &watched.operation_id);
@@ -254,10 +255,10 @@ impl Controller {
     }
 
     /// Follows rollouts every `poll` until the returned task is aborted.
-    pub fn spawn_watcher(self, db: Db, poll: Duration) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_watcher(self, idempotency: Idempotency, poll: Duration) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
-                if let Err(e) = self.watch_once(&db).await {
+                if let Err(e) = self.watch_once(&idempotency).await {
                     tracing::warn!(error = %e, "the rollout watcher failed; trying again");
                 }
                 tokio::time::sleep(poll).await;

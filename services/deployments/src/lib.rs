@@ -35,10 +35,8 @@ use std::time::Duration;
 use axum::{Router, extract::FromRef};
 use controller::{Controller, ControllerConfig};
 use domain::DeploymentsPolicy;
-use idempotency::{
-    Idempotency, IdempotencyConfig,
-    outbox::{Outbox, OutboxConfig},
-};
+use idempotency::{Idempotency, IdempotencyConfig};
+use outbox::{Outbox, OutboxConfig};
 use platform::{Authenticator, Db, Migrations, config::ServiceConfig};
 use utoipa::OpenApi;
 
@@ -118,9 +116,7 @@ impl App {
                 .for_service("deployments")
                 .with_sink(journal::Journal::default())
                 .with_extension(idempotency::approval::Approvals)
-                .with_extension(idempotency::outbox::Events)
-                .with_ledger(controller::Rollouts)
-                .with_witness(controller.clone()),
+                .with_extension(outbox::Events::new(controller::Rollouts, controller.clone())),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: DeploymentsPolicy::default(),
             controller,
@@ -152,6 +148,7 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
 pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
     let mut doc = routes::DeploymentsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
+    doc.merge(outbox::routes::SettlingApi::openapi());
     doc.merge(journal::routes::JournalApi::openapi());
     let mut json = serde_json::to_value(&doc).expect("an OpenAPI document is JSON");
     let known = serde_json::json!(environments);
@@ -181,6 +178,7 @@ pub fn build_router(app: App) -> Router {
     let routes = platform::metrics::tracked(
         routes::router()
             .merge(idempotency::routes::routes())
+            .merge(outbox::routes())
             .merge(journal::routes()),
         metrics,
     )
@@ -210,7 +208,11 @@ pub async fn serve(
         .idempotency
         .spawn_background()
         .with(app.outbox(settings.outbox.clone()).spawn())
-        .with(app.controller.clone().spawn_watcher(db.clone(), settings.watch_every));
+        .with(
+            app.controller
+                .clone()
+                .spawn_watcher(app.idempotency.clone(), settings.watch_every),
+        );
     let listener = platform::service::bind(listener, &config).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = db.backend().name(), sandbox = config.sandbox,
         controller = %settings.controller.url, environments = ?settings.policy.environments,

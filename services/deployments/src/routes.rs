@@ -13,7 +13,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{Attempt, Effect, IdempotencyHeaders, OperationState, OptionalIdempotencyHeaders, outbox};
+use idempotency::{Attempt, Effect, Idempotency, IdempotencyHeaders, OperationState, OptionalIdempotencyHeaders};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Principal, Tx,
     page::{Page, PageRequest},
@@ -58,7 +58,7 @@ fn queued(deployment: &Deployment) -> Effect {
     };
     Effect::json(StatusCode::ACCEPTED, deployment)
         .with_resource(kind, &deployment.id, deployment.status_url.clone())
-        .with_outbox(ROLLOUT, &order)
+        .with_handoff(outbox::Event::new(ROLLOUT, &order))
 }
 
 /// Deploy an artifact, by its digest, to an environment. Answers 202 with the
@@ -273,7 +273,8 @@ pub async fn cancel_deployment(
             tx.commit().await?;
             let stopped = stop_at_the_controller(&app, &principal, &command.deployment_id).await?;
             let mut tx = app.db.begin().await?;
-            let (deployment, changed) = cancel(&mut tx, &principal, &command.deployment_id, stopped).await?;
+            let (deployment, changed) =
+                cancel(&app.idempotency, &mut tx, &principal, &command.deployment_id, stopped).await?;
             if changed {
                 let change =
                     journal::StateChange::new(deployment.kind.as_str(), &deployment.id, deployment.state.as_str());
@@ -293,7 +294,7 @@ pub async fn cancel_deployment(
             &command,
             async |_| stop_at_the_controller(&app, &principal, &command.deployment_id).await,
             async |tx, _, stopped| {
-                let (deployment, _) = cancel(tx, &principal, &command.deployment_id, stopped).await?;
+                let (deployment, _) = cancel(&app.idempotency, tx, &principal, &command.deployment_id, stopped).await?;
                 let (id, url) = (deployment.id.clone(), deployment.status_url.clone());
                 Ok(Effect::json(StatusCode::OK, &deployment).with_resource(deployment.kind.as_str(), &id, url))
             },
@@ -352,6 +353,7 @@ async fn record_cancel_request(tx: &mut Tx, principal: &Principal, deployment_id
 /// for it fails with it. `true`: this call cancelled it (`false`: it was
 /// cancelled already).
 async fn cancel(
+    idempotency: &Idempotency,
     tx: &mut Tx,
     principal: &Principal,
     deployment_id: &str,
@@ -380,6 +382,7 @@ async fn cancel(
         }
         (_, None) => {
             let withdrawn = outbox::withdraw(
+                idempotency,
                 tx,
                 account,
                 &deployment.operation_id,
@@ -420,6 +423,7 @@ async fn cancel(
                 return Err(ApiError::internal("the deployment changed while it was cancelled"));
             }
             outbox::finish(
+                idempotency,
                 tx,
                 account,
                 &deployment.operation_id,

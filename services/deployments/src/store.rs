@@ -3,10 +3,8 @@
 //! compare-and-set on the state it changes from.
 
 use axum::http::StatusCode;
-use idempotency::{
-    approval,
-    outbox::{self, Settlement},
-};
+use idempotency::approval;
+use outbox::Settlement;
 use platform::{
     ApiError, Db, Timestamp, Tx, on_pool, on_tx,
     page::{Page, PageRequest},

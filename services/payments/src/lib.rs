@@ -26,10 +26,8 @@ pub mod store;
 
 use axum::{Router, extract::FromRef};
 use domain::PaymentsPolicy;
-use idempotency::{
-    Idempotency, IdempotencyConfig,
-    outbox::{Outbox, OutboxConfig},
-};
+use idempotency::{Idempotency, IdempotencyConfig};
+use outbox::{Outbox, OutboxConfig};
 use platform::{Authenticator, Db, Migrations, config::ServiceConfig};
 use provider::{Provider, ProviderConfig};
 use utoipa::OpenApi;
@@ -97,9 +95,7 @@ impl App {
                 .for_service("payments")
                 .with_sink(journal::Journal::default())
                 .with_extension(idempotency::approval::Approvals)
-                .with_extension(idempotency::outbox::Events)
-                .with_ledger(provider::Transfers)
-                .with_witness(provider.clone()),
+                .with_extension(outbox::Events::new(provider::Transfers, provider.clone())),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: PaymentsPolicy::default(),
             provider,
@@ -128,6 +124,7 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::PaymentsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
+    doc.merge(outbox::routes::SettlingApi::openapi());
     doc.merge(journal::routes::JournalApi::openapi());
     doc
 }
@@ -138,6 +135,7 @@ pub fn build_router(app: App) -> Router {
     let routes = platform::metrics::tracked(
         routes::router()
             .merge(idempotency::routes::routes())
+            .merge(outbox::routes())
             .merge(journal::routes()),
         metrics,
     )

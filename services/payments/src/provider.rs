@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use idempotency::outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling};
+use outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling};
 use platform::Tx;
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};

@@ -209,7 +209,7 @@ pub async fn capture_intent(
                 };
                 Ok(Effect::json(StatusCode::ACCEPTED, &capture)
                     .with_resource("capture", &capture.id, capture.url())
-                    .with_outbox(provider::CAPTURE, &charge))
+                    .with_handoff(outbox::Event::new(provider::CAPTURE, &charge)))
             },
         )
         .await
@@ -265,7 +265,7 @@ pub async fn refund_intent(
                 };
                 Ok(Effect::json(StatusCode::ACCEPTED, &refund)
                     .with_resource("refund", &refund.id, refund.url())
-                    .with_outbox(provider::REFUND, &order))
+                    .with_handoff(outbox::Event::new(provider::REFUND, &order)))
             },
         )
         .await

@@ -8,7 +8,7 @@ use platform::{
 };
 use sqlx::{FromRow, Row};
 
-use idempotency::outbox::{self, Settlement};
+use outbox::Settlement;
 
 use crate::{
     domain::{

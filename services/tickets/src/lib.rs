@@ -74,6 +74,7 @@ pub async fn migrate(db: &Db) -> Result<(), sqlx::migrate::MigrateError> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::TicketsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
+    doc.merge(outbox::routes::SettlingApi::openapi());
     doc.merge(journal::routes::JournalApi::openapi());
     doc
 }
@@ -84,6 +85,7 @@ pub fn build_router(app: App) -> Router {
     let routes = platform::metrics::tracked(
         routes::router()
             .merge(idempotency::routes::routes())
+            .merge(outbox::routes())
             .merge(journal::routes()),
         metrics,
     )

@@ -105,7 +105,9 @@ impl IdempotencyConfig {
     }
 }
 
-pub(crate) fn number(name: &str) -> Result<Option<f64>, String> {
+/// The positive number the environment variable `name` holds, if it holds
+/// one; an extension reads its own settings with it, as the core does.
+pub fn number(name: &str) -> Result<Option<f64>, String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
             Ok(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),

@@ -19,7 +19,6 @@ use crate::{
     attempts,
     config::IdempotencyConfig,
     operation::OperationRecord,
-    outbox::event::{Ledger, Witness},
     replay_cache,
     status::{NeedsAPerson, OperationView},
     transitions::Sink,
@@ -37,10 +36,6 @@ pub struct Idempotency {
     /// Wakes what takes handed-on work in this process (the outbox's worker)
     /// when an effect that handed some on commits.
     pub(crate) work_handed_on: std::sync::Arc<tokio::sync::Notify>,
-    /// The service's rows for its outbox work, if it has any.
-    pub(crate) ledger: Option<std::sync::Arc<dyn Ledger>>,
-    /// The external system that work goes to, as a person's resolution asks it.
-    pub(crate) witness: Option<std::sync::Arc<dyn Witness>>,
     /// What the service added beside the idempotent write (approvals, the outbox).
     pub(crate) extensions: std::sync::Arc<Vec<std::sync::Arc<dyn Extension>>>,
     /// The service's metrics registry.
@@ -60,8 +55,6 @@ impl Idempotency {
             replay_cache: std::sync::Arc::new(replay_cache),
             transitions: std::sync::Arc::new(crate::transitions::Inbox),
             work_handed_on: Default::default(),
-            ledger: None,
-            witness: None,
             extensions: Default::default(),
             metrics: platform::metrics::Metrics::new("unnamed"),
             gauges_read: Default::default(),
@@ -79,6 +72,13 @@ impl Idempotency {
     pub fn with_sink(mut self, sink: impl Sink) -> Self {
         self.transitions = std::sync::Arc::new(sink);
         self
+    }
+
+    /// Where transitions are reported: an extension reports its own here, in
+    /// the transaction that makes them ([`Sink::record`]), as the execute
+    /// path does, so they reach whatever journal the service reports to.
+    pub fn transitions(&self) -> &dyn Sink {
+        self.transitions.as_ref()
     }
 
     /// The sink transitions are reported to, if it is a `T`.
@@ -115,37 +115,14 @@ impl Idempotency {
     }
 
     /// Begins a transaction, counting how long it waited for a connection
-    /// (on SQLite a write waits for the one writer).
-    pub(crate) async fn begin(&self) -> Result<platform::Tx, sqlx::Error> {
+    /// (on SQLite a write waits for the one writer): how an extension begins
+    /// the transactions that settle what it holds.
+    pub async fn begin(&self) -> Result<platform::Tx, sqlx::Error> {
         let started = std::time::Instant::now();
         let tx = self.db.begin().await;
         self.metrics
             .observe(platform::metrics::names::DB_ACQUIRE, &[], started.elapsed());
         tx
-    }
-
-    /// The layer of a service whose work leaves the process: `ledger` writes
-    /// how each outbox event ended in the service's rows, for the reconciler
-    /// and for a person settling an operation by hand alike.
-    pub fn with_ledger(mut self, ledger: impl Ledger) -> Self {
-        self.ledger = Some(std::sync::Arc::new(ledger));
-        self
-    }
-
-    pub(crate) fn ledger(&self) -> Option<std::sync::Arc<dyn Ledger>> {
-        self.ledger.clone()
-    }
-
-    /// The layer of a service whose work leaves the process: `witness` is the
-    /// external system a person's resolution is checked with (its outbox's
-    /// [`Destination`](crate::outbox::Destination), asked as the reconciler asks).
-    pub fn with_witness(mut self, witness: impl Witness) -> Self {
-        self.witness = Some(std::sync::Arc::new(witness));
-        self
-    }
-
-    pub(crate) fn witness(&self) -> Option<std::sync::Arc<dyn Witness>> {
-        self.witness.clone()
     }
 
     /// Writes attempt counts in the background, shortly after they arrive.

@@ -20,9 +20,9 @@
 //!    (the intent a capture names, the release a rollback restores) — never a
 //!    write, a call to another system or a state change;
 //! 3. **[`Idempotency::execute`]** with a closure doing *every* write, in the
-//!    transaction it is given. Work for another system goes to the outbox
-//!    ([`Effect::with_outbox`]); a call whose answer the effect needs (a
-//!    cancel at a controller) is the call-out of
+//!    transaction it is given. Work for another system is handed on
+//!    ([`Effect::with_handoff`]: the `outbox` crate's events); a call whose
+//!    answer the effect needs (a cancel at a controller) is the call-out of
 //!    [`Idempotency::execute_calling_out`], made once the claim has committed;
 //! 4. **answer** what the crate answers.
 //!
@@ -66,12 +66,7 @@
 //!
 //! # Where each part is
 //!
-//! From the bottom up: a module imports only modules listed before it. The
-//! exception is the outbox, which runs on the [`Idempotency`] layer and adds
-//! [`Effect::with_outbox`], while the layer holds the outbox's
-//! [`outbox::Ledger`] and [`outbox::Witness`] (`outbox/event.rs`); the
-//! execute path reaches the outbox only through [`handoff`], and the journal
-//! only through [`transitions::Sink`] (the journal, a crate of its own, is one).
+//! From the bottom up: a module imports only modules listed before it.
 //!
 //! - [`key`], [`fingerprint`] and [`config`]: the `Idempotency-Key` header,
 //!   what a request's fingerprint hashes, and the settings
@@ -88,9 +83,6 @@
 //!   what extensions add to it;
 //! - [`store`]: the operations table's statements — claim, complete, read, reap;
 //!   [`replay_cache`] remembers finished answers, [`attempts`] counts attempts;
-//! - [`outbox`]: work that leaves the process — the event and what a service
-//!   gives for it (`outbox/event.rs`), the worker, the reconciler, and the
-//!   settlement plan both follow (`outbox/plan.rs`);
 //! - [`layer`]: [`Idempotency`], one service's layer, its background work,
 //!   and the extension point for what an extension shows and keeps beside
 //!   the write ([`Extension`]: its part of an operation's status, its gauges,
@@ -102,7 +94,32 @@
 //!   modes, what a taken key means (`execute/verdict.rs`, a pure function),
 //!   and how a run ends (`execute/conclude.rs`);
 //! - [`routes`]: the operation status and approvals routes every service
-//!   mounts (the journal's are in its crate).
+//!   mounts (the journal's and the outbox's are in their crates).
+//!
+//! # Extension points
+//!
+//! What goes beyond the idempotent write is a crate on top of this one, which
+//! depends on it and never the reverse: the `journal`, the `outbox`. It plugs
+//! in at one of three points, each a trait the layer holds:
+//!
+//! - [`transitions::Sink`]: where transitions are reported, in the
+//!   transaction that makes them (the journal is the sink every service
+//!   reports to), given with [`Idempotency::with_sink`];
+//! - [`handoff::Handoff`]: work an effect hands on, written in the effect's
+//!   transaction, the operation `in_progress` until it is settled
+//!   ([`Effect::with_handoff`]; the outbox's events are one);
+//! - [`Extension`]: what an extension shows and keeps beside the write — its
+//!   part of an operation's status, its gauges, the operations it leaves for
+//!   a person, its background work — given with [`Idempotency::with_extension`]
+//!   and found again by its routes with [`Idempotency::extension`].
+//!
+//! What an extension uses of the core besides is public and says so: a
+//! transaction of the layer ([`Idempotency::begin`]) and its sink
+//! ([`Idempotency::transitions`]), the statements that settle an operation
+//! whose work was handed on ([`store::settle_external`],
+//! [`store::settle_unknown`]), an operation's identity
+//! ([`OperationIdentity`]), the status resource's shape ([`status`]), the
+//! gauges' reads ([`gauges`]) and a setting's number ([`config::number`]).
 
 pub mod approval;
 pub mod attempts;
@@ -116,7 +133,6 @@ pub mod handoff;
 pub mod key;
 pub mod layer;
 pub mod operation;
-pub mod outbox;
 pub mod reaper;
 pub mod replay_cache;
 pub mod responses;

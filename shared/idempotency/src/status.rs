@@ -146,7 +146,7 @@ impl EventState {
         }
     }
 
-    pub(crate) fn parse(s: &str) -> Option<Self> {
+    pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "pending" => EventState::Pending,
             "sending" => EventState::Sending,

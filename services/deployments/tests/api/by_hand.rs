@@ -92,7 +92,11 @@ async fn an_admin_cannot_settle_a_deployment_with_another_account_s_rollout_whic
         .await;
     let their_end = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            app.service.controller.watch_once(&app.db.db).await.unwrap();
+            app.service
+                .controller
+                .watch_once(&app.service.idempotency)
+                .await
+                .unwrap();
             let theirs = app.get(&format!("/v1/deployments/{theirs}"), GLOBEX_AGENT).await.json();
             if !["queued", "running"].contains(&theirs["state"].as_str().unwrap()) {
                 return theirs;
@@ -206,7 +210,12 @@ async fn a_deployment_settled_completed_without_a_reference_succeeds_and_nothing
         &json!({"outcome": "completed", "evidence": evidence}),
     )
     .await;
-    let followed = app.service.controller.watch_once(&app.db.db).await.unwrap();
+    let followed = app
+        .service
+        .controller
+        .watch_once(&app.service.idempotency)
+        .await
+        .unwrap();
     let deployment = app.deployment(&id).await;
     let environment = app.environment("checkout", "staging").await;
     let cancel = app

@@ -201,7 +201,11 @@ async fn a_cancel_with_a_key_used_for_another_request_is_422_and_the_rollout_run
     let reused = app
         .post(&cancel(&running), ACME_AGENT, Some("cancel-k"), &json!({}))
         .await;
-    app.service.controller.watch_once(&app.db.db).await.unwrap();
+    app.service
+        .controller
+        .watch_once(&app.service.idempotency)
+        .await
+        .unwrap();
     let still = app.deployment(&running).await;
     let asked_after_422 = app.controller.stats().cancel_requests;
     let stopped = app

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use deploy_controller::{ControllerConfig as SimulatedConfig, Faults, Stats};
 use deployments::controller::{Controller, ControllerConfig, SANDBOX_CONTROLLER_KEY};
-use idempotency::outbox::{Outbox, OutboxConfig};
+use outbox::{Outbox, OutboxConfig};
 use platform::Backend;
 pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestResponse};
 use platform::testing::{LoopbackServer, TestClient, TestDb};
@@ -173,7 +173,11 @@ impl TestApp {
     pub async fn until(&self, deployment_id: &str, state: &str) -> Value {
         tokio::time::timeout(Duration::from_secs(20), async {
             loop {
-                self.service.controller.watch_once(&self.db.db).await.unwrap();
+                self.service
+                    .controller
+                    .watch_once(&self.service.idempotency)
+                    .await
+                    .unwrap();
                 let deployment = self.deployment(deployment_id).await;
                 if deployment["state"] == state {
                     return deployment;

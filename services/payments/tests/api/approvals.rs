@@ -4,7 +4,6 @@
 //! payee, amount, currency, account — and a changed amount needs a new decision.
 
 use axum::http::StatusCode;
-use idempotency::outbox;
 use platform::{Backend, on_pool};
 use serde_json::json;
 

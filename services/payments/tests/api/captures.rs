@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use futures::future::join_all;
-use idempotency::outbox::{self, EventState, OutboxConfig};
+use outbox::{EventState, OutboxConfig};
 use payment_provider::Faults;
 use platform::Backend;
 use serde_json::json;

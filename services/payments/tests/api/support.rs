@@ -9,10 +9,8 @@ use axum::{
     body::Body,
     http::{Request, StatusCode},
 };
-use idempotency::{
-    IdempotencyConfig,
-    outbox::{Outbox, OutboxConfig},
-};
+use idempotency::IdempotencyConfig;
+use outbox::{Outbox, OutboxConfig};
 use payment_provider::{Faults, Stats};
 use payments::{
     domain::PaymentsPolicy,

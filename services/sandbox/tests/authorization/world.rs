@@ -10,7 +10,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use axum::http::StatusCode;
-use idempotency::{IdempotencyConfig, outbox};
+use idempotency::IdempotencyConfig;
 use platform::{
     Backend, Role,
     testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, GLOBEX_APPROVER, TestClient, TestDb, TestResponse, new_bearer},
@@ -421,7 +421,7 @@ pub async fn deployments(backend: Backend) -> Seeded {
         let id = accepted.str("id");
         tokio::time::timeout(Duration::from_secs(20), async {
             loop {
-                app.controller.watch_once(&app.db).await.unwrap();
+                app.controller.watch_once(&app.idempotency).await.unwrap();
                 let deployment = client.get(&format!("/v1/deployments/{id}"), ACME_AGENT).await.json();
                 if deployment["state"] == "succeeded" {
                     return;

@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use idempotency::{
-    IdempotencyConfig,
-    outbox::{self, Outbox, OutboxConfig},
-};
+use idempotency::IdempotencyConfig;
+use outbox::{Outbox, OutboxConfig};
 use payment_provider::Faults;
 use payments::provider::{Provider, ProviderConfig, SANDBOX_MERCHANT_KEY};
 use platform::{

@@ -1,16 +1,15 @@
 //! The routes every service mounts from this crate: the operation status
 //! resource (docs/contract.md §4) — the answer for an agent that timed out and
-//! does not know what happened —, what an admin does about an operation the
-//! outbox cannot settle (§5), and approvals and their decisions (§6). The
-//! audit journal's routes (§8) are the `journal` crate's.
+//! does not know what happened —, and approvals and their decisions (§6).
+//! What an admin does about an operation the outbox cannot settle (§5) is the
+//! `outbox` crate's, and the audit journal's routes (§8) are the `journal` crate's.
 //!
-//! Each resource has its file: `operations`, `settling`, `approvals`. This one
+//! Each resource has its file: `operations`, `approvals`. This one
 //! holds what they share: the router a service merges, the rule of who may
 //! read approvals and the journal, and the OpenAPI document of them all.
 
 mod approvals;
 mod operations;
-mod settling;
 
 use axum::{
     Router,
@@ -29,9 +28,8 @@ use crate::{
 pub use crate::status::{NeedsAPerson, OperationApproval, OperationView};
 pub use approvals::{ApprovalList, ApprovalQuery, DECISION_ROUTE, DecisionBody, decide, get_approval, list_approvals};
 pub use operations::{OperationList, OperationQuery, find_operation_by_key, get_operation};
-pub use settling::{REDELIVERY_ROUTE, RESOLUTION_ROUTE, ResolutionBody, redeliver_operation, resolve_operation};
 
-/// The operation status, settling by hand and approvals.
+/// The operation status and approvals.
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
@@ -41,8 +39,6 @@ where
     Router::new()
         .route("/v1/operations", get(find_operation_by_key))
         .route("/v1/operations/{operation_id}", get(get_operation))
-        .route(RESOLUTION_ROUTE, post(resolve_operation))
-        .route(REDELIVERY_ROUTE, post(redeliver_operation))
         .route("/v1/approvals", get(list_approvals))
         .route("/v1/approvals/{approval_id}", get(get_approval))
         .route(DECISION_ROUTE, post(decide))
@@ -76,8 +72,6 @@ pub fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
     paths(
         operations::get_operation,
         operations::find_operation_by_key,
-        settling::resolve_operation,
-        settling::redeliver_operation,
         approvals::list_approvals,
         approvals::get_approval,
         approvals::decide
@@ -89,8 +83,7 @@ pub fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
         OperationApproval,
         operations::UnknownState,
         operations::DeadEvent,
-        crate::outbox::EventState,
-        ResolutionBody,
+        crate::status::EventState,
         ResourceRef,
         ApprovalView,
         ApprovalList,

@@ -139,10 +139,11 @@ pub async fn complete(
     Ok(done == 1)
 }
 
-/// Moves an operation whose work went to the outbox — it answered, and
-/// holds no lease — to how that work ended: `completed` with the external
-/// system's reference, `failed`, or `unknown`. The stored answer stays the
-/// first one given. `false`: the operation is not waiting for a delivery.
+/// Moves an operation whose work was handed on ([`crate::handoff`]: the
+/// outbox's delivery) — it answered, and holds no lease — to how that work
+/// ended: `completed` with the external system's reference, `failed`, or
+/// `unknown`. The stored answer stays the first one given. `false`: the
+/// operation is not waiting for its work.
 pub async fn settle_external(
     tx: &mut Tx,
     account_id: &str,
@@ -171,7 +172,8 @@ pub async fn settle_external(
 
 /// Settles an operation whose outcome is unknown, as a person found it:
 /// compare-and-set from `unknown` only. Its stored answer stays, replayed to
-/// every later attempt. `None`: it is not unknown (any more), or not there.
+/// every later attempt. `Some`: its idempotency key, fingerprint and route,
+/// for the journal; `None`: it is not unknown (any more), or not there.
 pub async fn settle_unknown(
     tx: &mut Tx,
     account_id: &str,

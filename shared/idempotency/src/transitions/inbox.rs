@@ -1,8 +1,7 @@
 //! The row a transition is recorded as: `audit_inbox`, written in the
 //! transaction that makes the transition. It is part of the [`Sink`](super::Sink)
 //! contract, kept in the core because the core writes it itself: a claim on
-//! PostgreSQL inserts its rows in the claim's own statement (one round trip),
-//! and a service ends its outbox work in a transaction of its own, with no layer.
+//! PostgreSQL inserts its rows in the claim's own statement (one round trip).
 
 use platform::{Tx, on_tx};
 

@@ -43,8 +43,7 @@ pub async fn migrated(db: TestDb) -> Fixture {
     .rows_affected());
     let idempotency = Idempotency::new(db.db.clone(), IdempotencyConfig::default())
         .with_sink(journal::Journal::default())
-        .with_extension(idempotency::approval::Approvals)
-        .with_extension(idempotency::outbox::Events);
+        .with_extension(idempotency::approval::Approvals);
     let principal = Principal {
         account_id: "acme".into(),
         principal_id: "acme-agent".into(),

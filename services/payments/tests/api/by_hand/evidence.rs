@@ -4,7 +4,6 @@
 //! provider cannot be asked.
 
 use axum::http::StatusCode;
-use idempotency::outbox::{self};
 use platform::{Backend, Role};
 use serde_json::{Value, json};
 

@@ -10,7 +10,7 @@ mod settle;
 mod who;
 
 use axum::http::StatusCode;
-use idempotency::outbox::{self, OutboxConfig};
+use outbox::OutboxConfig;
 use payment_provider::Faults;
 use serde_json::{Value, json};
 

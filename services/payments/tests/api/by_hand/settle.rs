@@ -3,7 +3,7 @@
 //! off, and one sent again with its key.
 
 use axum::http::StatusCode;
-use idempotency::outbox::{self, EventState, OutboxConfig};
+use outbox::{EventState, OutboxConfig};
 use platform::{Backend, Role, on_pool};
 use serde_json::{Value, json};
 

@@ -122,7 +122,7 @@ impl Delivery {
     /// An acceptance whose id is not of an external id's form is not an
     /// answer that can be kept: the work may have been taken, so it is left
     /// to the reconciler, as a lost answer is.
-    pub(super) fn checked(self) -> Delivery {
+    pub(crate) fn checked(self) -> Delivery {
         match self {
             Delivery::Accepted { external_ref } if !is_external_id(&external_ref) => {
                 tracing::warn!(id = %external_ref.escape_debug(), "an external system accepted work under an id not of an id's form");
@@ -138,7 +138,7 @@ impl Delivery {
 impl Lookup {
     /// Work found under an id not of an external id's form is never taken
     /// for the operation's: a person must look, as at any other mismatch.
-    pub(super) fn checked(self) -> Lookup {
+    pub(crate) fn checked(self) -> Lookup {
         match self {
             Lookup::Found { external_ref } if !is_external_id(&external_ref) => {
                 tracing::warn!(id = %external_ref.escape_debug(), "an external system holds the work under an id not of an id's form");

@@ -3,9 +3,17 @@
 //! system by the key, then by the service's own reference, through
 //! [`Destination::look_up`] (docs/contract.md §5, docs/design.md §6).
 
+use idempotency::status::EventState;
 use platform::{Timestamp, metrics::names};
 
-use super::{Destination, EventState, Lookup, Outbox, OutboxEvent, new_lease_token, plan::Outcome, store};
+use crate::{
+    Outbox,
+    answer::Lookup,
+    event::{Destination, OutboxEvent},
+    new_lease_token,
+    plan::Outcome,
+    store,
+};
 
 impl<D: Destination> Outbox<D> {
     /// The reconciler: asks the external system about every event whose fate
@@ -33,7 +41,7 @@ impl<D: Destination> Outbox<D> {
 
     /// Reconciles due events until the task is aborted, looking every `poll`
     /// when there were none.
-    pub(super) async fn run_reconciler(&self) {
+    pub(crate) async fn run_reconciler(&self) {
         loop {
             let taken = self.reconcile_due().await.unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "reconciler: could not take events to reconcile; trying again");
@@ -57,7 +65,7 @@ impl<D: Destination> Outbox<D> {
             _ => "not_asked",
         };
         self.idempotency
-            .metrics
+            .metrics()
             .count(names::OUTBOX_RECONCILIATIONS, &[("result", result)]);
         match &outcome {
             Outcome::Absent => tracing::info!(event_id = %event.event_id, operation_id = %event.operation_id,

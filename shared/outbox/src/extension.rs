@@ -1,23 +1,57 @@
-//! The outbox as an extension of the layer ([`crate::Extension`]):
+//! The outbox as an extension of the layer ([`idempotency::Extension`]):
 //! its event's state in an operation's status, the outbox's gauges, and the
-//! operations it leaves for a person.
+//! operations it leaves for a person; and the service's [`Ledger`] and
+//! [`Witness`], which the layer carries for the outbox and for the settling
+//! routes.
 
+use std::sync::Arc;
+
+use idempotency::{
+    Boxed, Extension, OperationRecord, gauges,
+    status::{NeedsAPerson, OperationView},
+};
 use platform::{Db, Timestamp, metrics::Metrics, metrics::names};
 
-use super::status;
 use crate::{
-    gauges,
-    layer::{Boxed, Extension},
-    operation::OperationRecord,
-    status::{NeedsAPerson, OperationView},
+    event::{Ledger, Witness},
+    status,
 };
 
 const OUTBOX_STATES: [&str; 4] = ["pending", "sending", "unknown", "dead"];
 
 /// The outbox's events (docs/contract.md §5), as the layer sees them beside
-/// its operations.
-#[derive(Debug, Default)]
-pub struct Events;
+/// its operations, with what the service gives for them: the [`Ledger`] of
+/// its rows and the [`Witness`] a person's resolution is checked with. A
+/// service whose work leaves the process adds it to its layer
+/// (`Idempotency::with_extension(Events::new(ledger, witness))`); its
+/// [`Outbox`](crate::Outbox) and the settling routes find it there
+/// (`Idempotency::extension::<Events>()`).
+#[derive(Debug, Clone)]
+pub struct Events {
+    ledger: Arc<dyn Ledger>,
+    witness: Arc<dyn Witness>,
+}
+
+impl Events {
+    /// `ledger` writes how each event ended in the service's rows, for the
+    /// worker, the reconciler and a person settling by hand alike; `witness`
+    /// is the external system a person's resolution is checked with (the
+    /// outbox's [`Destination`](crate::Destination), asked as the reconciler asks).
+    pub fn new(ledger: impl Ledger, witness: impl Witness) -> Self {
+        Events {
+            ledger: Arc::new(ledger),
+            witness: Arc::new(witness),
+        }
+    }
+
+    pub(crate) fn ledger(&self) -> Arc<dyn Ledger> {
+        self.ledger.clone()
+    }
+
+    pub(crate) fn witness(&self) -> &dyn Witness {
+        self.witness.as_ref()
+    }
+}
 
 impl Extension for Events {
     fn describe<'a>(

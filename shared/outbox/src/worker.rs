@@ -2,12 +2,20 @@
 //! [`Destination`] with its external key, and settles it with the answer
 //! (docs/contract.md §5, docs/design.md §5).
 
+use idempotency::{
+    fail_point::fail_point,
+    status::EventState,
+    transitions::{AuditEvent, Record},
+};
 use platform::{Timestamp, metrics::names};
 
-use super::{Delivery, Destination, EventState, Outbox, OutboxEvent, WORKER, new_lease_token, store};
 use crate::{
-    fail_point::fail_point,
-    transitions::{AuditEvent, Record},
+    Outbox,
+    answer::Delivery,
+    event::{Destination, OutboxEvent},
+    new_lease_token,
+    plan::WORKER,
+    store,
 };
 
 impl<D: Destination> Outbox<D> {
@@ -32,7 +40,7 @@ impl<D: Destination> Outbox<D> {
             .iter()
             .map(|e| e.audit(AuditEvent::Dispatched, WORKER, None, now))
             .collect();
-        self.idempotency.transitions.record(&mut tx, &dispatched).await?;
+        self.idempotency.transitions().record(&mut tx, &dispatched).await?;
         tx.commit().await?;
         let taken = events.len();
         futures::future::join_all(events.into_iter().map(|event| self.deliver(event))).await;
@@ -41,7 +49,7 @@ impl<D: Destination> Outbox<D> {
 
     /// Delivers due events until the task is aborted; starts at once when an
     /// effect in this process wrote an event, otherwise looks every `poll`.
-    pub(super) async fn run_worker(&self) {
+    pub(crate) async fn run_worker(&self) {
         let wake = self.idempotency.work_handed_on();
         loop {
             let taken = self.deliver_due().await.unwrap_or_else(|e| {
@@ -67,7 +75,7 @@ impl<D: Destination> Outbox<D> {
             .checked();
         fail_point("outbox::after_delivery").await;
         self.idempotency
-            .metrics
+            .metrics()
             .count(names::OUTBOX_DELIVERIES, &[("result", delivery.result())]);
         if let Delivery::NotAccepted { reason } = &delivery {
             tracing::warn!(event_id = %event.event_id, operation_id = %event.operation_id, %reason,

@@ -2,10 +2,26 @@
 //! §6): a payment provider's charge, a deployment controller's rollout. A
 //! database transaction cannot take back a charge once it has left, so an
 //! effect never calls the external system itself. It hands the work to the
-//! outbox ([`Effect::with_outbox`](crate::Effect::with_outbox)): an **event**
-//! written in the same transaction as the business rows and the operation's
-//! first answer (a 202). The operation then stays `in_progress`, its answer
+//! outbox (`Effect::with_handoff(`[`Event::new`]`(kind, &payload))`, the
+//! core's extension point for work an effect hands on): an **event** written
+//! in the same transaction as the business rows and the operation's first
+//! answer (a 202). The operation then stays `in_progress`, its answer
 //! replayed to every retry, until the outbox settles it.
+//!
+//! This crate is an extension of the idempotency core, and the core knows
+//! nothing of it. It plugs in where the core says work and its status go:
+//! an event is the effect's [`Handoff`](idempotency::handoff::Handoff);
+//! [`Events`] is its [`Extension`](idempotency::Extension) (the event's state
+//! in an operation's status, the outbox's gauges, the operations it leaves
+//! for a person), registered with `Idempotency::with_extension`, and it holds
+//! the service's [`Ledger`] and [`Witness`], which [`Outbox`] and the settling
+//! [`routes()`] find there; every transition it makes is reported to the
+//! layer's sink (`Idempotency::transitions`), in the transaction that makes
+//! it. It needs no other extension.
+//!
+//! Its tables stay in the core's migrations (`migrations/idempotency/`,
+//! `idempotency::MIGRATIONS`): a migration already applied cannot move to
+//! another migrator without breaking the databases that applied it.
 //!
 //! # The life of an event
 //!
@@ -52,33 +68,48 @@
 //! that token: two processes on one database never settle one event twice, and
 //! a holder that dies is replaced when its lease ends.
 //!
-//! # The files
+//! # Where each part is
 //!
-//! - `mod.rs`: [`Outbox`], which runs the two loops;
-//! - `event.rs`: an event, and what a service gives the outbox: the
-//!   [`Destination`] it sends to, the [`Ledger`] of its rows, the [`Witness`]
-//!   a person's resolution is checked with;
-//! - `worker.rs` and `reconciler.rs`: taking due events, delivering, asking;
-//! - `plan.rs`: the rows of both tables above, one pure function from an
-//!   outcome to what it writes; `settle.rs` writes it in one transaction;
-//! - `store.rs`: the SQL that takes, lets go and settles events, one function
-//!   per statement, both backends; `status.rs`: the reads of what an event
-//!   shows (an operation's status, the lists that wait for a person);
+//! From the bottom up: a module imports only modules listed before it, and
+//! the crate's own items from where they are defined.
+//!
+//! - `answer.rs`: how an answer is read ([`Delivery::from_refusal`], [`Lookup`]);
+//! - `config.rs`: the pace ([`OutboxConfig`]);
+//! - `event.rs`: an event — what an effect hands on ([`Event`], with its
+//!   [`external_key`]) and what a worker holds ([`OutboxEvent`]) — and what a
+//!   service gives the outbox: the [`Destination`] it sends to, the
+//!   [`Ledger`] of its rows, the [`Witness`] a person's resolution is
+//!   checked with;
+//! - `resolution.rs`: what a person found out at the external system ([`Resolution`]);
+//! - `plan.rs`: the rows of both tables above and of a person's resolution,
+//!   one pure function from an outcome to what it writes, and who journals
+//!   it ([`WORKER`], [`RECONCILER`]);
+//! - `status.rs`: the reads of what an event shows (an operation's status,
+//!   the lists that wait for a person); `store.rs`: the SQL that writes,
+//!   takes, lets go and settles events, one function per statement, both
+//!   backends;
+//! - `extension.rs`: [`Events`], the outbox as the layer's extension, with
+//!   the service's [`Ledger`] and [`Witness`];
 //! - `ending.rs`: what the service ends itself ([`withdraw`], [`finish`]);
 //! - `by_hand.rs`: what a person does when the outbox cannot settle an
 //!   operation by itself ([`resolve`], checked with the external system
 //!   through the service's [`Witness`]; [`redeliver`]);
-//! - `answer.rs`: how an answer is read ([`Delivery::from_refusal`], [`Lookup`]);
-//! - `config.rs`: the pace ([`OutboxConfig`]).
+//! - `routes.rs`: the settling routes a service merges ([`routes()`], and
+//!   [`routes::SettlingApi`] for its OpenAPI document);
+//! - `lib.rs`: [`Outbox`], which runs the two loops: `worker.rs` and
+//!   `reconciler.rs` take due events, deliver and ask; `settle.rs` writes
+//!   what each came to in one transaction.
 
 mod answer;
 mod by_hand;
 mod config;
 mod ending;
-pub mod event;
+mod event;
 mod extension;
 mod plan;
 mod reconciler;
+mod resolution;
+pub mod routes;
 mod settle;
 mod status;
 mod store;
@@ -86,77 +117,25 @@ mod worker;
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use idempotency::Idempotency;
 
 pub use answer::{Delivery, Lookup, is_external_id};
-pub use by_hand::{ByHandError, Resolution, Resolved, redeliver, resolve};
+pub use by_hand::{ByHandError, redeliver, resolve};
 pub use config::OutboxConfig;
 pub use ending::{finish, withdraw};
-pub use event::{Asking, Destination, EventState, Ledger, OutboxEvent, Settlement, Settling, Witness};
+pub use event::{Asking, Destination, Event, Ledger, OutboxEvent, Settlement, Settling, Witness, external_key};
 pub use extension::Events;
+/// Where an event is, as an operation's status shows it: the core's, since
+/// the status resource's shape is.
+pub use idempotency::status::EventState;
+pub use plan::{RECONCILER, WORKER};
+pub use resolution::{Resolution, Resolved};
+pub use routes::routes;
 pub use status::{DeliveryStatus, event_of};
 
-use platform::{Timestamp, Tx};
-
-use crate::{
-    execute::Effect,
-    handoff::{Handoff, Writing},
-    layer::Idempotency,
-    operation::OperationIdentity,
-};
-
-/// The principal the journal names for what the worker does.
-pub const WORKER: &str = "system:outbox-worker";
-/// The principal the journal names for what the reconciler does.
-pub const RECONCILER: &str = "system:reconciler";
-
-/// The external idempotency key of an operation's event: derived from the
-/// operation id, so every delivery of it — after any retry or restart — is
-/// the same request to the external system.
-pub fn external_key(operation_id: &str) -> String {
-    format!("retrysafe-{operation_id}")
-}
-
-/// What an effect hands to the outbox: the kind of work, in the service's
-/// words, and what the [`Destination`] needs to send it. A payload that would
-/// not serialise is kept as its error: the effect then fails with a server
-/// error and nothing commits, rather than an event that says nothing.
-#[derive(Debug, Clone)]
-pub(crate) struct Message {
-    pub kind: &'static str,
-    pub payload: Result<serde_json::Value, String>,
-}
-
-impl Message {
-    pub fn new(kind: &'static str, payload: &impl Serialize) -> Self {
-        Message {
-            kind,
-            payload: serde_json::to_value(payload).map_err(|e| e.to_string()),
-        }
-    }
-}
-
-/// An event is written as the effect's handed-on work, in its transaction.
-impl Handoff for Message {
-    fn write<'a>(&'a self, tx: &'a mut Tx, of: OperationIdentity<'a>, now: Timestamp) -> Writing<'a> {
-        Box::pin(store::enqueue(tx, of, self, now))
-    }
-}
-
-impl Effect {
-    /// Work that leaves the process (a charge, a rollout): `payload` goes to
-    /// the outbox as a `kind` event, in the transaction of this effect, and the
-    /// outbox delivers it with a key derived from the operation id (see
-    /// [`crate::outbox`]). The operation answers now — this effect's answer,
-    /// usually a 202 with the resource in its first state — and stays
-    /// `in_progress`, replaying that answer, until the delivery settles it.
-    pub fn with_outbox(self, kind: &'static str, payload: &impl Serialize) -> Self {
-        self.with_handoff(Message::new(kind, payload))
-    }
-}
-
-/// The outbox of one service: its idempotency layer (database, journal, the
-/// service's [`Ledger`]), the external system its events go to, and the pace.
+/// The outbox of one service: its idempotency layer (database, journal, and
+/// the service's [`Ledger`] in its [`Events`]), the external system its
+/// events go to, and the pace.
 #[derive(Debug)]
 pub struct Outbox<D> {
     idempotency: Idempotency,
@@ -182,22 +161,17 @@ impl<D: Destination> Outbox<D> {
     ///
     /// # Panics
     ///
-    /// If `idempotency` has no [`Ledger`] (events could be delivered but
-    /// never settled in the service's rows) or no [`Witness`] (a person could
-    /// not settle an operation the outbox cannot: nothing would check what
-    /// they say). A wiring mistake, caught at start-up.
+    /// If `idempotency` has no [`Events`] (events could be delivered but
+    /// never settled in the service's rows, and a person's resolution would
+    /// have nothing to check it with). A wiring mistake, caught at start-up.
     pub fn new(idempotency: Idempotency, destination: D, mut config: OutboxConfig) -> Self {
         if config.lease <= config.delivery_timeout {
             tracing::warn!(lease = ?config.lease, timeout = ?config.delivery_timeout,
                 "the outbox lease must outlast a delivery; using twice the delivery timeout");
             config.lease = config.delivery_timeout * 2;
         }
-        let ledger = idempotency
-            .ledger()
-            .expect("an outbox settles its events in the service's ledger: give it with Idempotency::with_ledger");
-        assert!(
-            idempotency.witness().is_some(),
-            "a person's resolution is checked with the external system: give it with Idempotency::with_witness"
+        let ledger = idempotency.extension::<Events>().map(Events::ledger).expect(
+            "an outbox settles its events in the service's ledger: add outbox::Events with Idempotency::with_extension",
         );
         Outbox {
             idempotency,

@@ -1,24 +1,44 @@
 //! What an `admin` does about an operation the outbox cannot settle by
 //! itself (docs/contract.md §5): settle one whose outcome is unknown with
-//! the evidence they found, or send a dead event again.
+//! the evidence they found, or send a dead event again. A service merges
+//! [`routes`] beside the core's, and [`SettlingApi`] into its OpenAPI document.
 
 use axum::{
-    extract::State,
+    Router,
+    extract::{FromRef, State},
     http::StatusCode,
     response::{IntoResponse, Response},
+    routing::post,
 };
-use platform::{ApiError, ApiJson, ApiPath, Principal, Role};
+use idempotency::{
+    Idempotency, OperationState, OptionalIdempotencyHeaders, status::OperationView, store as operations,
+};
+use platform::{ApiError, ApiJson, ApiPath, Authenticator, Principal, Role};
 use serde::{Deserialize, Serialize};
 use validator::{Validate, ValidationError, ValidationErrors};
 
-use crate::status::OperationView;
 use crate::{
-    key::OptionalIdempotencyHeaders,
-    layer::Idempotency,
-    operation::OperationState,
-    outbox::{self, ByHandError, Resolution, Resolved},
-    store,
+    answer::is_external_id,
+    by_hand::{self, ByHandError},
+    resolution::{Resolution, Resolved},
 };
+
+/// Settling by hand: an unknown operation's resolution and a dead event's redelivery.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Idempotency: FromRef<S>,
+    Authenticator: FromRef<S>,
+{
+    Router::new()
+        .route(RESOLUTION_ROUTE, post(resolve_operation))
+        .route(REDELIVERY_ROUTE, post(redeliver_operation))
+}
+
+/// The settling routes' part of a service's OpenAPI document.
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(resolve_operation, redeliver_operation), components(schemas(ResolutionBody)))]
+pub struct SettlingApi;
 
 /// How the work ended at the external system, as a person found it, and
 /// what they saw. What they say is checked with the external system where it
@@ -99,7 +119,7 @@ fn text(value: &str, max: usize) -> Result<(), ValidationError> {
 /// digits, `_` and `-`. Ids are data, never paths: one with a `/`, a `.`, a
 /// `%`, a `?` or a space is refused here, before anything is asked.
 fn external_id(value: &str) -> Result<(), ValidationError> {
-    if outbox::is_external_id(value) {
+    if is_external_id(value) {
         Ok(())
     } else {
         Err(ValidationError::new("external_id")
@@ -226,7 +246,7 @@ fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
 
 /// The operation as it is now.
 async fn view(idempotency: &Idempotency, principal: &Principal, operation_id: &str) -> Result<OperationView, ApiError> {
-    let operation = store::find_by_id(&idempotency.db, &principal.account_id, operation_id)
+    let operation = operations::find_by_id(idempotency.db(), &principal.account_id, operation_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("operation `{operation_id}`")))?;
     OperationView::read(idempotency, operation).await
@@ -280,7 +300,7 @@ pub async fn resolve_operation(
     };
     idempotency
         .execute_with_optional_key(RESOLUTION_ROUTE, &principal, key, &command, async || {
-            outbox::resolve(&idempotency, &principal, &operation_id, &Resolution::from(&body))
+            by_hand::resolve(&idempotency, &principal, &operation_id, &Resolution::from(&body))
                 .await
                 .map_err(|e| {
                     refusal(
@@ -335,7 +355,7 @@ pub async fn redeliver_operation(
     };
     idempotency
         .execute_with_optional_key(REDELIVERY_ROUTE, &principal, key, &command, async || {
-            outbox::redeliver(&idempotency, &principal, &operation_id)
+            by_hand::redeliver(&idempotency, &principal, &operation_id)
                 .await
                 .map_err(|e| refusal(e, &operation_id, "only a dead event is sent again"))?;
             view(&idempotency, &principal, &operation_id).await

@@ -1,23 +1,23 @@
 //! Outbox work the service ends itself, in a transaction of its own
 //! (docs/design.md §5): an event withdrawn before it was ever sent (a cancel),
 //! and work that went on at the external system after it accepted it (a
-//! rollout), finished when the service sees it end.
+//! rollout), finished when the service sees it end. Each end is reported to
+//! the layer's sink, in that transaction, as the worker's are.
 
+use idempotency::{Idempotency, OperationIdentity, OperationState, store as operations, transitions::AuditEvent};
 use platform::{Timestamp, Tx};
 
-use super::store;
-use crate::{
-    operation::{OperationIdentity, OperationState},
-    transitions::{AuditEvent, inbox},
-};
+use crate::store;
 
 /// Withdraws an operation's event that was never handed to the external
 /// system — a cancel that came before the delivery — in `tx`: the event fails
-/// with `reason`, and its operation with it (journaled `failed`, by `by`).
+/// with `reason`, and its operation with it (reported `failed`, by `by`, to
+/// the sink of `idempotency`, the service's layer).
 /// `false`: a worker has it, or it was sent at least once (even if it is due
 /// to be sent again, the external system may have it): it must be cancelled
 /// there.
 pub async fn withdraw(
+    idempotency: &Idempotency,
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
@@ -38,15 +38,17 @@ pub async fn withdraw(
         route,
         external_ref: None,
     };
-    operation.end(tx, OperationState::Failed, by, now).await?;
+    operation.end(idempotency, tx, OperationState::Failed, by, now).await?;
     Ok(true)
 }
 
 /// Ends an operation whose work went on at the external system after it
-/// accepted it ([`Ledger::completes_on_acceptance`](super::Ledger::completes_on_acceptance)):
-/// `completed` or `failed`, journaled by `by`, in `tx` (the one that records
-/// how the work ended in the service's own rows). `false`: it had ended already.
+/// accepted it ([`Ledger::completes_on_acceptance`](crate::Ledger::completes_on_acceptance)):
+/// `completed` or `failed`, reported by `by` to the sink of `idempotency`, in
+/// `tx` (the one that records how the work ended in the service's own rows).
+/// `false`: it had ended already.
 pub async fn finish(
+    idempotency: &Idempotency,
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
@@ -66,7 +68,7 @@ pub async fn finish(
         route,
         external_ref,
     };
-    operation.end(tx, ended, by, Timestamp::now()).await?;
+    operation.end(idempotency, tx, ended, by, Timestamp::now()).await?;
     Ok(true)
 }
 
@@ -82,8 +84,15 @@ struct Ended<'a> {
 }
 
 impl Ended<'_> {
-    async fn end(self, tx: &mut Tx, state: OperationState, by: &str, now: Timestamp) -> Result<(), sqlx::Error> {
-        if !crate::store::settle_external(tx, self.account_id, self.operation_id, state, None, now).await? {
+    async fn end(
+        self,
+        idempotency: &Idempotency,
+        tx: &mut Tx,
+        state: OperationState,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<(), sqlx::Error> {
+        if !operations::settle_external(tx, self.account_id, self.operation_id, state, None, now).await? {
             return Err(sqlx::Error::Protocol(format!(
                 "operation {} is not waiting for its outbox work",
                 self.operation_id
@@ -102,6 +111,6 @@ impl Ended<'_> {
             route: &self.route,
         };
         let ended = identity.audit(event, by, self.external_ref.as_deref(), now);
-        inbox::record(tx, &[ended]).await
+        idempotency.transitions().record(tx, &[ended]).await
     }
 }

@@ -3,10 +3,8 @@
 //! unknown operations and dead events, and the tests' and tools' look at an
 //! event.
 
+use idempotency::status::{EventState, NeedsAPerson};
 use platform::Timestamp;
-
-use super::EventState;
-use crate::status::NeedsAPerson;
 
 /// The state of an operation's event and how many times it was sent (for
 /// tests and tools).

@@ -1,17 +1,53 @@
-//! An event of the outbox, and what a service gives the outbox for its
-//! events: the [`Destination`] they go to, the [`Ledger`] of its own rows,
-//! and the [`Witness`] a person's resolution is checked with.
+//! An event of the outbox — what an effect hands on ([`Event`]) and what a
+//! worker holds ([`OutboxEvent`]) — and what a service gives the outbox for
+//! its events: the [`Destination`] they go to, the [`Ledger`] of its own
+//! rows, and the [`Witness`] a person's resolution is checked with.
 
 use std::future::Future;
 
-use platform::{Timestamp, Tx};
-
-use super::{Delivery, Lookup};
-pub use crate::status::EventState;
-use crate::{
-    operation::OperationIdentity,
+use idempotency::{
+    OperationIdentity,
+    status::EventState,
     transitions::{AuditEvent, Record},
 };
+use platform::{Timestamp, Tx};
+use serde::Serialize;
+
+use crate::answer::{Delivery, Lookup};
+
+/// The external idempotency key of an operation's event: derived from the
+/// operation id, so every delivery of it — after any retry or restart — is
+/// the same request to the external system.
+pub fn external_key(operation_id: &str) -> String {
+    format!("retrysafe-{operation_id}")
+}
+
+/// Work that leaves the process (a charge, a rollout), as an effect hands it
+/// to the outbox: `Effect::with_handoff(Event::new(kind, &payload))`. It is
+/// written as a `kind` event in the effect's transaction, and the outbox
+/// delivers it with a key derived from the operation id ([`external_key`]).
+/// The operation answers now — the effect's answer, usually a 202 with the
+/// resource in its first state — and stays `in_progress`, replaying that
+/// answer, until the delivery settles it.
+///
+/// `kind` names the work in the service's words, and `payload` is what the
+/// [`Destination`] needs to send it. A payload that would not serialise is
+/// kept as its error: the effect then fails with a server error and nothing
+/// commits, rather than an event that says nothing.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub(crate) kind: &'static str,
+    pub(crate) payload: Result<serde_json::Value, String>,
+}
+
+impl Event {
+    pub fn new(kind: &'static str, payload: &impl Serialize) -> Self {
+        Event {
+            kind,
+            payload: serde_json::to_value(payload).map_err(|e| e.to_string()),
+        }
+    }
+}
 
 /// One event, as a worker or the reconciler holds it.
 #[derive(Debug, Clone)]
@@ -34,12 +70,12 @@ pub struct OutboxEvent {
     /// How many deliveries and lookups came to nothing known, and settlements
     /// failed, before this one.
     pub failures: i32,
-    pub(super) lease_token: String,
+    pub(crate) lease_token: String,
 }
 
 impl OutboxEvent {
     /// A journal record of what happened to this event's operation.
-    pub(super) fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
+    pub(crate) fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
         self.identity().audit(event, by, external_ref, at)
     }
 
@@ -65,12 +101,12 @@ pub enum Settlement<'a> {
         reason: &'a str,
     },
     /// A person found that it took effect, and named no reference (the
-    /// external system may be gone for good; see [`resolve`](super::resolve)): an end like an
+    /// external system may be gone for good; see [`resolve`](crate::resolve)): an end like an
     /// acceptance, with no external id for the rows to keep — so nothing
     /// acts at the external system in the operation's name afterwards.
     CompletedByHand,
     /// A person settled it as not taken effect, on the external system's word
-    /// that it holds nothing under the operation's key (see [`resolve`](super::resolve)): an
+    /// that it holds nothing under the operation's key (see [`resolve`](crate::resolve)): an
     /// end like a refusal.
     FailedByHand,
     /// Sent, and nobody knows yet whether it took effect.
@@ -89,12 +125,11 @@ pub trait Destination: Send + Sync + 'static {
     fn look_up(&self, event: &OutboxEvent) -> impl Future<Output = Result<Lookup, String>> + Send;
 }
 
-/// The external system as a person's resolution asks it ([`resolve`](super::resolve)): the
+/// The external system as a person's resolution asks it ([`resolve`](crate::resolve)): the
 /// reconciler's own lookup ([`Destination::look_up`]), as a trait object the
 /// layer holds beside its [`Ledger`], since a resolution is a request
 /// handler's and not the outbox's. Every [`Destination`] is one; the service
-/// gives it to its layer with
-/// [`Idempotency::with_witness`](crate::Idempotency::with_witness).
+/// gives it to its layer in its [`Events`](crate::Events).
 pub trait Witness: std::fmt::Debug + Send + Sync + 'static {
     /// What the external system holds for `event`, by its key or by the
     /// service's own reference. `Err`: it could not be asked.
@@ -113,15 +148,14 @@ impl<D: Destination + std::fmt::Debug> Witness for D {
 
 /// The service's own rows for the work its events carry: how an event's
 /// ending is written in them. Apart from the [`Destination`] because a person
-/// settles an operation by hand ([`resolve`](super::resolve)) through the same writes as the
+/// settles an operation by hand ([`resolve`](crate::resolve)) through the same writes as the
 /// reconciler, from any request handler, with no external system involved;
-/// the service gives it to its layer with
-/// [`Idempotency::with_ledger`](crate::Idempotency::with_ledger).
+/// the service gives it to its layer in its [`Events`](crate::Events).
 pub trait Ledger: std::fmt::Debug + Send + Sync + 'static {
     /// Whether the external system's acceptance ends the operation: `true`
     /// for a charge (accepted is done), `false` for work that goes on there
     /// (a rollout): the operation then stays `in_progress`, with the external
-    /// reference, until the service ends it with [`finish`](super::finish).
+    /// reference, until the service ends it with [`finish`](crate::finish).
     fn completes_on_acceptance(&self, _event: &OutboxEvent) -> bool {
         true
     }

@@ -3,7 +3,7 @@
 //! was taken after all is unknown, for the reconciler to ask about; only what
 //! cannot have reached the work is sent again as it is, with the same key.
 
-use idempotency::outbox::Delivery;
+use outbox::Delivery;
 
 /// The business refusals this table's external system sends as 409.
 const FINAL_CONFLICTS: &[&str] = &["refund_exceeds_charge"];

@@ -6,65 +6,31 @@
 //!
 //! What a person says is checked where it can be: before a resolution is
 //! written, the external system is asked what it holds for the operation,
-//! through the service's [`Witness`](super::Witness) — the reconciler's own
+//! through the service's [`Witness`](crate::Witness) — the reconciler's own
 //! lookup, by the operation's derived key and the service's reference.
 
 use std::time::Duration;
 
+use idempotency::{
+    Idempotency, OperationIdentity, OperationState,
+    status::EventState,
+    store as operations,
+    transitions::{AuditEvent, Record},
+};
 use platform::{Principal, Timestamp};
 
-use super::{EventState, Lookup, OutboxEvent, plan, status, store};
 use crate::{
-    layer::Idempotency,
-    operation::OperationIdentity,
-    operation::OperationState,
-    transitions::{AuditEvent, Record},
+    answer::Lookup,
+    event::OutboxEvent,
+    extension::Events,
+    plan,
+    resolution::{Resolution, Resolved},
+    status, store,
 };
 
 /// How long a resolution waits for the external system's answer: as long as
 /// the outbox waits by default for a delivery's.
 const ASKING_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What a person found out about an operation whose outcome was unknown.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolution {
-    pub outcome: Resolved,
-    /// What they saw, in their words (a provider's dashboard, a ticket with
-    /// the controller's team): journaled with the resolution.
-    pub evidence: String,
-}
-
-/// How the work ended at the external system.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolved {
-    /// It took effect there. With a reference, it is accepted only when the
-    /// external system confirms the reference is this operation's work, and
-    /// settled as the reconciler settles what it finds. With none (the
-    /// external system cannot be asked, for good), the operation ends
-    /// `completed` and no row keeps an external id.
-    Completed { external_ref: Option<String> },
-    /// It did not take effect: accepted only when the external system holds
-    /// nothing under the operation's key, and settled as a refusal. A
-    /// reference the person names is their note, journaled only.
-    Failed { external_ref: Option<String> },
-}
-
-impl Resolution {
-    /// The event's state once settled this way.
-    fn event_state(&self) -> EventState {
-        match self.outcome {
-            Resolved::Completed { .. } => EventState::Delivered,
-            Resolved::Failed { .. } => EventState::Failed,
-        }
-    }
-
-    /// The reference the person named, if any.
-    fn external_ref(&self) -> Option<&str> {
-        match &self.outcome {
-            Resolved::Completed { external_ref } | Resolved::Failed { external_ref } => external_ref.as_deref(),
-        }
-    }
-}
 
 /// Why a person's action changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +70,7 @@ pub enum ByHandError {
 /// reference is journaled). Then, in one transaction: its event (unless a
 /// worker or the reconciler holds it right now), the operation
 /// (compare-and-set from `unknown`), the service's rows through its
-/// [`Ledger`](super::Ledger) — the writes the reconciler makes — and the
+/// [`Ledger`](crate::Ledger) — the writes the reconciler makes — and the
 /// journal: `resolved` by `by`, with the evidence, then the outcome. The
 /// stored answer stays, replayed to every later attempt.
 ///
@@ -125,7 +91,7 @@ pub async fn resolve(
     resolution: &Resolution,
 ) -> Result<(), ByHandError> {
     let account_id = by.account_id.as_str();
-    let mut asked = store::settleable_event(&idempotency.db, account_id, operation_id, Timestamp::now()).await?;
+    let mut asked = store::settleable_event(idempotency.db(), account_id, operation_id, Timestamp::now()).await?;
     // bounded: each round settles, is refused, or finds the work sent again since it asked
     for _ in 0..3 {
         let Some(event) = asked else {
@@ -140,7 +106,7 @@ pub async fn resolve(
         if settle_as_checked(idempotency, by, &event, resolution).await? {
             return Ok(());
         }
-        asked = store::settleable_event(&idempotency.db, account_id, operation_id, Timestamp::now())
+        asked = store::settleable_event(idempotency.db(), account_id, operation_id, Timestamp::now())
             .await?
             .filter(|now| now.deliveries != event.deliveries);
     }
@@ -159,7 +125,8 @@ async fn settle_as_checked(
     let (account_id, operation_id) = (event.account_id.as_str(), event.operation_id.as_str());
     let failed_by_hand = matches!(resolution.outcome, Resolved::Failed { .. }).then_some(plan::FAILED_BY_HAND);
     let ledger = idempotency
-        .ledger()
+        .extension::<Events>()
+        .map(Events::ledger)
         .ok_or_else(|| sqlx::Error::Protocol("the service keeps no ledger for its outbox events".into()))?;
     let plan = plan::resolved(resolution, &by.principal_id, ledger.completes_on_acceptance(event));
     let settles = plan.settles.as_ref().expect("a resolution settles its operation");
@@ -185,7 +152,7 @@ async fn settle_as_checked(
         tx.rollback().await?;
         return Ok(false);
     };
-    let Some((idempotency_key, fingerprint, route)) = crate::store::settle_unknown(
+    let Some((idempotency_key, fingerprint, route)) = operations::settle_unknown(
         &mut tx,
         account_id,
         operation_id,
@@ -218,7 +185,7 @@ async fn settle_as_checked(
             _ => operation.audit(what, who, plan.external_ref, now),
         })
         .collect();
-    idempotency.transitions.record(&mut tx, &journaled).await?;
+    idempotency.transitions().record(&mut tx, &journaled).await?;
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, state = settles.operation.as_str(),
         "an operation whose outcome was unknown was settled by hand");
@@ -226,7 +193,7 @@ async fn settle_as_checked(
 }
 
 /// Whether the external system bears out `outcome` for `event`'s operation,
-/// asked as the reconciler asks ([`Witness`](super::Witness)):
+/// asked as the reconciler asks ([`Witness`](crate::Witness)):
 ///
 /// - `completed` with a reference: it must be what the lookup finds for the
 ///   operation — the work under its key or its reference, of its amount and
@@ -241,7 +208,8 @@ async fn settle_as_checked(
 ///   reference.
 async fn check(idempotency: &Idempotency, event: &OutboxEvent, outcome: &Resolved) -> Result<(), ByHandError> {
     let witness = idempotency
-        .witness()
+        .extension::<Events>()
+        .map(Events::witness)
         .ok_or_else(|| ByHandError::ExternalSystemUnavailable("the service gives its layer no witness".into()))?;
     let held = tokio::time::timeout(ASKING_TIMEOUT, witness.holds(event))
         .await
@@ -298,7 +266,7 @@ async fn journal_refusal(
         )
     };
     let mut tx = idempotency.begin().await?;
-    idempotency.transitions.record(&mut tx, &[refusal]).await?;
+    idempotency.transitions().record(&mut tx, &[refusal]).await?;
     tx.commit().await?;
     tracing::warn!(operation_id = %event.operation_id, by = %by.principal_id, external_ref = external_ref.unwrap_or("-"),
         "a resolution the external system does not bear out was refused");
@@ -311,8 +279,8 @@ async fn journal_refusal(
 /// the state it left).
 async fn why_not(idempotency: &Idempotency, account_id: &str, operation_id: &str) -> ByHandError {
     let found = async {
-        let operation = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await?;
-        let delivery = status::delivery_of(&idempotency.db, account_id, operation_id).await?;
+        let operation = operations::find_by_id(idempotency.db(), account_id, operation_id).await?;
+        let delivery = status::delivery_of(idempotency.db(), account_id, operation_id).await?;
         Ok::<_, sqlx::Error>((operation, delivery))
     };
     let (operation, delivery) = match found.await {
@@ -343,10 +311,10 @@ pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: 
     let Some((idempotency_key, fingerprint, route)) = store::revive(&mut tx, account_id, operation_id, now).await?
     else {
         tx.rollback().await?;
-        let Some(operation) = crate::store::find_by_id(&idempotency.db, account_id, operation_id).await? else {
+        let Some(operation) = operations::find_by_id(idempotency.db(), account_id, operation_id).await? else {
             return Err(ByHandError::NotFound);
         };
-        let event = status::delivery_of(&idempotency.db, account_id, operation_id)
+        let event = status::delivery_of(idempotency.db(), account_id, operation_id)
             .await?
             .map(|d| d.state);
         return match event {
@@ -362,7 +330,7 @@ pub async fn redeliver(idempotency: &Idempotency, by: &Principal, operation_id: 
         route: &route,
     };
     let entry = operation.audit(AuditEvent::Redelivered, &by.principal_id, None, now);
-    idempotency.transitions.record(&mut tx, &[entry]).await?;
+    idempotency.transitions().record(&mut tx, &[entry]).await?;
     tx.commit().await?;
     tracing::info!(%operation_id, by = %by.principal_id, "a dead event was given back to the reconciler");
     Ok(())

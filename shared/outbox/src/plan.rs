@@ -4,12 +4,22 @@
 //! so the tables of the module's map (and of docs/contract.md §5) are decided
 //! in one place and tested row by row.
 
-use super::{Delivery, EventState, Lookup, RECONCILER, Resolution, Resolved, Settlement, WORKER};
-use crate::{operation::OperationState, transitions::AuditEvent};
+use idempotency::{OperationState, status::EventState, transitions::AuditEvent};
+
+use crate::{
+    answer::{Delivery, Lookup},
+    event::Settlement,
+    resolution::{Resolution, Resolved},
+};
+
+/// The principal the journal names for what the worker does.
+pub const WORKER: &str = "system:outbox-worker";
+/// The principal the journal names for what the reconciler does.
+pub const RECONCILER: &str = "system:reconciler";
 
 /// What handling an event came to: the worker's delivery, or the reconciler's lookup.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Outcome {
+pub(crate) enum Outcome {
     /// The external system took the delivery.
     Accepted { external_ref: String },
     /// The external system refused the delivery, finally.
@@ -42,7 +52,7 @@ impl From<Delivery> for Outcome {
 
 impl Outcome {
     /// Who came to it: the worker delivering, or the reconciler asking.
-    pub(super) fn by(&self) -> &'static str {
+    pub(crate) fn by(&self) -> &'static str {
         match self {
             Outcome::Accepted { .. }
             | Outcome::Refused { .. }
@@ -53,7 +63,7 @@ impl Outcome {
     }
 
     /// What the reconciler's lookup of an event that was in `state` came to.
-    pub(super) fn looked_up(found: Result<Lookup, String>, state: EventState) -> Self {
+    pub(crate) fn looked_up(found: Result<Lookup, String>, state: EventState) -> Self {
         match found {
             Ok(Lookup::Found { external_ref }) => Outcome::Found { external_ref },
             Ok(Lookup::Absent) => Outcome::Absent,
@@ -67,7 +77,7 @@ impl Outcome {
 
 /// What an outcome writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     /// The event's new state.
     pub event: EventState,
     /// Kept on the event and the operation; `None` leaves what they have.
@@ -90,7 +100,7 @@ impl Plan<'_> {
     /// The event's state and failures once this plan is written over
     /// `failures` earlier ones: at `max_failures` a failure makes it `dead`,
     /// and its operation stays as the plan leaves it.
-    pub(super) fn event_after(&self, failures: i32, max_failures: i32) -> (EventState, i32) {
+    pub(crate) fn event_after(&self, failures: i32, max_failures: i32) -> (EventState, i32) {
         if !self.failure {
             return (self.event, failures);
         }
@@ -106,9 +116,9 @@ impl Plan<'_> {
 
 /// What settling an event writes beyond the event itself, in the same transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Settles<'a> {
+pub(crate) struct Settles<'a> {
     pub operation: OperationState,
-    /// What the service's [`Destination::settle`](super::Destination::settle) is told.
+    /// What the service's [`Ledger::settle`](crate::Ledger::settle) is told.
     pub business: Settlement<'a>,
     /// Journaled in this order, each with the plan's `external_ref` (after the
     /// `dispatched` the worker journaled when it took the event), by whom.
@@ -117,7 +127,7 @@ pub(super) struct Settles<'a> {
 
 /// When an event is due again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Due {
+pub(crate) enum Due {
     /// At once.
     Now,
     /// After the doubling, jittered backoff for its deliveries.
@@ -127,11 +137,11 @@ pub(super) enum Due {
     AfterReconcileWait,
 }
 
-/// The plan for `outcome`. `completes_on_acceptance`: the destination's
-/// [`completes_on_acceptance`](super::Destination::completes_on_acceptance)
+/// The plan for `outcome`. `completes_on_acceptance`: the ledger's
+/// [`completes_on_acceptance`](crate::Ledger::completes_on_acceptance)
 /// for the event — work that goes on at the external system keeps its
 /// operation in progress after it was accepted.
-pub(super) fn plan(outcome: &Outcome, completes_on_acceptance: bool) -> Plan<'_> {
+pub(crate) fn plan(outcome: &Outcome, completes_on_acceptance: bool) -> Plan<'_> {
     match outcome {
         Outcome::Accepted { external_ref } => {
             accepted(external_ref, AuditEvent::Accepted, WORKER, completes_on_acceptance)
@@ -165,10 +175,10 @@ pub(super) fn plan(outcome: &Outcome, completes_on_acceptance: bool) -> Plan<'_>
 
 /// The event's `last_error` once a person settled it as failed: their
 /// evidence is in the journal, for those who may read it.
-pub(super) const FAILED_BY_HAND: &str = "settled as failed by a person";
+pub(crate) const FAILED_BY_HAND: &str = "settled as failed by a person";
 
 /// What a person's settling of an operation whose outcome was unknown writes
-/// ([`resolve`](super::resolve)), journaled `resolved` by `by` first:
+/// ([`resolve`](crate::resolve)), journaled `resolved` by `by` first:
 ///
 /// - `completed` with the reference the external system confirmed: what the
 ///   reconciler writes when it finds the work (a rollout goes on);
@@ -177,7 +187,7 @@ pub(super) const FAILED_BY_HAND: &str = "settled as failed by a person";
 /// - `failed`: what a refusal writes. A reference the person named is only
 ///   their note, for the journal: the external system holds nothing for the
 ///   operation, so no row keeps it.
-pub(super) fn resolved<'a>(resolution: &'a Resolution, by: &'a str, completes_on_acceptance: bool) -> Plan<'a> {
+pub(crate) fn resolved<'a>(resolution: &'a Resolution, by: &'a str, completes_on_acceptance: bool) -> Plan<'a> {
     match &resolution.outcome {
         Resolved::Completed {
             external_ref: Some(external_ref),

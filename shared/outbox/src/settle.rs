@@ -1,26 +1,31 @@
-//! Writing what an outcome comes to ([`plan`](super::plan)): the event, its
+//! Writing what an outcome comes to ([`plan`](crate::plan)): the event, its
 //! operation, the service's rows and the journal in one transaction, under a
 //! compare-and-set on the event's lease (docs/design.md §5).
 
 use std::time::Duration;
 
+use idempotency::{
+    status::EventState,
+    store as operations,
+    transitions::{AuditEvent, Record},
+};
 use platform::{Timestamp, metrics::names};
 
-use super::{
-    Destination, EventState, Outbox, OutboxEvent,
+use crate::{
+    Outbox,
+    event::{Destination, OutboxEvent},
     plan::{Due, Outcome, Plan, plan},
     store::{self, LetGo},
 };
-use crate::transitions::{AuditEvent, Record};
 
 impl<D: Destination> Outbox<D> {
     /// Settles `event` with what its delivery or lookup came to, and logs
     /// what became of it.
-    pub(super) async fn settle(&self, event: &OutboxEvent, outcome: Outcome) {
+    pub(crate) async fn settle(&self, event: &OutboxEvent, outcome: Outcome) {
         let plan = plan(&outcome, self.ledger.completes_on_acceptance(event));
         let written = self.write(event, &plan, outcome.by()).await;
         if plan.wake_worker {
-            self.idempotency.work_handed_on.notify_one();
+            self.idempotency.work_handed_on().notify_one();
         }
         match written {
             Ok(Some(EventState::Dead)) => self.dead(event, plan.last_error.unwrap_or("")),
@@ -62,7 +67,7 @@ impl<D: Destination> Outbox<D> {
             return Ok(None);
         }
         if let Some(settles) = &plan.settles {
-            if !crate::store::settle_external(
+            if !operations::settle_external(
                 &mut tx,
                 &event.account_id,
                 &event.operation_id,
@@ -89,7 +94,7 @@ impl<D: Destination> Outbox<D> {
         if state == EventState::Dead {
             journaled.push(event.audit(AuditEvent::DeadLettered, by, None, now));
         }
-        self.idempotency.transitions.record(&mut tx, &journaled).await?;
+        self.idempotency.transitions().record(&mut tx, &journaled).await?;
         tx.commit().await?;
         Ok(Some(state))
     }
@@ -106,7 +111,7 @@ impl<D: Destination> Outbox<D> {
             let dead = store::count_failed_settlement(&mut tx, event, WHY, self.config.max_failures, now).await?;
             if dead == Some(true) {
                 let entry = event.audit(AuditEvent::DeadLettered, by, None, now);
-                self.idempotency.transitions.record(&mut tx, &[entry]).await?;
+                self.idempotency.transitions().record(&mut tx, &[entry]).await?;
             }
             tx.commit().await?;
             Ok::<_, sqlx::Error>(dead)
@@ -123,7 +128,7 @@ impl<D: Destination> Outbox<D> {
 impl<D: Destination> Outbox<D> {
     /// Counts and logs an event that has just become dead.
     fn dead(&self, event: &OutboxEvent, last_error: &str) {
-        self.idempotency.metrics.count(names::OUTBOX_DEAD_LETTERED, &[]);
+        self.idempotency.metrics().count(names::OUTBOX_DEAD_LETTERED, &[]);
         log_dead(event, last_error);
     }
 }

@@ -2,26 +2,30 @@
 //! backends (docs/design.md §9). Every write to a held event is a
 //! compare-and-set on its lease token (docs/design.md §5).
 
+use idempotency::{
+    OperationIdentity,
+    handoff::{Handoff, Writing},
+    status::EventState,
+};
 use platform::{Timestamp, Tx, on_tx};
 
-use super::{EventState, Message, OutboxEvent, external_key};
-use crate::operation::OperationIdentity;
+use crate::event::{Event, OutboxEvent, external_key};
 
-/// Writes `message` as a pending event of its operation, inside the
+/// An event is written as the effect's handed-on work, in its transaction.
+impl Handoff for Event {
+    fn write<'a>(&'a self, tx: &'a mut Tx, of: OperationIdentity<'a>, now: Timestamp) -> Writing<'a> {
+        Box::pin(enqueue(tx, of, self, now))
+    }
+}
+
+/// Writes `event` as a pending event of its operation, inside the
 /// transaction of the effect that made it: the event exists if and only if
 /// the effect and the operation's answer do.
-pub(crate) async fn enqueue(
-    tx: &mut Tx,
-    of: OperationIdentity<'_>,
-    message: &Message,
-    now: Timestamp,
-) -> Result<(), sqlx::Error> {
-    let payload = message.payload.as_ref().map_err(|e| {
-        sqlx::Error::Protocol(format!(
-            "the `{}` event's payload does not serialise: {e}",
-            message.kind
-        ))
-    })?;
+async fn enqueue(tx: &mut Tx, of: OperationIdentity<'_>, event: &Event, now: Timestamp) -> Result<(), sqlx::Error> {
+    let payload = event
+        .payload
+        .as_ref()
+        .map_err(|e| sqlx::Error::Protocol(format!("the `{}` event's payload does not serialise: {e}", event.kind)))?;
     on_tx!(tx, |conn| {
         sqlx::query(
             "INSERT INTO idempotency_outbox \
@@ -35,7 +39,7 @@ pub(crate) async fn enqueue(
         .bind(of.idempotency_key)
         .bind(of.fingerprint)
         .bind(of.route)
-        .bind(message.kind)
+        .bind(event.kind)
         .bind(payload.to_string())
         .bind(external_key(of.operation_id))
         .bind(now)
@@ -56,7 +60,7 @@ macro_rules! event_columns {
 /// statement, so two workers never take the same event (PostgreSQL skips rows
 /// another transaction holds; SQLite has one writer). `send`: they are being
 /// sent now — `sending`, and one more delivery counted.
-pub(super) async fn take_due(
+pub(crate) async fn take_due(
     tx: &mut Tx,
     states: &[EventState],
     send: bool,
@@ -109,7 +113,7 @@ pub(super) async fn take_due(
 /// What an event is let go as: its new state, failures, when it is due, and
 /// what it keeps.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct LetGo<'a> {
+pub(crate) struct LetGo<'a> {
     pub state: EventState,
     pub failures: i32,
     pub next_attempt_at: Timestamp,
@@ -119,7 +123,7 @@ pub(super) struct LetGo<'a> {
 
 /// Lets go of an event this holder took, in its new state: compare-and-set on
 /// the lease token. `false`: the lease ran out and another holder has it.
-pub(super) async fn let_go(
+pub(crate) async fn let_go(
     tx: &mut Tx,
     event: &OutboxEvent,
     to: LetGo<'_>,
@@ -150,7 +154,7 @@ pub(super) async fn let_go(
 /// same compare-and-set on its lease: the holder keeps it (it is taken again
 /// when the lease ends) until it reaches `max_failures`, and then it is
 /// `dead`. `Some(dead)`: counted; `None`: the lease ran out.
-pub(super) async fn count_failed_settlement(
+pub(crate) async fn count_failed_settlement(
     tx: &mut Tx,
     event: &OutboxEvent,
     last_error: &str,
@@ -192,7 +196,7 @@ macro_rules! settleable_by_hand {
 /// [`settle_by_hand`]), read to ask the external system about it before the
 /// settling transaction. `None`: the operation is not `unknown`, has no
 /// event, or its event is held.
-pub(super) async fn settleable_event(
+pub(crate) async fn settleable_event(
     db: &platform::Db,
     account_id: &str,
     operation_id: &str,
@@ -221,7 +225,7 @@ pub(super) async fn settleable_event(
 
 /// What a person's settlement writes on the event.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct ByHand<'a> {
+pub(crate) struct ByHand<'a> {
     pub state: EventState,
     pub external_ref: Option<&'a str>,
     pub last_error: Option<&'a str>,
@@ -232,7 +236,7 @@ pub(super) struct ByHand<'a> {
 /// external system `deliveries` times, as when the person's evidence was
 /// checked. `None`: the operation has no event, it is held, it was settled
 /// already, or it was sent again since.
-pub(super) async fn settle_by_hand(
+pub(crate) async fn settle_by_hand(
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
@@ -268,7 +272,7 @@ pub(super) async fn settle_by_hand(
 /// Gives a dead event back to the reconciler, its failures forgiven: it asks
 /// the external system first, and sends it again with the same key only if
 /// there is no trace of it. `None`: the operation has no dead event.
-pub(super) async fn revive(
+pub(crate) async fn revive(
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
@@ -291,12 +295,12 @@ pub(super) async fn revive(
 
 /// The journal identity of an operation whose event is ended by the service:
 /// its idempotency key, fingerprint and route.
-pub(super) type Identity = (String, String, String);
+pub(crate) type Identity = (String, String, String);
 
 /// Fails an operation's event if it was never handed to the external system:
 /// a compare-and-set on `pending` with no delivery yet. `None`: a worker has
 /// it, or it was sent at least once.
-pub(super) async fn withdraw_unsent(
+pub(crate) async fn withdraw_unsent(
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
@@ -322,7 +326,7 @@ pub(super) async fn withdraw_unsent(
 /// An operation's event that was delivered while the operation is still in
 /// progress (work that goes on at the external system), with the external
 /// reference. `None`: there is no such event, or the operation has ended.
-pub(super) async fn delivered_in_progress(
+pub(crate) async fn delivered_in_progress(
     tx: &mut Tx,
     account_id: &str,
     operation_id: &str,
