@@ -6,7 +6,7 @@
 //! - A payment intent moves no money; at most one live intent per order,
 //!   decided by a partial unique index.
 //! - A capture and each refund instruction are operations that answer 202 and
-//!   go to the payment provider through the outbox ([`idempotency::outbox`]),
+//!   go to the payment provider through the outbox ([`outbox`]),
 //!   with the provider idempotency key derived from the operation id;
 //!   [`provider`] is the provider as the outbox sees it. A lost answer leaves the
 //!   operation `unknown` until the reconciler asks the provider.
