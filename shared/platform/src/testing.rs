@@ -13,6 +13,7 @@
 
 mod forwarder;
 mod process;
+pub mod standby;
 
 use std::{fmt::Display, str::FromStr};
 
