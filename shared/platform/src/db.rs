@@ -67,27 +67,38 @@ pub struct SqlitePools {
     outages: Outages,
 }
 
-/// How many times this process has seen its database unavailable: a
-/// request answered 503 `database_unavailable`, or a `/healthz` probe that
-/// found it unreachable or taking no writes. What was read from the database
-/// before an outage may be gone after it: a failover to a standby that had
-/// not received the last commits takes them away. So what a process keeps
-/// of the database in memory (the replay cache) is kept under this count and
-/// forgotten when it goes up.
+/// How many times this process has seen its database unavailable or
+/// replaced: a request answered 503 `database_unavailable`, a `/healthz`
+/// probe that found it unreachable or taking no writes, or another server
+/// found behind the same address ([`Db::still_the_same_server`]). What was
+/// read from the database before an outage may be gone after it: a failover
+/// to a standby that had not received the last commits takes them away. So
+/// what a process keeps of the database in memory (the replay cache) is kept
+/// under this count and forgotten when it goes up.
 #[derive(Clone, Debug, Default)]
-pub struct Outages(Arc<AtomicU64>);
+pub struct Outages {
+    seen: Arc<AtomicU64>,
+    /// The server last found behind the address, and when: `None` until one
+    /// is found, and again once it could not be reached.
+    server: Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>,
+}
 
 impl Outages {
     /// The outages seen so far.
     pub fn seen(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        self.seen.load(Ordering::SeqCst)
     }
 
     /// Counts one more.
     pub fn saw_one(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.seen.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+/// How long the server found behind the database's address is taken to be
+/// there still: a failover puts another there, and it takes longer than
+/// this to promote a standby.
+const SAME_SERVER_FOR: Duration = Duration::from_millis(250);
 
 /// How many connections a pool holds, how many of them are idle, and how
 /// many it may open.
@@ -143,11 +154,14 @@ impl Db {
                 .acquire_timeout(Duration::from_secs(30))
                 .connect_with(options.options([("synchronous_commit", "off")]))
                 .await?;
-            Ok(Db::Postgres(PgPools {
+            let db = Db::Postgres(PgPools {
                 main,
                 relaxed,
                 outages: Outages::default(),
-            }))
+            });
+            // the server found now is the one every answer learned from now on comes from
+            db.still_the_same_server().await;
+            Ok(db)
         } else {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
@@ -244,6 +258,40 @@ impl Db {
             self.outages().saw_one();
         }
         reachable
+    }
+
+    /// Whether the server this process reaches is the one it reached a
+    /// moment ago, asked at most every [`SAME_SERVER_FOR`] and one caller at a
+    /// time. On PostgreSQL a server is told by its postmaster's start time: a
+    /// promoted standby behind the same address is another server, and so
+    /// is a restarted primary. Another server, or none within a second,
+    /// counts as an outage seen; so does the first one found, since what was
+    /// learned before it cannot be vouched for. A SQLite file does not fail
+    /// over: always.
+    pub async fn still_the_same_server(&self) -> bool {
+        let Db::Postgres(pools) = self else {
+            return true;
+        };
+        let mut found = pools.outages.server.lock().await;
+        if found.as_ref().is_some_and(|(at, _)| at.elapsed() < SAME_SERVER_FOR) {
+            return true;
+        }
+        let asked = sqlx::query_scalar::<_, String>("SELECT pg_postmaster_start_time()::text").fetch_one(&pools.main);
+        let same = match tokio::time::timeout(Duration::from_secs(1), asked).await {
+            Ok(Ok(server)) => {
+                let same = found.as_ref().is_some_and(|(_, known)| *known == server);
+                *found = Some((std::time::Instant::now(), server));
+                same
+            }
+            _ => {
+                *found = None;
+                false
+            }
+        };
+        if !same {
+            pools.outages.saw_one();
+        }
+        same
     }
 
     /// Applies every given set of migrations, in version order, as one list.

@@ -19,6 +19,17 @@ use crate::{
 };
 
 impl Idempotency {
+    /// The answer this process remembers for the key, if it remembers one
+    /// and the database it learned it from is still the one it reaches: a
+    /// failover may have taken the operation away (docs/design.md §4).
+    pub(super) async fn remembered(&self, account_id: &str, key: &str) -> Option<std::sync::Arc<CachedAnswer>> {
+        self.replay_cache.get(account_id, key)?;
+        if !self.db.still_the_same_server().await {
+            return None;
+        }
+        self.replay_cache.get(account_id, key)
+    }
+
     /// The answer to a retry whose operation is in the replay cache.
     pub(super) async fn replay_cached(
         &self,

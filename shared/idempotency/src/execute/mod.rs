@@ -104,7 +104,7 @@ impl Idempotency {
             Ok(fingerprint) => fingerprint,
             Err(refused) => return refused.into_response(),
         };
-        if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
+        if let Some(answer) = self.remembered(account_id, attempt.headers.key.as_str()).await {
             return self.replay_cached(&attempt, &answer, &fingerprint).await;
         }
         if let Some(summary) = &attempt.approval {
@@ -158,7 +158,7 @@ impl Idempotency {
             Ok(fingerprint) => fingerprint,
             Err(refused) => return refused.into_response(),
         };
-        if let Some(answer) = self.replay_cache.get(account_id, attempt.headers.key.as_str()) {
+        if let Some(answer) = self.remembered(account_id, attempt.headers.key.as_str()).await {
             return self.replay_cached(&attempt, &answer, &fingerprint).await;
         }
         self.execute_leased(&attempt, &fingerprint, call_out, effect).await

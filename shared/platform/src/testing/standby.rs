@@ -174,6 +174,23 @@ impl ReplicatedPair {
         .expect("pg_ctl promote ran");
     }
 
+    /// Waits until the standby has replayed everything the primary has written.
+    pub async fn wait_until_caught_up(&self) {
+        for _ in 0..200 {
+            let behind = psql(
+                &self.bin,
+                self.primary,
+                "postgres",
+                "SELECT count(*) FROM pg_stat_replication WHERE replay_lsn < pg_current_wal_lsn()",
+            );
+            if behind.trim() == "0" {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("the standby never caught up with the primary");
+    }
+
     /// Waits until the primary sees its standby streaming.
     async fn wait_until_streaming(&self) {
         for _ in 0..200 {

@@ -1,16 +1,11 @@
-//! A failover under a storm of writes (docs/design.md §12): agents create
-//! tickets and capture payments under many keys; the primary is killed with
-//! SIGKILL in the middle; its synchronous standby is promoted and the
-//! services' database address moved to it; then every agent retries every
-//! key it has, with the same key and body, as the contract asks.
-//!
-//! Every answer a client received is still there: the retry of an
-//! acknowledged key is a replay of the same bytes; there is one ticket per
-//! key and per `source_event_id`, one charge per captured order at the
+//! A failover under a storm of writes: agents create tickets and capture
+//! payments under many keys; the primary is killed in the middle; its
+//! synchronous standby is promoted and the address moved to it; then every
+//! agent retries every key it has, with the same key and body, as the
+//! contract asks. Every answer a client received is still there: the retry
+//! of an acknowledged key is a replay of the same bytes; there is one ticket
+//! per key and per `source_event_id`, one charge per captured order at the
 //! provider, and each journal verifies. Run with the kill at three moments.
-//!
-//! PostgreSQL only: it starts its own primary and standby from the machine's
-//! PostgreSQL programs, and is skipped where there are none (never in CI).
 
 use std::{
     collections::BTreeMap,
@@ -22,129 +17,20 @@ use std::{
 };
 
 use futures::future::join_all;
-use idempotency::{IdempotencyConfig, outbox::OutboxConfig};
 use platform::{
-    Backend, Db,
+    Backend,
     testing::{
-        ACME_AGENT, GLOBEX_AGENT, TcpForwarder, TestClient, TestResponse,
+        ACME_AGENT, GLOBEX_AGENT,
         standby::{ReplicatedPair, Replication},
     },
 };
-use serde_json::{Value, json};
+use serde_json::json;
+
+use super::world::{Service, Services, Write};
 
 const AGENTS: usize = 4;
 const TICKETS_PER_AGENT: usize = 30;
 const CAPTURES_PER_AGENT: usize = 6;
-
-/// One write an agent means to make once: where, under which key, with what.
-#[derive(Clone)]
-struct Write {
-    service: Service,
-    path: String,
-    bearer: &'static str,
-    key: String,
-    body: Value,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Service {
-    Tickets,
-    Payments,
-}
-
-/// The two services on the replicated pair, through the address the test moves.
-struct Services {
-    tickets: TestClient,
-    payments: TestClient,
-    provider: payment_provider::Provider,
-    /// The two layers, for their journals.
-    layers: [idempotency::Idempotency; 2],
-    database: TcpForwarder,
-    _background: Vec<idempotency::Background>,
-}
-
-impl Services {
-    async fn start(pair: &ReplicatedPair) -> Services {
-        let database = TcpForwarder::start(pair.primary).await;
-        let tickets_db = Db::connect(&ReplicatedPair::url(database.addr, "tickets"), 8)
-            .await
-            .unwrap();
-        let payments_db = Db::connect(&ReplicatedPair::url(database.addr, "payments"), 8)
-            .await
-            .unwrap();
-        tickets::migrate(&tickets_db).await.expect("tickets migrations apply");
-        payments::migrate(&payments_db)
-            .await
-            .expect("payments migrations apply");
-
-        let provider = payment_provider::Provider::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let provider_url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(payment_provider::serve(
-            listener,
-            provider.clone(),
-            Default::default(),
-            std::future::pending(),
-        ));
-
-        let tickets = tickets::App::new(tickets_db, IdempotencyConfig::default(), true);
-        let payments = payments::App::new(
-            payments_db,
-            IdempotencyConfig::default(),
-            true,
-            payments::provider::ProviderConfig {
-                url: provider_url,
-                merchant_key: payments::provider::SANDBOX_MERCHANT_KEY.to_owned(),
-            },
-        );
-        let outbox = OutboxConfig {
-            delivery_timeout: Duration::from_secs(1),
-            lease: Duration::from_secs(2),
-            reconcile_after: Duration::from_millis(200),
-            ..OutboxConfig::default()
-        };
-        let background = vec![
-            tickets.idempotency.spawn_background(),
-            payments
-                .idempotency
-                .spawn_background()
-                .with(payments.outbox(outbox).spawn()),
-        ];
-        Services {
-            layers: [tickets.idempotency.clone(), payments.idempotency.clone()],
-            tickets: TestClient::new(tickets::build_router(tickets)),
-            payments: TestClient::new(payments::build_router(payments)),
-            provider,
-            database,
-            _background: background,
-        }
-    }
-
-    fn client(&self, service: Service) -> &TestClient {
-        match service {
-            Service::Tickets => &self.tickets,
-            Service::Payments => &self.payments,
-        }
-    }
-
-    async fn send(&self, write: &Write) -> TestResponse {
-        self.client(write.service)
-            .post(&write.path, write.bearer, Some(&write.key), &write.body)
-            .await
-    }
-
-    /// Sends `write` until it is answered with anything but a 503 (within a minute).
-    async fn answered(&self, write: &Write) -> TestResponse {
-        for _ in 0..600 {
-            let answer = self.send(write).await;
-            if answer.status != 503 {
-                return answer;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("`{}` was never answered", write.key);
-    }
-}
 
 /// The payment intents the agents capture, made before the storm.
 async fn intents(services: &Services) -> Vec<(&'static str, String)> {
@@ -152,22 +38,18 @@ async fn intents(services: &Services) -> Vec<(&'static str, String)> {
     for agent in 0..AGENTS {
         let bearer = agent_bearer(agent);
         for n in 0..CAPTURES_PER_AGENT {
-            let order = format!("order-{agent}-{n}");
-            let body = json!({"order_id": order, "amount": "40.00", "currency": "EUR",
-                              "payee": {"name": "Acme Supplies GmbH", "account": "DE89370400440532013000"}});
-            let created = services
-                .payments
-                .post("/v1/payment_intents", bearer, Some(&format!("intent-{order}")), &body)
-                .await;
-            assert_eq!(created.status, 201, "{}", String::from_utf8_lossy(&created.body));
-            made.push((bearer, created.str("id")));
+            made.push((bearer, services.intent(bearer, &format!("order-{agent}-{n}")).await));
         }
     }
     made
 }
 
 fn agent_bearer(agent: usize) -> &'static str {
-    if agent.is_multiple_of(2) { ACME_AGENT } else { GLOBEX_AGENT }
+    if agent.is_multiple_of(2) {
+        ACME_AGENT
+    } else {
+        GLOBEX_AGENT
+    }
 }
 
 /// Each agent's writes: its tickets, with a capture after every fifth.
@@ -320,36 +202,13 @@ async fn failover_keeps_every_acknowledged_answer(kill_after: usize) {
     assert_eq!(listed_in_all, tickets_made.len(), "no second ticket under any key");
 
     // one charge per captured order, once the outbox has delivered every capture
-    let captures = writes.iter().filter(|w| w.service == Service::Payments).count();
-    let delivered = tokio::time::timeout(Duration::from_secs(60), async {
-        while services.provider.stats().charges_made < captures as u64 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(delivered.is_ok(), "every capture is charged after the failover");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let captures = writes.iter().filter(|w| w.service == Service::Payments).count() as u64;
     assert_eq!(
-        services.provider.stats().charges_made,
-        captures as u64,
+        services.charges_settled_at(captures).await,
+        captures,
         "one charge per capture"
     );
-
-    // each service's journal verifies, and holds each operation's completion once
-    for layer in &services.layers {
-        layer.flush_journal().await;
-        let entries = journal::all_entries(layer.db()).await.expect("the journal reads");
-        journal::verify(&entries, None).expect("the journal verifies");
-        let mut completed: Vec<&str> = entries
-            .iter()
-            .filter(|e| e.event == journal::AuditEvent::Completed)
-            .filter_map(|e| e.operation_id.as_deref())
-            .collect();
-        let total = completed.len();
-        completed.sort_unstable();
-        completed.dedup();
-        assert_eq!(completed.len(), total, "no operation completed twice");
-    }
+    services.journals_verify().await;
     eprintln!(
         "failover after {kill_after} acknowledged answers: {} writes, {} acknowledged in the storm, {} refused with 503, \
          {} replays checked byte for byte, {} tickets, {} charges",
