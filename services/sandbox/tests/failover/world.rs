@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use idempotency::{IdempotencyConfig, outbox::OutboxConfig};
+use idempotency::IdempotencyConfig;
+use outbox::OutboxConfig;
 use platform::{
     Db,
     testing::{TcpForwarder, TestClient, TestResponse, standby::ReplicatedPair},
