@@ -53,7 +53,7 @@ impl Idempotency {
             config,
             attempts: Default::default(),
             replay_cache: std::sync::Arc::new(replay_cache),
-            transitions: std::sync::Arc::new(crate::transitions::Inbox),
+            transitions: std::sync::Arc::new(crate::transitions::Unrecorded),
             work_handed_on: Default::default(),
             extensions: Default::default(),
             metrics: platform::metrics::Metrics::new("unnamed"),
@@ -68,7 +68,7 @@ impl Idempotency {
     }
 
     /// The layer reporting its transitions to `sink` (the journal); without
-    /// one they are inbox rows no one reads ([`crate::transitions::Inbox`]).
+    /// one they are not kept ([`crate::transitions::Unrecorded`]).
     pub fn with_sink(mut self, sink: impl Sink) -> Self {
         self.transitions = std::sync::Arc::new(sink);
         self

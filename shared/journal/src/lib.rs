@@ -59,6 +59,11 @@ impl Sink for Journal {
         Box::pin(Journal::observe(self, db, record))
     }
 
+    /// The chainer takes every record from the inbox.
+    fn reads_the_inbox(&self) -> bool {
+        true
+    }
+
     /// The chainer: it logs the chain's head first, the head the service
     /// starts from, for operators to pin, and the one its rounds refuse to go
     /// behind; then it links what waits, round after round.

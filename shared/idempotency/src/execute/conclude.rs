@@ -5,7 +5,7 @@
 //! (docs/contract.md §3, §5; docs/design.md §2, §3).
 
 use axum::response::{IntoResponse, Response};
-use platform::metrics::{Metrics, names};
+use platform::metrics::names;
 use platform::{ApiError, Timestamp, Tx, telemetry};
 
 use super::{Attempt, Effect};
@@ -89,13 +89,16 @@ impl Claim<'_> {
         tx: &mut Tx,
         completion: &Completion<'_>,
         attempt: &Attempt<'_>,
-        metrics: &Metrics,
+        layer: &Idempotency,
     ) -> Result<bool, sqlx::Error> {
         match self {
             Claim::InTransaction(new) => {
                 let started = std::time::Instant::now();
-                let claimed = store::claim_finished(tx, new, completion, attempt.started).await;
-                metrics.observe(names::CLAIM_DURATION, &[("mode", "transaction")], started.elapsed());
+                let claimed =
+                    store::claim_finished(tx, new, completion, attempt.started, layer.transitions.as_ref()).await;
+                layer
+                    .metrics
+                    .observe(names::CLAIM_DURATION, &[("mode", "transaction")], started.elapsed());
                 claimed
             }
             Claim::Leased { operation, token } => {
@@ -149,7 +152,7 @@ impl Idempotency {
         let operation_id = claim.operation_id();
         let completion = done.completion();
         let recorded = async {
-            if !claim.end(&mut tx, &completion, attempt, &self.metrics).await? {
+            if !claim.end(&mut tx, &completion, attempt, self).await? {
                 return Ok(false);
             }
             self.hand_on(&mut tx, claim.identity(), &done, completion.now).await?;
@@ -251,7 +254,7 @@ impl Idempotency {
         };
         let stored = async {
             let mut tx = self.begin().await?;
-            if !claim.end(&mut tx, &completion, attempt, &self.metrics).await? {
+            if !claim.end(&mut tx, &completion, attempt, self).await? {
                 tx.rollback().await?;
                 return Ok(false);
             }

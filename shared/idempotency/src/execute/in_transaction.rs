@@ -31,13 +31,16 @@ impl Idempotency {
         // transaction is never seen running.
         let new = attempt.new_operation(fingerprint, self.config.lease);
         let claim = Claim::InTransaction(&new);
+        // The wait for a connection (on SQLite, for the one writer) has its
+        // own bound, and a database that cannot be reached is a 503 that
+        // claimed nothing, not the lease running out.
+        let mut tx = match self.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return self.give_back(attempt, &claim, e.into()).await,
+        };
         // A transaction never outlives the lease: a hung effect would hold its
         // locks (on SQLite, the one writer) for every other request.
         let attempt_in_transaction = async {
-            let mut tx = match self.begin().await {
-                Ok(tx) => tx,
-                Err(e) => return self.give_back(attempt, &claim, e.into()).await,
-            };
             // A duplicate that waited for the write lock while the first attempt
             // committed finds its answer here, and never starts the effect.
             if let Some(answer) = self.replay_cache.get(new.account_id, new.key.as_str()) {

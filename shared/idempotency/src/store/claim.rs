@@ -9,8 +9,8 @@ use crate::{
     key::IdempotencyKey,
     operation::{OperationIdentity, OperationRecord, OperationState, StoredResponse},
     transitions::{
-        AuditEvent, Record,
-        inbox::{self, INBOX_COLUMNS, INBOX_INSERT, bind_records, placeholders},
+        AuditEvent, Record, Sink,
+        inbox::{INBOX_COLUMNS, INBOX_INSERT, bind_records, placeholders},
     },
 };
 
@@ -111,6 +111,7 @@ pub async fn claim_finished(
     new: &NewOperation<'_>,
     completion: &Completion<'_>,
     attempted_at: Timestamp,
+    sink: &dyn Sink,
 ) -> Result<bool, sqlx::Error> {
     let journaled = match completion.state {
         OperationState::Completed => vec![new.audit(AuditEvent::Completed, completion.now).by_attempt(1)],
@@ -120,7 +121,7 @@ pub async fn claim_finished(
             new.audit(AuditEvent::Claimed, completion.now),
         ],
     };
-    if let Tx::Postgres(pg) = tx {
+    if let (Tx::Postgres(pg), true) = (&mut *tx, sink.reads_the_inbox()) {
         // one round trip, since every round trip in a write transaction is
         // time it holds its locks: the entries go in only if the claim did
         let sql = format!(
@@ -133,7 +134,8 @@ pub async fn claim_finished(
         let written = bind_records!(query, &journaled).execute(&mut **pg).await?;
         return Ok(written.rows_affected() > 0);
     }
-    // SQLite has no writable CTE; its statements run in the process, so two cost no round trip
+    // SQLite has no writable CTE; its statements run in the process, so two cost no round trip;
+    // a sink that does not read the inbox records the entries its own way
     let claimed = on_tx!(tx, |conn| {
         bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQL), new, completion)
             .execute(conn)
@@ -141,7 +143,7 @@ pub async fn claim_finished(
             .rows_affected()
     }) == 1;
     if claimed {
-        inbox::record(tx, &journaled).await?;
+        sink.record(tx, &journaled).await?;
     }
     Ok(claimed)
 }

@@ -47,16 +47,23 @@ pub trait Sink: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
     fn held(&self) -> usize {
         0
     }
+
+    /// Whether the sink reads what is recorded as [`inbox`] rows: then a
+    /// claim writes its rows in its own statement, one round trip on
+    /// PostgreSQL, instead of calling [`record`](Sink::record).
+    fn reads_the_inbox(&self) -> bool {
+        false
+    }
 }
 
-/// The sink of a layer given none: transitions are inbox rows, observations
-/// are not kept.
+/// The sink of a layer given none: nothing is kept, so nothing piles up
+/// unread (a service that adopts the core alone: docs/adopt.md).
 #[derive(Debug, Default)]
-pub struct Inbox;
+pub struct Unrecorded;
 
-impl Sink for Inbox {
-    fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Recording<'a> {
-        Box::pin(inbox::record(tx, records))
+impl Sink for Unrecorded {
+    fn record<'a>(&'a self, _tx: &'a mut Tx, _records: &'a [Record]) -> Recording<'a> {
+        Box::pin(async { Ok(()) })
     }
 
     fn observe<'a>(&'a self, _db: &'a Db, _record: Record) -> Observing<'a> {

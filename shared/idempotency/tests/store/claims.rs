@@ -183,7 +183,34 @@ async fn concurrent_attempts_with_one_key(backend: Backend, claim: ClaimMode) {
     }
 }
 
+/// A service that adopts the core alone gives its layer no sink: nothing it
+/// writes waits for a journal that will never read it, in either claim mode.
+async fn a_layer_with_no_journal_leaves_nothing_in_the_journals_inbox(backend: Backend) {
+    let mut f = fixture(backend).await;
+    let runs = AtomicUsize::new(0);
+    for claim in [ClaimMode::InTransaction, ClaimMode::Leased] {
+        let config = IdempotencyConfig {
+            claim,
+            ..IdempotencyConfig::default()
+        };
+        f.idempotency = Idempotency::new(f.db.db.clone(), config);
+        let key = format!("alone-{claim:?}");
+        assert_eq!(f.run(&key, json!({"n": 1}), &runs).await.0, StatusCode::CREATED);
+        assert_eq!(f.run(&key, json!({"n": 1}), &runs).await.0, StatusCode::CREATED);
+        f.idempotency.flush_journal().await;
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each key ran once");
+    let inbox: i64 = platform::on_pool!(f.db.db.read(), |pool| sqlx::query_scalar(
+        "SELECT COUNT(*) FROM audit_inbox"
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap());
+    assert_eq!(inbox, 0, "no row waits for a journal");
+}
+
 platform::both_backends!(
+    a_layer_with_no_journal_leaves_nothing_in_the_journals_inbox,
     claiming_a_free_key_stores_a_running_operation_with_a_lease,
     claiming_a_taken_key_writes_nothing,
     an_operation_runs_its_effect_once_and_replays_its_stored_answer,

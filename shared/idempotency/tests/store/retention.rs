@@ -194,7 +194,8 @@ async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto
         let new = new_operation(&key, &fingerprint, Timestamp::now());
         let started = Timestamp::now();
         let mut tx = f.db.db.begin().await.unwrap();
-        let claimed = store::claim_finished(&mut tx, &new, &store::Completion::failed(&answer), started)
+        let journal = journal::Journal::default();
+        let claimed = store::claim_finished(&mut tx, &new, &store::Completion::failed(&answer), started, &journal)
             .await
             .unwrap();
         (tx, claimed)
