@@ -341,7 +341,7 @@ async fn record_cancel_request(tx: &mut Tx, principal: &Principal, deployment_id
             "{} asked to cancel it: the controller is asked to stop it",
             principal.principal_id
         );
-        store::note(tx, deployment_id, deployment.state, &note).await?;
+        store::note(tx, &principal.account_id, deployment_id, deployment.state, &note).await?;
     }
     Ok(())
 }

@@ -118,7 +118,8 @@ pub async fn create(
                 return Err(version_mismatch(expected, current.as_deref()));
             }
             on_tx!(tx, |conn| {
-                sqlx::query("UPDATE deployments SET replaces = $2 WHERE id = $1")
+                sqlx::query("UPDATE deployments SET replaces = $3 WHERE account_id = $1 AND id = $2")
+                    .bind(account_id)
                     .bind(&deployment.id)
                     .bind(current.as_deref())
                     .execute(conn)
@@ -126,7 +127,7 @@ pub async fn create(
             });
             deployment.replaces = current;
             let note = format!("asked for by {operation_id}");
-            record_state(tx, &deployment.id, DeploymentState::Queued, &note, now).await?;
+            record_state(tx, account_id, &deployment.id, DeploymentState::Queued, &note, now).await?;
             deployment.history = Some(vec![StateChange {
                 state: DeploymentState::Queued,
                 note,
@@ -222,26 +223,36 @@ async fn lock_holder(
 
 async fn record_state(
     tx: &mut Tx,
+    account_id: &str,
     deployment_id: &str,
     state: DeploymentState,
     note: &str,
     at: Timestamp,
 ) -> Result<(), sqlx::Error> {
     on_tx!(tx, |conn| {
-        sqlx::query("INSERT INTO deployment_history (deployment_id, state, note, at) VALUES ($1, $2, $3, $4)")
-            .bind(deployment_id)
-            .bind(state.as_str())
-            .bind(note)
-            .bind(at)
-            .execute(conn)
-            .await?;
+        sqlx::query(
+            "INSERT INTO deployment_history (deployment_id, state, note, at, account_id) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(deployment_id)
+        .bind(state.as_str())
+        .bind(note)
+        .bind(at)
+        .bind(account_id)
+        .execute(conn)
+        .await?;
     });
     Ok(())
 }
 
 /// Adds `note` to a deployment's history without changing its state.
-pub async fn note(tx: &mut Tx, deployment_id: &str, state: DeploymentState, note: &str) -> Result<(), sqlx::Error> {
-    record_state(tx, deployment_id, state, note, Timestamp::now()).await
+pub async fn note(
+    tx: &mut Tx,
+    account_id: &str,
+    deployment_id: &str,
+    state: DeploymentState,
+    note: &str,
+) -> Result<(), sqlx::Error> {
+    record_state(tx, account_id, deployment_id, state, note, Timestamp::now()).await
 }
 
 /// Moves a deployment from one of `from` to `to`, records why, and — when it
@@ -277,7 +288,7 @@ pub async fn change_state(
     let Some((service, environment)) = changed else {
         return Ok(false);
     };
-    record_state(tx, deployment_id, to, note, now).await?;
+    record_state(tx, account_id, deployment_id, to, note, now).await?;
     if to == DeploymentState::Succeeded {
         on_tx!(tx, |conn| {
             sqlx::query(
@@ -330,7 +341,7 @@ pub async fn settle_rollout(
             });
             if taken == 1 {
                 let note = format!("the controller took it as {external_ref}");
-                record_state(tx, deployment_id, DeploymentState::Queued, &note, now).await?;
+                record_state(tx, account_id, deployment_id, DeploymentState::Queued, &note, now).await?;
             }
         }
         Settlement::CompletedByHand => {
@@ -370,7 +381,7 @@ pub async fn get(db: &Db, account_id: &str, deployment_id: &str) -> Result<Optio
     let Some(mut deployment) = platform::rows::get::<Deployment>(db, SQL, account_id, &[deployment_id]).await? else {
         return Ok(None);
     };
-    deployment.history = Some(history(db, &deployment.id).await?);
+    deployment.history = Some(history(db, account_id, &deployment.id).await?);
     Ok(Some(deployment))
 }
 
@@ -399,17 +410,26 @@ pub async fn get_in(tx: &mut Tx, account_id: &str, deployment_id: &str) -> Resul
         return Ok(None);
     };
     let rows: Vec<(String, String, Timestamp)> = on_tx!(tx, |conn| {
-        sqlx::query_as(HISTORY).bind(&deployment.id).fetch_all(conn).await?
+        sqlx::query_as(HISTORY)
+            .bind(account_id)
+            .bind(&deployment.id)
+            .fetch_all(conn)
+            .await?
     });
     deployment.history = Some(decode_history(rows)?);
     Ok(Some(deployment))
 }
 
-const HISTORY: &str = "SELECT state, note, at FROM deployment_history WHERE deployment_id = $1 ORDER BY seq";
+const HISTORY: &str =
+    "SELECT state, note, at FROM deployment_history WHERE account_id = $1 AND deployment_id = $2 ORDER BY seq";
 
-async fn history(db: &Db, deployment_id: &str) -> Result<Vec<StateChange>, sqlx::Error> {
+async fn history(db: &Db, account_id: &str, deployment_id: &str) -> Result<Vec<StateChange>, sqlx::Error> {
     let rows: Vec<(String, String, Timestamp)> = on_pool!(db.read(), |pool| {
-        sqlx::query_as(HISTORY).bind(deployment_id).fetch_all(pool).await?
+        sqlx::query_as(HISTORY)
+            .bind(account_id)
+            .bind(deployment_id)
+            .fetch_all(pool)
+            .await?
     });
     decode_history(rows)
 }

@@ -32,7 +32,7 @@ macro_rules! select_intent {
     () => {
         "SELECT i.seq, i.list_seq, i.id, i.order_id, i.amount_minor, i.currency, i.payee_name, i.payee_account, i.description, \
          i.state, i.created_at, i.updated_at, c.id AS capture_id, c.provider_charge_id \
-         FROM payment_intents i LEFT JOIN payment_captures c ON c.intent_id = i.id"
+         FROM payment_intents i LEFT JOIN payment_captures c ON c.account_id = i.account_id AND c.intent_id = i.id"
     };
 }
 

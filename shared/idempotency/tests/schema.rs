@@ -1,7 +1,7 @@
 //! One schema on both backends (docs/design.md §9): the dialects differ in
 //! statement text only, never in the tables and columns the code relies on.
 
-use platform::{Backend, testing::TestDb};
+use platform::{Backend, Migrations, testing::TestDb};
 
 /// Every table the platform's and the idempotency layer's migrations make,
 /// each with its columns in order.
@@ -13,8 +13,11 @@ async fn tables_and_columns(backend: Backend) -> Vec<(String, Vec<String>)> {
         .unwrap();
     let (tables_sql, columns_sql) = match backend {
         Backend::Postgres => (
+            // a partition is where a table keeps some of its rows, not a table the code names
             "SELECT table_name::text FROM information_schema.tables \
-             WHERE table_schema = current_schema() AND table_name <> '_sqlx_migrations' ORDER BY 1",
+             WHERE table_schema = current_schema() AND table_name <> '_sqlx_migrations' \
+               AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = table_name AND c.relispartition) \
+             ORDER BY 1",
             "SELECT column_name::text FROM information_schema.columns \
              WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
         ),
@@ -54,4 +57,91 @@ async fn both_backends_have_the_same_tables_with_the_same_columns_in_the_same_or
         "{names:?}"
     );
     assert_eq!(sqlite, postgres);
+}
+
+/// The tables of every crate and service, each service's own as its folder
+/// of migrations has them: one database holds them all, as none overlap.
+static SERVICES: [Migrations; 3] = [
+    Migrations {
+        postgres: sqlx::migrate!("../../migrations/tickets/postgres"),
+        sqlite: sqlx::migrate!("../../migrations/tickets/sqlite"),
+    },
+    Migrations {
+        postgres: sqlx::migrate!("../../migrations/payments/postgres"),
+        sqlite: sqlx::migrate!("../../migrations/payments/sqlite"),
+    },
+    Migrations {
+        postgres: sqlx::migrate!("../../migrations/deployments/postgres"),
+        sqlite: sqlx::migrate!("../../migrations/deployments/sqlite"),
+    },
+];
+
+/// The high-volume tables, hash-partitioned by account on PostgreSQL.
+const PARTITIONED: [&str; 3] = ["audit_inbox", "idempotency_operations", "idempotency_outbox"];
+
+/// The keys that cannot begin with the account (docs/design.md §12): an API
+/// key is looked up before any account is known, and the journal's `seq` is
+/// one chain across every account.
+const KEYS_ACROSS_ACCOUNTS: [&str; 2] = ["api_keys_pkey", "audit_journal_pkey"];
+
+// PostgreSQL only: the partitions and keys are the shape a distributed
+// PostgreSQL shards; a SQLite file is never sharded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_begins_with_the_account_and_the_high_volume_tables_are_hash_partitioned_by_it() {
+    if !platform::testing::backend_available(Backend::Postgres).await {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres).await;
+    let [tickets, payments, deployments] = &SERVICES;
+    db.db
+        .migrate(&[
+            &platform::MIGRATIONS,
+            &idempotency::MIGRATIONS,
+            tickets,
+            payments,
+            deployments,
+        ])
+        .await
+        .unwrap();
+    let platform::Pool::Postgres(pool) = db.db.read() else {
+        unreachable!("a PostgreSQL test database")
+    };
+
+    let partitioned: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT c.relname::text, p.partstrat::text, a.attname::text, \
+                (SELECT COUNT(*) FROM pg_inherits i WHERE i.inhparent = c.oid) \
+         FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid \
+         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = p.partattrs[0] \
+         WHERE c.relnamespace = current_schema()::regnamespace AND p.partnatts = 1 ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let expected: Vec<(String, String, String, i64)> = PARTITIONED
+        .iter()
+        .map(|table| (table.to_string(), "h".into(), "account_id".into(), 8))
+        .collect();
+    assert_eq!(partitioned, expected, "(table, strategy, column, partitions)");
+
+    let keys: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT t.relname::text, i.relname::text, a.attname::text \
+         FROM pg_index x JOIN pg_class t ON t.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid \
+         JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = x.indkey[0] \
+         WHERE x.indisunique AND t.relnamespace = current_schema()::regnamespace \
+           AND NOT t.relispartition AND t.relname <> '_sqlx_migrations' ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let tables: std::collections::BTreeSet<&str> = keys.iter().map(|(table, _, _)| table.as_str()).collect();
+    assert!(
+        tables.len() >= 14 && tables.contains("ticket_comments") && tables.contains("deployment_history"),
+        "every project table is looked at: {tables:?}"
+    );
+    let across: Vec<&str> = keys
+        .iter()
+        .filter(|(_, _, first)| first != "account_id")
+        .map(|(_, key, _)| key.as_str())
+        .collect();
+    assert_eq!(across, KEYS_ACROSS_ACCOUNTS, "keys that do not begin with account_id");
 }

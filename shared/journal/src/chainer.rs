@@ -452,7 +452,7 @@ async fn lock_chain(tx: &mut Tx) -> Result<(), sqlx::Error> {
 /// Takes the oldest `ROUND_SIZE` records out of the inbox, in inbox order.
 async fn take_batch(tx: &mut Tx) -> Result<Vec<Record>, sqlx::Error> {
     const TAKE: &str = "DELETE FROM audit_inbox \
-         WHERE id IN (SELECT id FROM audit_inbox ORDER BY id LIMIT $1) \
+         WHERE (account_id, id) IN (SELECT account_id, id FROM audit_inbox ORDER BY id LIMIT $1) \
          RETURNING id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
                    event, external_ref, at, attempt, resource_type, resource_id, state, evidence";
     let mut taken = on_tx!(tx, |conn| {

@@ -90,8 +90,8 @@ pub(crate) async fn take_due(
     let due = format!("state IN ({states}) AND next_attempt_at <= $3");
     let sql = format!(
         "UPDATE idempotency_outbox SET {set} lease_token = $1, next_attempt_at = $2, updated_at = $3 \
-         WHERE {due} AND seq IN (SELECT seq FROM idempotency_outbox WHERE {due} \
-                                 ORDER BY next_attempt_at LIMIT $4 {skip_locked}) \
+         WHERE {due} AND (account_id, seq) IN (SELECT account_id, seq FROM idempotency_outbox WHERE {due} \
+                                                       ORDER BY next_attempt_at LIMIT $4 {skip_locked}) \
          RETURNING {}",
         event_columns!()
     );
@@ -133,7 +133,7 @@ pub(crate) async fn let_go(
         sqlx::query(
             "UPDATE idempotency_outbox SET state = $3, failures = $4, lease_token = NULL, next_attempt_at = $5, \
              external_ref = COALESCE($6, external_ref), last_error = $7, updated_at = $8 \
-             WHERE event_id = $1 AND lease_token = $2",
+             WHERE account_id = $9 AND event_id = $1 AND lease_token = $2",
         )
         .bind(&event.event_id)
         .bind(&event.lease_token)
@@ -143,6 +143,7 @@ pub(crate) async fn let_go(
         .bind(to.external_ref)
         .bind(to.last_error)
         .bind(now)
+        .bind(&event.account_id)
         .execute(conn)
         .await?
         .rows_affected()
@@ -166,13 +167,14 @@ pub(crate) async fn count_failed_settlement(
             "UPDATE idempotency_outbox SET failures = failures + 1, last_error = $3, updated_at = $4, \
              state = CASE WHEN failures + 1 >= $5 THEN 'dead' ELSE state END, \
              lease_token = CASE WHEN failures + 1 >= $5 THEN NULL ELSE lease_token END \
-             WHERE event_id = $1 AND lease_token = $2 RETURNING state",
+             WHERE account_id = $6 AND event_id = $1 AND lease_token = $2 RETURNING state",
         )
         .bind(&event.event_id)
         .bind(&event.lease_token)
         .bind(last_error)
         .bind(now)
         .bind(max_failures)
+        .bind(&event.account_id)
         .fetch_optional(conn)
         .await?
     });
@@ -334,7 +336,7 @@ pub(crate) async fn delivered_in_progress(
     let found: Option<(String, String, String, Option<String>)> = on_tx!(tx, |conn| {
         sqlx::query_as(
             "SELECT o.idempotency_key, o.fingerprint, o.route, o.external_ref FROM idempotency_outbox o \
-             JOIN idempotency_operations op ON op.operation_id = o.operation_id \
+             JOIN idempotency_operations op ON op.account_id = o.account_id AND op.operation_id = o.operation_id \
              WHERE o.account_id = $1 AND o.operation_id = $2 AND o.state = 'delivered' AND op.state = 'in_progress'",
         )
         .bind(account_id)

@@ -102,7 +102,7 @@ pub async fn number_new_rows(db: &Db, table: &'static str, account_id: &str) -> 
          FROM (SELECT seq, (SELECT COALESCE(MAX(list_seq), 0) FROM {table} WHERE account_id = $1) \
                            + ROW_NUMBER() OVER (ORDER BY seq) AS list_seq \
                FROM {table} WHERE account_id = $1 AND list_seq IS NULL) AS numbered \
-         WHERE {table}.seq = numbered.seq"
+         WHERE {table}.account_id = $1 AND {table}.seq = numbered.seq"
     );
     let mut tx = db.begin().await?;
     if let Tx::Postgres(pg) = &mut tx {

@@ -155,7 +155,7 @@ pub(super) async fn due(db: &Db, now: Timestamp, limit: i64) -> Result<Vec<Appro
     let columns = COLUMNS.replace(", ", ", a.");
     let sql = format!(
         "SELECT a.{columns} FROM idempotency_approvals a \
-         JOIN idempotency_operations o ON o.operation_id = a.operation_id \
+         JOIN idempotency_operations o ON o.account_id = a.account_id AND o.operation_id = a.operation_id \
          WHERE o.state = 'awaiting_approval' AND a.expires_at <= $1 \
            AND (a.decision IS NULL OR a.decision = 'approved') \
          ORDER BY a.seq LIMIT $2"
@@ -208,10 +208,11 @@ pub(super) async fn record_expiry(tx: &mut Tx, approval: &ApprovalRecord, now: T
     let changed = on_tx!(tx, |conn| {
         sqlx::query(
             "UPDATE idempotency_approvals SET decision = 'expired', decided_at = $2 \
-             WHERE approval_id = $1 AND decision IS NULL AND expires_at <= $2",
+             WHERE account_id = $3 AND approval_id = $1 AND decision IS NULL AND expires_at <= $2",
         )
         .bind(&approval.approval_id)
         .bind(now)
+        .bind(&approval.account_id)
         .execute(conn)
         .await?
         .rows_affected()
@@ -227,6 +228,7 @@ pub(super) async fn record_expiry(tx: &mut Tx, approval: &ApprovalRecord, now: T
 /// the effect holds in this same transaction.
 pub(crate) async fn check_for_execution(
     tx: &mut Tx,
+    account_id: &str,
     approval_id: &str,
     operation_id: &str,
     fingerprint: &Fingerprint,
@@ -236,8 +238,9 @@ pub(crate) async fn check_for_execution(
     let row: Option<(String, String, String, Option<String>, Timestamp)> = on_tx!(tx, |conn| {
         sqlx::query_as(
             "SELECT operation_id, fingerprint, summary, decision, expires_at FROM idempotency_approvals \
-             WHERE approval_id = $1",
+             WHERE account_id = $1 AND approval_id = $2",
         )
+        .bind(account_id)
         .bind(approval_id)
         .fetch_optional(conn)
         .await?

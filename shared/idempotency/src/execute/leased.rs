@@ -149,6 +149,7 @@ impl Idempotency {
         if let Some(approval_id) = &operation.approval_id {
             let check = approval::check_for_execution(
                 &mut tx,
+                &operation.account_id,
                 approval_id,
                 operation_id,
                 &operation.fingerprint,
