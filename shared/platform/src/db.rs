@@ -142,7 +142,12 @@ impl Db {
     /// if it does not exist yet.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Db, sqlx::Error> {
         if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            let options = PgConnectOptions::from_str(url)?.log_statements(tracing::log::LevelFilter::Trace);
+            // generic plans: a statement on a partitioned table is otherwise planned
+            // anew at every execution, as PostgreSQL's plan cache prices a generic
+            // plan at every partition, not the one it prunes to (docs/design.md §12)
+            let options = PgConnectOptions::from_str(url)?
+                .log_statements(tracing::log::LevelFilter::Trace)
+                .options([("plan_cache_mode", "force_generic_plan")]);
             create_postgres_database_if_missing(&options).await?;
             let main = PgPoolOptions::new()
                 .max_connections(max_connections)
