@@ -6,6 +6,7 @@
 # partitioned tables twice: with PostgreSQL's default plan cache, and with
 # generic plans forced (docs/design.md §12 says why). Indicative only: the
 # figures that count are the bench's (bench/RESULTS.md), on a quiet machine.
+# Its claims add rows: run explain.sh again before reading plans.
 #
 #   bench/partitions/measure.sh [postgres://postgres@127.0.0.1:5432/postgres] [seconds] [rounds]
 set -euo pipefail

@@ -6,21 +6,37 @@ SELECT 'op_' || lpad(to_hex((extract(epoch FROM now() - interval '9 days 5 hours
        || '70000000000000000000' AS reaper_first_id,
        now() - interval '9 days 5 hours' AS reaper_cutoff \gset
 
-CREATE FUNCTION pg_temp.median_ms(statement text, runs int DEFAULT 50) RETURNS numeric LANGUAGE plpgsql AS $$
+-- `statement` run `runs` times, each run rolled back: the median of a run in
+-- ms, planned each time (PostgreSQL's default for a statement on a partitioned
+-- table) and planned once (the services' generic plans, docs/design.md §12)
+CREATE FUNCTION pg_temp.median_ms(statement text, runs int DEFAULT 50) RETURNS TABLE (planned_each_time numeric, planned_once numeric)
+LANGUAGE plpgsql AS $$
 DECLARE
-    times numeric[] := '{}';
+    each_time numeric[] := '{}';
+    once numeric[] := '{}';
     started timestamptz;
 BEGIN
+    EXECUTE 'DEALLOCATE ALL';
+    EXECUTE 'PREPARE measured AS ' || statement;
     FOR i IN 1..runs LOOP
         started := clock_timestamp();
         BEGIN
             EXECUTE statement;
             RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'undo';
         EXCEPTION WHEN raise_exception THEN
-            times := times || extract(epoch FROM clock_timestamp() - started) * 1000;
+            each_time := each_time || extract(epoch FROM clock_timestamp() - started) * 1000;
+        END;
+        started := clock_timestamp();
+        BEGIN
+            EXECUTE 'EXECUTE measured';
+            RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'undo';
+        EXCEPTION WHEN raise_exception THEN
+            once := once || extract(epoch FROM clock_timestamp() - started) * 1000;
         END;
     END LOOP;
-    RETURN round((SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY t) FROM unnest(times) t)::numeric, 3);
+    RETURN QUERY SELECT
+        round((SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY t) FROM unnest(each_time) t)::numeric, 3),
+        round((SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY t) FROM unnest(once) t)::numeric, 3);
 END;
 $$;
 
@@ -36,7 +52,8 @@ $$;
 \set reaper 'DELETE FROM idempotency_operations WHERE operation_id < ''' :reaper_first_id ''' AND state IN (''completed'', ''failed'', ''rejected'') AND updated_at < ''' :reaper_cutoff ''''
 \set expiry 'SELECT a.* FROM idempotency_approvals a JOIN idempotency_operations o ON o.account_id = a.account_id AND o.operation_id = a.operation_id WHERE o.state = ''awaiting_approval'' AND a.expires_at <= now() AND (a.decision IS NULL OR a.decision = ''approved'') ORDER BY a.seq LIMIT 500'
 
-SELECT what, pg_temp.median_ms(statement) AS median_ms FROM (VALUES
+SET plan_cache_mode = force_generic_plan;
+SELECT what, m.* FROM (VALUES
     ('chainer round (5,000 records)', :'round'),
     ('inbox has records', 'SELECT id FROM audit_inbox ORDER BY id LIMIT 1'),
     ('inbox first and last ids', 'SELECT (SELECT MIN(id) FROM audit_inbox), (SELECT MAX(id) FROM audit_inbox)'),
@@ -51,4 +68,4 @@ SELECT what, pg_temp.median_ms(statement) AS median_ms FROM (VALUES
     ('gauge: journal backlog', 'SELECT COUNT(*) FROM audit_inbox'),
     ('gauge: approvals', 'SELECT CASE WHEN decision IS NOT NULL THEN decision WHEN expires_at <= now() THEN ''expired'' ELSE ''pending'' END, COUNT(*) FROM idempotency_approvals GROUP BY 1'),
     ('one account: a claim''s lookup', 'SELECT * FROM idempotency_operations WHERE account_id = ''acct_7'' AND idempotency_key = ''key-5007''')
-) AS s (what, statement);
+) AS s (what, statement), pg_temp.median_ms(statement) AS m;
