@@ -10,8 +10,7 @@
 -- statements that reach across accounts (the chainer's round, the outbox's due
 -- scan, the reaper, the gauges) pay one index probe per partition, so a
 -- handful keeps that fan-out cheap while each index and each vacuum is an
--- eighth of the table's. Eight also splits evenly into sixteen, and is a
--- shard count Citus co-locates tables on.
+-- eighth of the table's. Eight also splits evenly into sixteen.
 --
 -- What cannot begin with account_id, and how a distributed PostgreSQL holds it:
 --   audit_journal: `seq` is one hash chain across every account, each entry
