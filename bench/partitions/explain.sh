@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the plans of the statements that reach across accounts (docs/design.md
-# §12) on the schema before the partitions and after, each database filled
+# §13) on the schema before the partitions and after, each database filled
 # with the same data set (data.sql): 100,000 operations of 1,000 accounts;
 # then each statement's median time (timings.sql).
 #

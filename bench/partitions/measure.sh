@@ -4,7 +4,7 @@
 # two databases explain.sh made, in turns, each as prepared statements the way
 # sqlx sends them, and prints transactions a second. The lookup runs on the
 # partitioned tables twice: with PostgreSQL's default plan cache, and with
-# generic plans forced (docs/design.md §12 says why). Indicative only: the
+# generic plans forced (docs/design.md §13 says why). Indicative only: the
 # figures that count are the bench's (bench/RESULTS.md), on a quiet machine.
 # Its claims add rows: run explain.sh again before reading plans.
 #

@@ -8,7 +8,7 @@ SELECT 'op_' || lpad(to_hex((extract(epoch FROM now() - interval '9 days 5 hours
 
 -- `statement` run `runs` times, each run rolled back: the median of a run in
 -- ms, planned each time (PostgreSQL's default for a statement on a partitioned
--- table) and planned once (the services' generic plans, docs/design.md §12)
+-- table) and planned once (the services' generic plans, docs/design.md §13)
 CREATE FUNCTION pg_temp.median_ms(statement text, runs int DEFAULT 50) RETURNS TABLE (planned_each_time numeric, planned_once numeric)
 LANGUAGE plpgsql AS $$
 DECLARE

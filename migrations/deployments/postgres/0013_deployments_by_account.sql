@@ -1,4 +1,4 @@
--- The shape a distributed PostgreSQL shards (docs/design.md §12): every key of
+-- The shape a distributed PostgreSQL shards (docs/design.md §13): every key of
 -- the deployments' tables begins with account_id, and a history entry or an
 -- environment finds its deployment within its account, so the three tables
 -- can live on the node of their account. A history entry takes its

@@ -1,4 +1,4 @@
--- The shape a distributed PostgreSQL shards (docs/design.md §12): every key
+-- The shape a distributed PostgreSQL shards (docs/design.md §13): every key
 -- begins with account_id, the tenant, and the three tables every claim writes
 -- are hash-partitioned by it. Upgrades a database in place, keeping every row:
 -- each partitioned table is renamed, made again partitioned with the same

@@ -1,4 +1,4 @@
--- The shape a distributed PostgreSQL shards (docs/design.md §12): every key of
+-- The shape a distributed PostgreSQL shards (docs/design.md §13): every key of
 -- the payments' tables begins with account_id, and a capture's intent and a
 -- refund's capture are found within their account, so the three tables can
 -- live on the node of their account. Upgrades in place: only keys change,

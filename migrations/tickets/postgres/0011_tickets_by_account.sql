@@ -1,4 +1,4 @@
--- The shape a distributed PostgreSQL shards (docs/design.md §12): every key of
+-- The shape a distributed PostgreSQL shards (docs/design.md §13): every key of
 -- the tickets' tables begins with account_id, and a comment's ticket is found
 -- within its account, so both tables can live on the node of their account.
 -- Upgrades in place: only keys change, every row stays.

@@ -79,7 +79,7 @@ static SERVICES: [Migrations; 3] = [
 /// The high-volume tables, hash-partitioned by account on PostgreSQL.
 const PARTITIONED: [&str; 3] = ["audit_inbox", "idempotency_operations", "idempotency_outbox"];
 
-/// The keys that cannot begin with the account (docs/design.md §12): an API
+/// The keys that cannot begin with the account (docs/design.md §13): an API
 /// key is looked up before any account is known, and the journal's `seq` is
 /// one chain across every account.
 const KEYS_ACROSS_ACCOUNTS: [&str; 2] = ["api_keys_pkey", "audit_journal_pkey"];

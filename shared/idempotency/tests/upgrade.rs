@@ -1,5 +1,5 @@
 //! A PostgreSQL database made before every key began with the account
-//! (docs/design.md §12) is upgraded in place: every row stays, ids go on
+//! (docs/design.md §13) is upgraded in place: every row stays, ids go on
 //! after the kept ones, and a key taken before is taken still. PostgreSQL
 //! only: SQLite's tables did not change.
 

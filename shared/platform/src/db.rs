@@ -144,7 +144,7 @@ impl Db {
         if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             // generic plans: a statement on a partitioned table is otherwise planned
             // anew at every execution, as PostgreSQL's plan cache prices a generic
-            // plan at every partition, not the one it prunes to (docs/design.md §12)
+            // plan at every partition, not the one it prunes to (docs/design.md §13)
             let options = PgConnectOptions::from_str(url)?
                 .log_statements(tracing::log::LevelFilter::Trace)
                 .options([("plan_cache_mode", "force_generic_plan")]);
