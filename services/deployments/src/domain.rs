@@ -5,8 +5,8 @@
 
 use std::{collections::BTreeMap, fmt};
 
+use approvals::ApprovalSummary;
 use axum::http::StatusCode;
-use idempotency::approval::ApprovalSummary;
 use platform::{ApiError, Timestamp};
 use serde::{Deserialize, Serialize};
 use validator::Validate;

@@ -115,7 +115,7 @@ impl App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("deployments")
                 .with_sink(journal::Journal::default())
-                .with_extension(idempotency::approval::Approvals)
+                .with_gate(approvals::Approvals)
                 .with_extension(outbox::Events::new(controller::Rollouts, controller.clone())),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: DeploymentsPolicy::default(),
@@ -149,6 +149,7 @@ pub fn openapi(environments: &[String]) -> utoipa::openapi::OpenApi {
     let mut doc = routes::DeploymentsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
     doc.merge(outbox::routes::SettlingApi::openapi());
+    doc.merge(approvals::ApprovalsApi::openapi());
     doc.merge(journal::routes::JournalApi::openapi());
     let mut json = serde_json::to_value(&doc).expect("an OpenAPI document is JSON");
     let known = serde_json::json!(environments);
@@ -179,6 +180,7 @@ pub fn build_router(app: App) -> Router {
         routes::router()
             .merge(idempotency::routes::routes())
             .merge(outbox::routes())
+            .merge(approvals::routes())
             .merge(journal::routes()),
         metrics,
     )

@@ -72,7 +72,7 @@ fn queued(deployment: &Deployment) -> Effect {
     request_body = CreateDeploymentBody,
     params(("Idempotency-Key" = String, Header, description = "Made once per intended deployment; the same on every retry")),
     responses(
-        (status = 202, description = "Accepted: the deployment, `queued`; or, for production, the approval request", body = idempotency::approval::AcceptedOrAwaitingApproval<Deployment>),
+        (status = 202, description = "Accepted: the deployment, `queued`; or, for production, the approval request", body = approvals::AcceptedOrAwaitingApproval<Deployment>),
         (status = 400, description = "`mutable_reference_rejected` (a tag, a branch, `latest`, a short SHA), `unknown_environment` (not configured; `known_environments` names the ones there are), or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`environment_locked` (the holder's `deployment_id` and `operation_id`) or `version_mismatch`; for production, `approval_rejected`, `approval_expired`, or `approval_stale`: the release it replaces is no longer the one the approver was told, so it will never run", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: the same key with another digest, commit or environment", body = platform::error::Problem, content_type = "application/problem+json"),
@@ -143,7 +143,7 @@ pub async fn create_deployment(
     request_body = RollbackBody,
     params(("Idempotency-Key" = String, Header, description = "Made once per intended rollback")),
     responses(
-        (status = 202, description = "The approval request; once approved, the retry answers 202 with the rollback, `queued`", body = idempotency::approval::AcceptedOrAwaitingApproval<Deployment>),
+        (status = 202, description = "The approval request; once approved, the retry answers 202 with the rollback, `queued`", body = approvals::AcceptedOrAwaitingApproval<Deployment>),
         (status = 400, description = "`unknown_environment` (not configured; `known_environments` names the ones there are) or `invalid_request`; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such target in this account; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`invalid_state`: the target never succeeded in this environment, or is its current release; `environment_locked`; `approval_rejected`, `approval_expired`, or `approval_stale`: the release it replaces is no longer the one the approver was told, so it will never run", body = platform::error::Problem, content_type = "application/problem+json"),

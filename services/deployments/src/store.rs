@@ -3,7 +3,6 @@
 //! compare-and-set on the state it changes from.
 
 use axum::http::StatusCode;
-use idempotency::approval;
 use outbox::Settlement;
 use platform::{
     ApiError, Db, Timestamp, Tx, on_pool, on_tx,
@@ -106,7 +105,7 @@ pub async fn create(
             if let Replacing::AsApproved(promised) = new.replacing
                 && current.as_deref() != promised
             {
-                return Err(approval::stale(format!(
+                return Err(approvals::stale(format!(
                     "the approver was told it replaces {}, but the current release is {}",
                     promised.map_or("nothing".to_owned(), |p| format!("`{p}`")),
                     current.as_deref().map_or("none".to_owned(), |c| format!("`{c}`"))

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use idempotency::approval::ApprovalSummary;
+use approvals::ApprovalSummary;
 use platform::{ApiError, Timestamp};
 use serde::{Deserialize, Serialize};
 use validator::Validate;

@@ -94,7 +94,7 @@ impl App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("payments")
                 .with_sink(journal::Journal::default())
-                .with_extension(idempotency::approval::Approvals)
+                .with_gate(approvals::Approvals)
                 .with_extension(outbox::Events::new(provider::Transfers, provider.clone())),
             auth: Authenticator::new(db.clone(), sandbox),
             policy: PaymentsPolicy::default(),
@@ -125,6 +125,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::PaymentsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
     doc.merge(outbox::routes::SettlingApi::openapi());
+    doc.merge(approvals::ApprovalsApi::openapi());
     doc.merge(journal::routes::JournalApi::openapi());
     doc
 }
@@ -136,6 +137,7 @@ pub fn build_router(app: App) -> Router {
         routes::router()
             .merge(idempotency::routes::routes())
             .merge(outbox::routes())
+            .merge(approvals::routes())
             .merge(journal::routes()),
         metrics,
     )

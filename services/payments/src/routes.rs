@@ -172,7 +172,7 @@ async fn intent_named(app: &App, principal: &Principal, intent_id: &str) -> Resu
         ("Idempotency-Key" = String, Header, description = "Made once per intended capture; the same on every retry"),
     ),
     responses(
-        (status = 202, description = "Accepted: the capture, `processing`; or, at or above the threshold, the approval request", body = idempotency::approval::AcceptedOrAwaitingApproval<Capture>),
+        (status = 202, description = "Accepted: the capture, `processing`; or, at or above the threshold, the approval request", body = approvals::AcceptedOrAwaitingApproval<Capture>),
         (status = 400, description = "Invalid amount (more than the intent's, too many decimals…); nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 404, body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`invalid_state`: the intent is not in `requires_capture`; `approval_rejected`, `approval_expired` or `approval_stale`: a capture given to a human that will never run (its payee, amount and account cannot change, so it is stale only when the policy no longer gives it to a human as it did)", body = platform::error::Problem, content_type = "application/problem+json"),

@@ -2,7 +2,7 @@
 //! validated commands they become (what the fingerprint hashes), and the
 //! resources the API answers with.
 
-use idempotency::approval::ApprovalSummary;
+use approvals::ApprovalSummary;
 use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 use validator::{Validate, ValidationError};

@@ -52,7 +52,7 @@ impl App {
             idempotency: Idempotency::new(db.clone(), idempotency)
                 .for_service("tickets")
                 .with_sink(journal::Journal::default())
-                .with_extension(idempotency::approval::Approvals),
+                .with_gate(approvals::Approvals),
             auth: Authenticator::new(db.clone(), sandbox),
             db,
             policy: TicketsPolicy::default(),
@@ -75,6 +75,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::TicketsApi::openapi();
     doc.merge(idempotency::routes::OperationsApi::openapi());
     doc.merge(outbox::routes::SettlingApi::openapi());
+    doc.merge(approvals::ApprovalsApi::openapi());
     doc.merge(journal::routes::JournalApi::openapi());
     doc
 }
@@ -86,6 +87,7 @@ pub fn build_router(app: App) -> Router {
         routes::router()
             .merge(idempotency::routes::routes())
             .merge(outbox::routes())
+            .merge(approvals::routes())
             .merge(journal::routes()),
         metrics,
     )

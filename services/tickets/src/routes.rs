@@ -55,7 +55,7 @@ pub fn router() -> Router<App> {
     responses(
         (status = 201, description = "Created (`outcome: created`); `Idempotent-Replayed: true` on a replay", body = TicketCreated),
         (status = 200, description = "The ticket its source event already has (`outcome: matched_existing`)", body = TicketCreated),
-        (status = 202, description = "The tickets policy wants a human first: the approval request. Retry with the same key once approved", body = idempotency::approval::ApprovalRequested),
+        (status = 202, description = "The tickets policy wants a human first: the approval request. Retry with the same key once approved", body = approvals::ApprovalRequested),
         (status = 400, description = "Invalid body or key; nothing was claimed", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 409, description = "`request_in_progress`: an attempt with this key is running; `approval_rejected`, `approval_expired` or `approval_stale` (the policy no longer gives the request to a human as it did): an operation given to a human that will never run", body = platform::error::Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: the key names a different request", body = platform::error::Problem, content_type = "application/problem+json"),

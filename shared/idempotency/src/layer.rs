@@ -18,6 +18,7 @@ use platform::{Db, Timestamp, metrics::Metrics};
 use crate::{
     attempts,
     config::IdempotencyConfig,
+    gate::Gate,
     operation::OperationRecord,
     replay_cache,
     status::{NeedsAPerson, OperationView},
@@ -38,6 +39,8 @@ pub struct Idempotency {
     pub(crate) work_handed_on: std::sync::Arc<tokio::sync::Notify>,
     /// What the service added beside the idempotent write (approvals, the outbox).
     pub(crate) extensions: std::sync::Arc<Vec<std::sync::Arc<dyn Extension>>>,
+    /// What an operation waits at before its effect, if the service has it (approvals).
+    pub(crate) gate: Option<std::sync::Arc<dyn Gate>>,
     /// The service's metrics registry.
     pub(crate) metrics: platform::metrics::Metrics,
     /// When `/metrics` last read its gauges from the database.
@@ -56,6 +59,7 @@ impl Idempotency {
             transitions: std::sync::Arc::new(crate::transitions::Unrecorded),
             work_handed_on: Default::default(),
             extensions: Default::default(),
+            gate: None,
             metrics: platform::metrics::Metrics::new("unnamed"),
             gauges_read: Default::default(),
         }
@@ -109,6 +113,25 @@ impl Idempotency {
         self.extensions.iter().map(|extension| extension.as_ref())
     }
 
+    /// The layer with `gate` consulted before the effect of every operation
+    /// a route's policy asks it for (see [`crate::gate`]); it is one of the
+    /// layer's extensions too.
+    pub fn with_gate(mut self, gate: impl Gate + Extension) -> Self {
+        let gate = std::sync::Arc::new(gate);
+        let mut extensions = self.extensions.as_ref().clone();
+        extensions.push(gate.clone());
+        self.extensions = std::sync::Arc::new(extensions);
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The layer's gate: an operation waits at it only if the layer has one.
+    pub(crate) fn gate(&self) -> Result<&dyn Gate, platform::ApiError> {
+        self.gate.as_deref().ok_or_else(|| {
+            platform::ApiError::internal("the route asks for an approval, and the service's layer has no gate")
+        })
+    }
+
     /// The service's metrics registry, for its routes' middleware and `/metrics`.
     pub fn metrics(&self) -> &platform::metrics::Metrics {
         &self.metrics
@@ -139,6 +162,16 @@ impl Idempotency {
         if let Err(e) = self.attempts.flush(&self.db).await {
             tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
         }
+    }
+
+    /// Reports `records` to the layer's sink in `tx`, the transaction that
+    /// makes them: how an extension journals its own transitions.
+    pub async fn report(
+        &self,
+        tx: &mut platform::Tx,
+        records: &[crate::transitions::Record],
+    ) -> Result<(), sqlx::Error> {
+        self.transitions.record(tx, records).await
     }
 
     /// Makes what was reported until now readable (the journal links it

@@ -81,6 +81,11 @@
 //! - [`responses`]: the answers as HTTP responses, byte for byte, and the refusals;
 //! - [`status`]: the operation status resource's shape, and the states of
 //!   what extensions add to it;
+//! - [`gate`]: the extension point for a gate consulted before an
+//!   operation's effect ([`gate::Gate`]): what an operation claimed as
+//!   `awaiting_approval` waits for, where it stands, whether its run may go
+//!   ahead, in the effect's transaction, and how it ends when its wait runs
+//!   out (the `approvals` crate is one);
 //! - [`store`]: the operations table's statements — claim, complete, read, reap;
 //!   [`replay_cache`] remembers finished answers, [`attempts`] counts attempts;
 //! - [`layer`]: [`Idempotency`], one service's layer, its background work,
@@ -88,19 +93,18 @@
 //!   the write ([`Extension`]: its part of an operation's status, its gauges,
 //!   its background work; approvals and the outbox are the two); [`gauges`]
 //!   are what `/metrics` reads from the database, each extension's included;
-//! - [`approval`]: approvals bound to the exact fingerprint; [`reaper`]
-//!   removes what is past its retention;
+//! - [`reaper`]: removes what is past its retention;
 //! - [`execute`]: one attempt, from its key to its answer: the two claim
 //!   modes, what a taken key means (`execute/verdict.rs`, a pure function),
 //!   and how a run ends (`execute/conclude.rs`);
-//! - [`routes`]: the operation status and approvals routes every service
-//!   mounts (the journal's and the outbox's are in their crates).
+//! - [`routes`]: the operation status routes every service mounts (the
+//!   approvals', the journal's and the outbox's are in their crates).
 //!
 //! # Extension points
 //!
 //! What goes beyond the idempotent write is a crate on top of this one, which
-//! depends on it and never the reverse: the `journal`, the `outbox`. It plugs
-//! in at one of three points, each a trait the layer holds:
+//! depends on it and never the reverse: the `journal`, the `outbox`,
+//! `approvals`. It plugs in at one of four points, each a trait the layer holds:
 //!
 //! - [`transitions::Sink`]: where transitions are reported, in the
 //!   transaction that makes them (the journal is the sink every service
@@ -108,6 +112,10 @@
 //! - [`handoff::Handoff`]: work an effect hands on, written in the effect's
 //!   transaction, the operation `in_progress` until it is settled
 //!   ([`Effect::with_handoff`]; the outbox's events are one);
+//! - [`gate::Gate`]: a gate consulted before the effect, which may hold an
+//!   operation `awaiting_approval` until a person decides, and is asked again
+//!   in the effect's transaction before it runs, given with
+//!   [`Idempotency::with_gate`] (approvals are the gate);
 //! - [`Extension`]: what an extension shows and keeps beside the write — its
 //!   part of an operation's status, its gauges, the operations it leaves for
 //!   a person, its background work — given with [`Idempotency::with_extension`]
@@ -121,13 +129,13 @@
 //! ([`OperationIdentity`]), the status resource's shape ([`status`]), the
 //! gauges' reads ([`gauges`]) and a setting's number ([`config::number`]).
 
-pub mod approval;
 pub mod attempts;
 pub mod config;
 pub mod execute;
 #[doc(hidden)]
 pub mod fail_point;
 pub mod fingerprint;
+pub mod gate;
 pub mod gauges;
 pub mod handoff;
 pub mod key;
@@ -151,7 +159,9 @@ pub use operation::{OperationIdentity, OperationRecord, OperationState, Resource
 /// `ApiError`, `ApiJson`), so that a service needs no other crate of the project.
 pub use platform;
 
-/// The operations, approvals and audit journal tables, for both backends.
+/// The operations, approvals and audit journal tables, for both backends:
+/// the extensions' tables too (the `approvals` and `journal` crates'), since a
+/// migration already applied cannot move to another migrator.
 pub static MIGRATIONS: platform::Migrations = platform::Migrations {
     postgres: sqlx::migrate!("../../migrations/idempotency/postgres"),
     sqlite: sqlx::migrate!("../../migrations/idempotency/sqlite"),

@@ -40,7 +40,7 @@ pub(crate) fn key_reused(operation_id: &str, state: OperationState) -> Response 
 }
 
 /// A final business failure, as it is stored and replayed.
-pub(crate) fn problem_response(error: &ApiError) -> StoredResponse {
+pub fn problem_response(error: &ApiError) -> StoredResponse {
     StoredResponse {
         status: error.status(),
         content_type: PROBLEM_JSON.into(),

@@ -4,12 +4,12 @@
 //! another has escaped its own values already: it is marked [`HtmlSafe`] so
 //! that it goes in as it is.
 
+use approvals::{Revealed, is_hidden};
 use askama::{Template, filters::HtmlSafe};
 use axum::{
     http::StatusCode,
     response::{Html, IntoResponse, Response},
 };
-use idempotency::approval::{Revealed, is_hidden};
 use serde_json::Value;
 
 use super::{ServiceLink, url_encoded};

@@ -396,7 +396,7 @@ async fn the_reaper_rejects_operations_whose_approval_ran_out_with_no_retry(back
     app.decide_on(&request, "approve").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
 
-    let expired = app.app.idempotency.expire_due_approvals().await.unwrap();
+    let expired = approvals::expire_due(&app.app.idempotency).await.unwrap();
 
     assert_eq!(expired, 2, "the undecided one and the approved one nobody ran");
     for first in [&undecided, &approved] {
@@ -412,7 +412,7 @@ async fn the_reaper_rejects_operations_whose_approval_ran_out_with_no_retry(back
         .assert_problem(409, "approval_expired");
     assert_eq!(app.ticket_count().await, 0);
     assert_eq!(
-        app.app.idempotency.expire_due_approvals().await.unwrap(),
+        approvals::expire_due(&app.app.idempotency).await.unwrap(),
         0,
         "settled once"
     );

@@ -10,8 +10,8 @@ use platform::{ApiError, Principal, Timestamp, telemetry};
 use serde::Serialize;
 
 use crate::{
-    approval::ApprovalSummary,
     fingerprint::Fingerprint,
+    gate::Request,
     key::IdempotencyHeaders,
     operation::{OperationIdentity, new_operation_id},
     store::NewOperation,
@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// One request that carries an idempotency key: who sent it, to which route,
-/// and whether the route's policy wants a human to approve it first.
+/// and whether the route's policy wants it to wait at the layer's gate first.
 #[derive(Debug)]
 pub struct Attempt<'a> {
     pub principal: &'a Principal,
@@ -27,9 +27,9 @@ pub struct Attempt<'a> {
     pub method: &'static str,
     /// The route *template*, e.g. `/v1/tickets/{ticket_id}/comments`.
     pub route: &'static str,
-    /// `Some`: the operation waits for an approver before it runs
-    /// (docs/contract.md §6).
-    pub approval: Option<ApprovalSummary>,
+    /// `Some`: the operation waits at the layer's gate before it runs (an
+    /// approver: docs/contract.md §6), which is asked with this.
+    pub approval: Option<Box<dyn Request>>,
     /// When this attempt arrived: the time of its `attempted` journal entry.
     pub started: Timestamp,
     /// The outages of the database this process had seen when the attempt
@@ -60,10 +60,13 @@ impl<'a> Attempt<'a> {
         self
     }
 
-    /// What the route's policy decided for this command: `Some(summary)` when
-    /// a human must approve it, with what the human is to judge.
-    pub fn approval(mut self, policy: Option<ApprovalSummary>) -> Self {
-        self.approval = policy;
+    /// What the route's policy decided for this command: `Some(request)`
+    /// when the operation must wait at the layer's gate, with what the gate
+    /// is asked (approvals: the `ApprovalSummary` a human judges). A layer
+    /// with no gate, or one that does not know `request`, answers 500 and
+    /// claims nothing.
+    pub fn approval(mut self, policy: Option<impl Request>) -> Self {
+        self.approval = policy.map(|request| Box::new(request) as Box<dyn Request>);
         self
     }
 

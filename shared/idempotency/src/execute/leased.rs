@@ -12,9 +12,9 @@ use super::{
     taken::Resolution,
 };
 use crate::{
-    approval::{self, ApprovalState, ExecutionCheck, refusal, refused_operation},
     fail_point::fail_point,
     fingerprint::Fingerprint,
+    gate::Refusal,
     layer::Idempotency,
     operation::{OperationRecord, OperationState},
     store,
@@ -93,9 +93,10 @@ impl Idempotency {
 
     /// Runs the effect of an operation this attempt holds the lease of: first
     /// its call-out, if the route has one, outside any transaction; then the
-    /// effect with what the call-out said. An operation bound to an approval
-    /// runs only if the approval still allows it and what its summary promised
-    /// still holds, checked in the effect's own transaction (docs/contract.md §6).
+    /// effect with what the call-out said. An operation that waited at the
+    /// layer's gate runs only if the gate still lets it (its approval still
+    /// allows it, and what its summary promised still holds), asked in the
+    /// effect's own transaction (docs/contract.md §6).
     pub(super) async fn run<T, W, F>(
         &self,
         attempt: &Attempt<'_>,
@@ -146,63 +147,53 @@ impl Idempotency {
             Ok(tx) => tx,
             Err(e) => return Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
         };
-        if let Some(approval_id) = &operation.approval_id {
-            let check = approval::check_for_execution(
-                &mut tx,
-                &operation.account_id,
-                approval_id,
-                operation_id,
-                &operation.fingerprint,
-                attempt.approval.as_ref(),
-                Timestamp::now(),
-            )
-            .await;
-            let refused = match check {
-                Ok(ExecutionCheck::Allowed) => None,
-                Ok(ExecutionCheck::Refused) => Some((
-                    refusal(ApprovalState::Rejected, operation_id, approval_id),
-                    AuditEvent::Rejected,
-                )),
-                Ok(ExecutionCheck::Expired) => Some((
-                    refusal(ApprovalState::Expired, operation_id, approval_id),
-                    AuditEvent::Expired,
-                )),
-                Ok(ExecutionCheck::Stale(what)) => Some((
-                    refused_operation(approval::stale(what), operation_id, approval_id),
-                    AuditEvent::Stale,
-                )),
-                Err(e) => {
+        if operation.approval_id.is_some() {
+            match self.ask_gate(&mut tx, operation, attempt).await {
+                Ok(None) => {}
+                Ok(Some(refusal)) => {
                     let _ = tx.rollback().await;
-                    return Concluded::Answer(self.give_back(attempt, claim, e.into()).await);
+                    return self.refuse(attempt, claim, &refusal).await;
                 }
-            };
-            if let Some((refused, event)) = refused {
-                let _ = tx.rollback().await;
-                return self.refuse(attempt, claim, &refused, event).await;
+                Err(error) => {
+                    let _ = tx.rollback().await;
+                    return Concluded::Answer(self.give_back(attempt, claim, error).await);
+                }
             }
         }
         let ran = effect(&mut tx, operation_id, said).await;
-        // a promise the effect found broken in its own transaction refuses the operation as the check above would
-        if let (Err(error), Some(approval_id)) = (&ran, &operation.approval_id)
-            && approval::is_stale(error)
+        // a promise the effect found broken in its own transaction refuses the operation as the gate's check would
+        if let (Err(error), Some(_)) = (&ran, &operation.approval_id)
+            && let Some(refusal) = self.gate().ok().and_then(|gate| gate.refusal(error, operation))
         {
             let _ = tx.rollback().await;
-            let refused = refused_operation(error.clone(), operation_id, approval_id);
-            return self.refuse(attempt, claim, &refused, AuditEvent::Stale).await;
+            return self.refuse(attempt, claim, &refusal).await;
         }
         self.conclude(attempt, claim, tx, ran).await
     }
 
-    /// Ends an operation whose approval does not let it run: `rejected`, with
-    /// `refused` as its answer to every later attempt, journaled as `event`.
-    async fn refuse(
+    /// Why the layer's gate does not let `operation`, which waited at it, run
+    /// after all, if it does not: asked in `tx`, the effect's transaction.
+    async fn ask_gate(
         &self,
+        tx: &mut Tx,
+        operation: &OperationRecord,
         attempt: &Attempt<'_>,
-        claim: &Claim<'_>,
-        refused: &ApiError,
-        event: AuditEvent,
-    ) -> Concluded {
-        self.store_final(attempt, claim, refused, OperationState::Rejected, event, "rejected")
-            .await
+    ) -> Result<Option<Refusal>, ApiError> {
+        let asked = attempt.approval.as_deref();
+        self.gate()?.check(tx, operation, asked, Timestamp::now()).await
+    }
+
+    /// Ends an operation its gate does not let run: `rejected`, with the
+    /// refusal as its answer to every later attempt, journaled as its event.
+    async fn refuse(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, refusal: &Refusal) -> Concluded {
+        self.store_final(
+            attempt,
+            claim,
+            &refusal.answer,
+            OperationState::Rejected,
+            refusal.event,
+            "rejected",
+        )
+        .await
     }
 }

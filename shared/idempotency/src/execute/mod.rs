@@ -20,7 +20,8 @@
 //!    (`verdict.rs`) what to do and carries it out: replay, 409, 422, wait —
 //!    or run the operation itself, when its holder's lease ran out or a human
 //!    approved it. A route that wants a human claims the key as
-//!    `awaiting_approval` instead (`approvals.rs`; docs/contract.md §6).
+//!    `awaiting_approval` instead, with what the layer's gate gives for it
+//!    (`gated.rs`, [`crate::gate`]; docs/contract.md §6).
 //! 5. **effect** — the route's closure, in the transaction it is given; what
 //!    it answers is an [`Effect`] (`effect.rs`).
 //! 6. **conclude** (`conclude.rs`) — one exit for both modes: the effect's
@@ -55,10 +56,10 @@ macro_rules! without_call_out {
 }
 
 mod answers;
-mod approvals;
 mod attempt;
 mod conclude;
 mod effect;
+mod gated;
 mod in_transaction;
 mod leased;
 mod taken;
@@ -107,8 +108,8 @@ impl Idempotency {
         if let Some(answer) = self.remembered(account_id, attempt.headers.key.as_str()).await {
             return self.replay_cached(&attempt, &answer, &fingerprint).await;
         }
-        if let Some(summary) = &attempt.approval {
-            return self.request_approval(&attempt, &fingerprint, summary, effect).await;
+        if let Some(asked) = &attempt.approval {
+            return self.request_approval(&attempt, &fingerprint, &**asked, effect).await;
         }
         if self.config.claim == ClaimMode::InTransaction {
             return self.execute_in_transaction(&attempt, &fingerprint, effect).await;

@@ -16,7 +16,6 @@ use super::{
     verdict::{Asking, Stored, Verdict, verdict},
 };
 use crate::{
-    approval,
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     layer::Idempotency,
@@ -115,26 +114,21 @@ impl Idempotency {
         let mut waited = false;
         loop {
             attempt.record_operation(&operation.operation_id, fingerprint);
-            // the approval matters only to the request it was asked for: a changed one is refused without it
+            // the gate matters only to the request it was asked for: a changed one is refused without it
             let same_request = &operation.fingerprint == fingerprint;
-            let approval = match (&operation.state, &operation.approval_id) {
-                _ if !same_request => None,
-                (OperationState::AwaitingApproval, Some(id)) => {
-                    let found = approval::find(&self.db, &operation.account_id, id).await?;
-                    Some(found.ok_or_else(|| ApiError::internal("an operation awaiting approval has no approval"))?)
-                }
-                (OperationState::AwaitingApproval, None) => {
-                    return Err(ApiError::internal("an operation awaiting approval has no approval"));
+            let now = Timestamp::now();
+            let approval = match operation.state {
+                OperationState::AwaitingApproval if same_request => {
+                    Some(self.gate()?.state(&self.db, &operation, now).await?)
                 }
                 _ => None,
             };
-            let now = Timestamp::now();
             let stored = Stored {
                 fingerprint: &operation.fingerprint,
                 state: operation.state,
                 locked_until: operation.locked_until,
                 answered: operation.response.is_some(),
-                approval: approval.as_ref().map(|a| a.state(now)),
+                approval,
             };
             let asking = Asking {
                 fingerprint,
@@ -223,11 +217,7 @@ impl Idempotency {
                     // another retry started it first
                     tx.rollback().await?;
                 }
-                Verdict::Expire => {
-                    if let Some(approval) = &approval {
-                        self.expire(approval).await?;
-                    }
-                }
+                Verdict::Expire => self.end_expired_wait(&operation).await?,
                 Verdict::OutcomeUnknown => {
                     telemetry::record_outcome("outcome_unknown");
                     self.observe(attempt, &operation.operation_id, fingerprint, None).await;
@@ -247,10 +237,30 @@ impl Idempotency {
                     )));
                 }
             }
-            // lost a race, waited a little, or settled an expired approval: look again
+            // lost a race, waited a little, or ended an expired wait: look again
             match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await? {
                 Some(fresh) => operation = fresh,
                 None => return Ok(Resolution::Vanished),
+            }
+        }
+    }
+
+    /// Ends an operation whose wait at the gate ran out, as the gate ends it,
+    /// in a transaction of its own; nothing if it was decided or started
+    /// meanwhile.
+    async fn end_expired_wait(&self, operation: &OperationRecord) -> Result<(), ApiError> {
+        let gate = self.gate()?;
+        let mut tx = self.begin().await?;
+        match gate.expire(&mut tx, operation, Timestamp::now()).await {
+            Ok(Some(ended)) => {
+                self.transitions.record(&mut tx, &[ended]).await?;
+                tx.commit().await?;
+                Ok(())
+            }
+            Ok(None) => Ok(tx.rollback().await?),
+            Err(error) => {
+                let _ = tx.rollback().await;
+                Err(error)
             }
         }
     }

@@ -6,7 +6,7 @@
 
 use platform::Timestamp;
 
-use crate::{approval::ApprovalState, fingerprint::Fingerprint, operation::OperationState};
+use crate::{fingerprint::Fingerprint, gate::ApprovalState, operation::OperationState};
 
 /// What is stored for a key, as far as the verdict needs it.
 #[derive(Debug, Clone, Copy)]
@@ -17,7 +17,7 @@ pub(crate) struct Stored<'a> {
     pub locked_until: Option<Timestamp>,
     /// Its first answer is stored.
     pub answered: bool,
-    /// The state of its approval, if it waits for one.
+    /// Where it stands at its gate (its approval), if it waits there.
     pub approval: Option<ApprovalState>,
 }
 

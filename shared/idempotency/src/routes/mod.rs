@@ -1,35 +1,24 @@
 //! The routes every service mounts from this crate: the operation status
 //! resource (docs/contract.md §4) — the answer for an agent that timed out and
-//! does not know what happened —, and approvals and their decisions (§6).
-//! What an admin does about an operation the outbox cannot settle (§5) is the
-//! `outbox` crate's, and the audit journal's routes (§8) are the `journal` crate's.
+//! does not know what happened —. What an admin does about an operation the
+//! outbox cannot settle (§5), approvals and their decisions (§6), and the
+//! audit journal (§8) are the `outbox`, `approvals` and `journal` crates' routes.
 //!
-//! Each resource has its file: `operations`, `approvals`. This one
-//! holds what they share: the router a service merges, the rule of who may
-//! read approvals and the journal, and the OpenAPI document of them all.
+//! The resource has its file, `operations`. This one holds what a service
+//! merges: the router, the rule of who may read approvals and the journal,
+//! and the OpenAPI document of the routes.
 
-mod approvals;
 mod operations;
 
-use axum::{
-    Router,
-    extract::FromRef,
-    routing::{get, post},
-};
+use axum::{Router, extract::FromRef, routing::get};
 use platform::{ApiError, Authenticator, Principal, Role};
 
-use crate::{
-    approval::{ApprovalRequested, ApprovalState, ApprovalSummary, ApprovalView, Decision},
-    layer::Idempotency,
-    operation::OperationState,
-    operation::ResourceRef,
-};
+use crate::{layer::Idempotency, operation::OperationState, operation::ResourceRef, status::ApprovalState};
 
 pub use crate::status::{NeedsAPerson, OperationApproval, OperationView};
-pub use approvals::{ApprovalList, ApprovalQuery, DECISION_ROUTE, DecisionBody, decide, get_approval, list_approvals};
 pub use operations::{OperationList, OperationQuery, find_operation_by_key, get_operation};
 
-/// The operation status and approvals.
+/// The operation status, and the service's metrics.
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
@@ -39,9 +28,6 @@ where
     Router::new()
         .route("/v1/operations", get(find_operation_by_key))
         .route("/v1/operations/{operation_id}", get(get_operation))
-        .route("/v1/approvals", get(list_approvals))
-        .route("/v1/approvals/{approval_id}", get(get_approval))
-        .route(DECISION_ROUTE, post(decide))
         .route("/metrics", get(metrics))
 }
 
@@ -69,29 +55,17 @@ pub fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
 
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    paths(
-        operations::get_operation,
-        operations::find_operation_by_key,
-        approvals::list_approvals,
-        approvals::get_approval,
-        approvals::decide
-    ),
+    paths(operations::get_operation, operations::find_operation_by_key),
     components(schemas(
         OperationView,
         OperationList,
         OperationState,
         OperationApproval,
+        ApprovalState,
         operations::UnknownState,
         operations::DeadEvent,
         crate::status::EventState,
-        ResourceRef,
-        ApprovalView,
-        ApprovalList,
-        ApprovalState,
-        ApprovalSummary,
-        ApprovalRequested,
-        DecisionBody,
-        Decision
+        ResourceRef
     ))
 )]
 pub struct OperationsApi;

@@ -11,7 +11,7 @@ use std::{
 
 use axum::http::StatusCode;
 use futures::future::join_all;
-use idempotency::{ClaimMode, Idempotency, IdempotencyConfig, OperationState, store};
+use idempotency::{ClaimMode, Effect, Idempotency, IdempotencyConfig, OperationState, store};
 use platform::{ApiError, Backend, Timestamp};
 use serde_json::json;
 
@@ -209,6 +209,26 @@ async fn a_layer_with_no_journal_leaves_nothing_in_the_journals_inbox(backend: B
     assert_eq!(inbox, 0, "no row waits for a journal");
 }
 
+/// A route whose policy asks for an approval on a layer that has no gate is
+/// a server error that claims nothing and runs nothing: once the service
+/// takes its gate, a retry starts afresh.
+async fn an_approval_asked_of_a_layer_without_a_gate_is_a_server_error_that_claims_nothing(backend: Backend) {
+    let f = fixture(backend).await;
+    let asked = f.attempt("k").approval(Some("a human must look"));
+
+    let answer = f
+        .idempotency
+        .execute(asked, &json!({"n": 1}), async |tx, _| {
+            insert_effect(tx).await?;
+            Ok(Effect::json(StatusCode::CREATED, &json!({})))
+        })
+        .await;
+
+    assert_eq!(read(answer).await.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(store::find_by_key(&f.db.db, "acme", "k").await.unwrap().is_none());
+    assert_eq!(f.effects().await, 0);
+}
+
 platform::both_backends!(
     a_layer_with_no_journal_leaves_nothing_in_the_journals_inbox,
     claiming_a_free_key_stores_a_running_operation_with_a_lease,
@@ -219,4 +239,5 @@ platform::both_backends!(
     a_server_error_in_the_effect_rolls_its_writes_back_and_frees_the_key,
     a_business_failure_rolls_its_writes_back_and_is_replayed,
     many_concurrent_attempts_with_one_key_commit_the_effect_once,
+    an_approval_asked_of_a_layer_without_a_gate_is_a_server_error_that_claims_nothing,
 );

@@ -2,7 +2,6 @@
 //! takeovers, atomicity of effect and completion, and the reaper — each on
 //! SQLite and on PostgreSQL.
 
-mod approvals;
 mod claims;
 mod leases;
 mod retention;

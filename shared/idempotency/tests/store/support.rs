@@ -41,9 +41,8 @@ pub async fn migrated(db: TestDb) -> Fixture {
     .await
     .unwrap()
     .rows_affected());
-    let idempotency = Idempotency::new(db.db.clone(), IdempotencyConfig::default())
-        .with_sink(journal::Journal::default())
-        .with_extension(idempotency::approval::Approvals);
+    let idempotency =
+        Idempotency::new(db.db.clone(), IdempotencyConfig::default()).with_sink(journal::Journal::default());
     let principal = Principal {
         account_id: "acme".into(),
         principal_id: "acme-agent".into(),

@@ -4,14 +4,14 @@
 
 use platform::{Db, Timestamp, Tx, on_pool, on_tx};
 
-use crate::fingerprint::Fingerprint;
+use idempotency::{Fingerprint, gate::ApprovalState};
 
-use super::{ApprovalRecord, ApprovalState, ApprovalSummary};
+use crate::{ApprovalRecord, ApprovalSummary};
 
 /// Whether an approval still allows its operation to run, checked by the
 /// attempt that runs it inside the effect's transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExecutionCheck {
+pub(crate) enum ExecutionCheck {
     Allowed,
     /// Not approved: rejected, still pending, or for another operation or fingerprint.
     Refused,
@@ -66,6 +66,24 @@ pub async fn find(db: &Db, account_id: &str, approval_id: &str) -> Result<Option
             .bind(account_id)
             .bind(approval_id)
             .fetch_optional(pool)
+            .await?
+            .map(ApprovalRecord::try_from)
+            .transpose()?
+    }))
+}
+
+/// [`find`], read in `tx`: what a transaction about to change the approval reads.
+pub(crate) async fn find_in(
+    tx: &mut Tx,
+    account_id: &str,
+    approval_id: &str,
+) -> Result<Option<ApprovalRecord>, sqlx::Error> {
+    let sql = format!("SELECT {COLUMNS} FROM idempotency_approvals WHERE account_id = $1 AND approval_id = $2");
+    Ok(on_tx!(tx, |conn| {
+        sqlx::query_as::<_, ApprovalRow>(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(account_id)
+            .bind(approval_id)
+            .fetch_optional(conn)
             .await?
             .map(ApprovalRecord::try_from)
             .transpose()?
@@ -151,7 +169,7 @@ pub async fn count(
 /// Approvals past their expiry whose operation still waits, of every
 /// account: pending ones nobody decided, and approved ones no retry ran in
 /// time. The reaper's work.
-pub(super) async fn due(db: &Db, now: Timestamp, limit: i64) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
+pub(crate) async fn due(db: &Db, now: Timestamp, limit: i64) -> Result<Vec<ApprovalRecord>, sqlx::Error> {
     let columns = COLUMNS.replace(", ", ", a.");
     let sql = format!(
         "SELECT a.{columns} FROM idempotency_approvals a \
@@ -175,7 +193,7 @@ pub(super) async fn due(db: &Db, now: Timestamp, limit: i64) -> Result<Vec<Appro
 /// Records a decision: compare-and-set on a pending, unexpired approval
 /// whose fingerprint is the one the approver saw and whose requester is not
 /// the approver. `false`: one of those did not hold, and nothing changed.
-pub(super) async fn record_decision(
+pub(crate) async fn record_decision(
     tx: &mut Tx,
     approval: &ApprovalRecord,
     decision: ApprovalState,
@@ -204,7 +222,7 @@ pub(super) async fn record_decision(
 
 /// Marks a pending approval past its expiry as expired. `false`: it was
 /// decided (or expired) meanwhile.
-pub(super) async fn record_expiry(tx: &mut Tx, approval: &ApprovalRecord, now: Timestamp) -> Result<bool, sqlx::Error> {
+pub(crate) async fn record_expiry(tx: &mut Tx, approval: &ApprovalRecord, now: Timestamp) -> Result<bool, sqlx::Error> {
     let changed = on_tx!(tx, |conn| {
         sqlx::query(
             "UPDATE idempotency_approvals SET decision = 'expired', decided_at = $2 \

@@ -7,9 +7,9 @@ use axum::http::StatusCode;
 use platform::{ApiError, Timestamp};
 use serde::Serialize;
 
-use crate::operation::{OperationState, status_url};
+use idempotency::{OperationState, gate::ApprovalState, operation::status_url};
 
-use super::{ApprovalRecord, ApprovalState, ApprovalSummary};
+use crate::{ApprovalRecord, ApprovalSummary};
 
 /// The 202 answer of an operation that waits for a human: stored, and
 /// replayed unchanged to every matching retry while it waits.

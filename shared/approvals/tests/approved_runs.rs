@@ -1,18 +1,79 @@
-//! An approved run re-reads what its approver was promised.
+//! An approved run re-reads what its approver was promised, below HTTP:
+//! the core's layer with approvals as its gate, on SQLite and on PostgreSQL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use axum::http::StatusCode;
+use approvals::{ApprovalSummary, Approvals, Decision};
+use axum::{
+    body::Bytes,
+    http::{StatusCode, request::Parts},
+    response::Response,
+};
+use http_body_util::BodyExt;
 use idempotency::{
-    Attempt, Effect, OperationState,
-    approval::{self, ApprovalSummary, Decision},
-    store,
+    Attempt, Effect, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey, OperationState, store,
     transitions::AuditEvent,
 };
-use platform::{ApiError, Backend, Principal, Role};
+use platform::{ApiError, Backend, Principal, Role, on_pool, on_tx, testing::TestDb};
 use serde_json::json;
 
-use crate::support::*;
+/// A migrated database with an `effects` table, the layer on it with
+/// approvals as its gate, and acme's agent.
+struct Fixture {
+    db: TestDb,
+    idempotency: Idempotency,
+    principal: Principal,
+}
+
+async fn fixture(backend: Backend) -> Fixture {
+    let db = TestDb::new(backend).await;
+    db.db
+        .migrate(&[&platform::MIGRATIONS, &idempotency::MIGRATIONS])
+        .await
+        .unwrap();
+    on_pool!(db.db.write(), |pool| sqlx::query(
+        "CREATE TABLE effects (id TEXT PRIMARY KEY)"
+    )
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected());
+    let idempotency = Idempotency::new(db.db.clone(), IdempotencyConfig::default())
+        .with_sink(journal::Journal::default())
+        .with_gate(Approvals);
+    let principal = Principal {
+        account_id: "acme".into(),
+        principal_id: "acme-agent".into(),
+        role: Role::Agent,
+    };
+    Fixture {
+        db,
+        idempotency,
+        principal,
+    }
+}
+
+async fn insert_effect(tx: &mut platform::Tx) -> Result<(), ApiError> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    on_tx!(tx, |conn| sqlx::query("INSERT INTO effects (id) VALUES ($1)")
+        .bind(&id)
+        .execute(conn)
+        .await?
+        .rows_affected());
+    Ok(())
+}
+
+async fn read(response: Response) -> (StatusCode, Parts, Bytes) {
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let mut request = axum::http::Request::new(());
+    *request.headers_mut() = parts.headers;
+    (parts.status, request.into_parts().0, bytes)
+}
+
+fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+    parts.headers.get(name).and_then(|v| v.to_str().ok())
+}
 
 /// What a test's route tells an approver: an action that replaces `replaces`.
 fn summary(replaces: &str) -> ApprovalSummary {
@@ -25,6 +86,26 @@ fn summary(replaces: &str) -> ApprovalSummary {
 }
 
 impl Fixture {
+    fn attempt(&self, key: &str) -> Attempt<'_> {
+        Attempt::post(
+            "/v1/things",
+            &self.principal,
+            IdempotencyHeaders {
+                key: IdempotencyKey::parse(key).unwrap(),
+                wait: None,
+            },
+        )
+    }
+
+    async fn effects(&self) -> i64 {
+        on_pool!(self.db.db.read(), |pool| sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM effects"
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap())
+    }
+
     /// An attempt on `key` whose policy gives the request to a human, shown `summary`.
     fn attempt_shown(&self, key: &str, summary: &ApprovalSummary) -> Attempt<'_> {
         self.attempt(key).approval(Some(summary.clone()))
@@ -46,15 +127,15 @@ impl Fixture {
             principal_id: "acme-approver".into(),
             role: Role::Approver,
         };
-        self.idempotency
-            .decide_approval(
-                &approver,
-                request["approval_id"].as_str().unwrap(),
-                Decision::Approve,
-                request["fingerprint"].as_str().unwrap(),
-            )
-            .await
-            .unwrap();
+        approvals::decide(
+            &self.idempotency,
+            &approver,
+            request["approval_id"].as_str().unwrap(),
+            Decision::Approve,
+            request["fingerprint"].as_str().unwrap(),
+        )
+        .await
+        .unwrap();
     }
 
     async fn journaled(&self, event: AuditEvent) -> usize {
@@ -108,7 +189,7 @@ async fn an_approved_run_whose_summary_no_longer_reads_as_approved_is_refused_as
 }
 
 /// A promise that can change after the retry read it is held by the effect,
-/// in its own transaction: when the effect answers `approval::stale`, its
+/// in its own transaction: when the effect answers `approvals::stale`, its
 /// writes roll back and the operation is refused as stale, exactly as when
 /// the summary itself had changed.
 async fn an_effect_that_finds_its_approvals_promise_broken_is_refused_as_stale_and_leaves_nothing(backend: Backend) {
@@ -119,7 +200,7 @@ async fn an_effect_that_finds_its_approvals_promise_broken_is_refused_as_stale_a
         f.idempotency
             .execute(f.attempt_shown("k", &summary("nothing")), &command, async |tx, _| {
                 insert_effect(tx).await?;
-                Err(approval::stale("`op_2` replaced nothing meanwhile"))
+                Err(approvals::stale("`op_2` replaced nothing meanwhile"))
             })
             .await
     };

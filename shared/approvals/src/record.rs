@@ -1,13 +1,12 @@
-//! The approval record as the approvals table keeps it, and the states an
-//! approval goes through: pending, then approved, rejected or expired, once.
+//! The approval record as the approvals table keeps it, and the decision an
+//! approver makes: an approval is pending, then approved, rejected or
+//! expired, once ([`ApprovalState`], the core's, which its verdict reads).
 
+use idempotency::{Fingerprint, gate::ApprovalState};
 use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::fingerprint::Fingerprint;
-
-use super::ApprovalSummary;
-pub use crate::status::ApprovalState;
+use crate::ApprovalSummary;
 
 /// What an approver decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -18,7 +17,7 @@ pub enum Decision {
 }
 
 impl Decision {
-    pub(super) fn state(self) -> ApprovalState {
+    pub(crate) fn state(self) -> ApprovalState {
         match self {
             Decision::Approve => ApprovalState::Approved,
             Decision::Reject => ApprovalState::Rejected,

@@ -1,25 +1,52 @@
 //! Approvals and their decisions (docs/contract.md §6): the list and one
 //! approval, for approvers and admins, and the decision, which a key makes an
-//! operation like any other.
+//! operation like any other; the router a service merges, and their OpenAPI
+//! document.
 
 use axum::{
-    Json,
-    extract::State,
+    Json, Router,
+    extract::{FromRef, State},
     response::{IntoResponse, Response},
+    routing::{get, post},
 };
+use idempotency::{Idempotency, OptionalIdempotencyHeaders, gate::ApprovalState, routes::may_read_approvals};
 use platform::{
-    ApiError, ApiJson, ApiPath, ApiQuery, Principal, Timestamp,
+    ApiError, ApiJson, ApiPath, ApiQuery, Authenticator, Principal, Timestamp,
     page::{Page, PageRequest},
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    approval::{self, ApprovalState, ApprovalView, Decision},
-    key::OptionalIdempotencyHeaders,
-    layer::Idempotency,
-};
+use crate::{ApprovalRequested, ApprovalSummary, ApprovalView, Decision, store};
 
-use super::may_read_approvals;
+/// The list, one approval, and the decision.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Idempotency: FromRef<S>,
+    Authenticator: FromRef<S>,
+{
+    Router::new()
+        .route("/v1/approvals", get(list_approvals))
+        .route("/v1/approvals/{approval_id}", get(get_approval))
+        .route(DECISION_ROUTE, post(decide))
+}
+
+/// The approvals routes and what they answer, merged into a service's
+/// OpenAPI document after the core's.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    paths(list_approvals, get_approval, decide),
+    components(schemas(
+        ApprovalView,
+        ApprovalList,
+        ApprovalState,
+        ApprovalSummary,
+        ApprovalRequested,
+        DecisionBody,
+        Decision
+    ))
+)]
+pub struct ApprovalsApi;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -53,8 +80,8 @@ pub async fn list_approvals(
     may_read_approvals(&principal)?;
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
     let now = Timestamp::now();
-    let rows = approval::list(
-        &idempotency.db,
+    let rows = store::list(
+        idempotency.db(),
         &principal.account_id,
         query.state,
         now,
@@ -62,7 +89,7 @@ pub async fn list_approvals(
         page.fetch_limit(),
     )
     .await?;
-    let total = approval::count(&idempotency.db, &principal.account_id, query.state, now).await?;
+    let total = store::count(idempotency.db(), &principal.account_id, query.state, now).await?;
     let page = Page::from_rows(
         rows.into_iter().map(|a| (a.seq, ApprovalView::of(a, now))).collect(),
         page,
@@ -101,7 +128,7 @@ pub async fn get_approval(
     ApiPath(approval_id): ApiPath<String>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     may_read_approvals(&principal)?;
-    approval::find(&idempotency.db, &principal.account_id, &approval_id)
+    store::find(idempotency.db(), &principal.account_id, &approval_id)
         .await?
         .map(|a| Json(ApprovalView::of(a, Timestamp::now())))
         .ok_or_else(|| ApiError::not_found(format!("approval `{approval_id}`")))
@@ -161,7 +188,7 @@ pub async fn decide(
     ApiPath(approval_id): ApiPath<String>,
     ApiJson(body): ApiJson<DecisionBody>,
 ) -> Response {
-    if let Err(refused) = approval::may_decide(&principal) {
+    if let Err(refused) = crate::may_decide(&principal) {
         return refused.into_response();
     }
     let command = DecideApproval {
@@ -172,9 +199,7 @@ pub async fn decide(
     // repeating it is safe: the same approver gets the same decision
     idempotency
         .execute_with_optional_key(DECISION_ROUTE, &principal, key, &command, async || {
-            idempotency
-                .decide_approval(&principal, &approval_id, body.decision, &body.fingerprint)
-                .await
+            crate::decide(&idempotency, &principal, &approval_id, body.decision, &body.fingerprint).await
         })
         .await
 }

@@ -1,0 +1,74 @@
+//! A route whose policy wants its operation to wait at the layer's gate (an
+//! approver): the first attempt claims the key as `awaiting_approval`, with
+//! what the gate writes for it and the answer it gives, in one transaction
+//! (docs/contract.md §6; docs/design.md §7).
+
+use axum::response::Response;
+use platform::{ApiError, Tx, telemetry};
+
+use super::{Attempt, Effect, nothing_to_call};
+use crate::responses::stored_response;
+use crate::{
+    fingerprint::Fingerprint,
+    gate::{Request, Waiting},
+    layer::Idempotency,
+    store,
+    transitions::AuditEvent,
+};
+
+impl Idempotency {
+    /// A route whose policy wants its operation to wait: the attempt claims
+    /// the key as `awaiting_approval`, with what the gate writes for `asked`
+    /// and the answer it gives (the 202 approval request), in one
+    /// transaction. A retry finds the operation and is answered by
+    /// [`Self::resolve`]: the same answer while it waits, the run once the
+    /// gate lets it.
+    pub(super) async fn request_approval<F>(
+        &self,
+        attempt: &Attempt<'_>,
+        fingerprint: &Fingerprint,
+        asked: &dyn Request,
+        effect: F,
+    ) -> Response
+    where
+        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+    {
+        let new = attempt.new_operation(fingerprint, self.config.lease);
+        let journaled = [
+            new.audit(AuditEvent::Attempted, attempt.started),
+            new.audit(AuditEvent::Claimed, new.now),
+            new.audit(AuditEvent::ApprovalRequested, new.now),
+        ];
+        let claimed = async {
+            let gate = self.gate()?;
+            let waiting = Waiting {
+                operation: new.identity(),
+                requested_by: &attempt.principal.principal_id,
+                now: new.now,
+                until: new.now.plus(self.config.approval_ttl),
+            };
+            let requested = gate.request(&waiting, asked)?;
+            let mut tx = self.begin().await?;
+            if !store::claim_awaiting_approval(&mut tx, &new, &requested.answer, &requested.id).await? {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+            gate.write(&mut tx, &waiting, asked, &requested).await?;
+            self.transitions.record(&mut tx, &journaled).await?;
+            tx.commit().await?;
+            Ok::<_, ApiError>(Some(requested.answer))
+        };
+        match claimed.await {
+            Ok(Some(answer)) => {
+                attempt.record_operation(&new.operation_id, fingerprint);
+                telemetry::record_outcome("awaiting_approval");
+                stored_response(&answer, &new.operation_id, false)
+            }
+            Ok(None) => {
+                self.answer_taken_key(attempt, fingerprint, nothing_to_call, without_call_out!(effect))
+                    .await
+            }
+            Err(error) => self.server_error_unclaimed(attempt, fingerprint, error).await,
+        }
+    }
+}
