@@ -11,6 +11,7 @@
 mod matrix;
 mod play;
 mod report;
+mod standby;
 mod story;
 mod world;
 
@@ -115,12 +116,7 @@ async fn main() -> ExitCode {
             let binaries = &binaries;
             async move {
                 let result = play::play(story, backend, binaries).await;
-                println!(
-                    "  {} on {} — {}",
-                    result.story.name,
-                    backend.name(),
-                    if result.passed() { "passed" } else { "FAILED" }
-                );
+                println!("  {} on {} — {}", result.story.name, backend.name(), result.verdict());
                 result
             }
         })

@@ -25,6 +25,9 @@ pub fn print_table(played: &[Played]) {
     println!("{}", "-".repeat(names + width + 10));
     for p in played {
         let name = format!("{} ({})", p.story.name, p.backend.name());
+        if let Some(why) = &p.skipped {
+            println!("{name:<names$} {:<width$}  skipped: {why}", "not played");
+        }
         if let Some(error) = &p.error {
             println!(
                 "{name:<names$} {:<width$}  FAILED: {error}",
@@ -43,11 +46,12 @@ pub fn print_table(played: &[Played]) {
         }
     }
     let failed = played.iter().filter(|p| !p.passed()).count();
+    let skipped = played.iter().filter(|p| p.skipped.is_some()).count();
     println!();
     println!(
-        "{} scenario runs, {} passed, {failed} failed",
+        "{} scenario runs, {} passed, {skipped} skipped, {failed} failed",
         played.len(),
-        played.len() - failed
+        played.len() - failed - skipped
     );
 }
 
@@ -214,7 +218,7 @@ the simulated payment provider and deployment controller.</p>"#
             escape(&p.story.title),
             p.backend.name(),
             if p.passed() { "ok" } else { "failed" },
-            if p.passed() { "passed" } else { "FAILED" }
+            p.verdict()
         );
     }
     page.push_str("</ul>");
@@ -232,6 +236,9 @@ the simulated payment provider and deployment controller.</p>"#
             let _ = write!(page, "<li>{}</li>", escape(&step.say));
         }
         page.push_str("</ol><table><tr><th>expectation</th><th>expected</th><th>got</th><th></th></tr>");
+        if let Some(why) = &p.skipped {
+            let _ = write!(page, r#"<tr><td colspan="4">skipped: {}</td></tr>"#, escape(why));
+        }
         if let Some(error) = &p.error {
             let _ = write!(
                 page,

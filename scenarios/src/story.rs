@@ -8,6 +8,8 @@ use std::{collections::BTreeMap, path::Path};
 use serde::Deserialize;
 use serde_json::Value;
 
+pub use crate::standby::StandbyKind;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Story {
@@ -48,6 +50,9 @@ pub struct Sandbox {
     /// (1): with more, the network spreads requests over them, and a retry
     /// lands on another replica than its first attempt.
     pub replicas: Option<usize>,
+    /// The services' databases on a PostgreSQL primary with a standby of
+    /// this kind, for a story that fails the database over (PostgreSQL only).
+    pub standby: Option<StandbyKind>,
 }
 
 /// One step: what happens, in words, and the one thing it does.
@@ -85,6 +90,20 @@ pub struct Fault {
     /// Either of them, by name: how a matrix template reaches the system a
     /// route delivers to.
     pub external: Option<ExternalFault>,
+    /// The services' database (a story with a `[sandbox] standby`).
+    pub database: Option<DatabaseFault>,
+}
+
+/// What befalls the primary and its standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatabaseFault {
+    /// The standby has everything so far; then its replication is cut, and
+    /// what the primary writes from now on is the primary's alone.
+    StandbyFallsBehind,
+    /// The primary is killed (SIGKILL), the standby is promoted, and the
+    /// services' database address moves to it.
+    PrimaryDies,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -11,6 +11,10 @@
 //! databases, each proxy spreading its service's requests over them (a retry
 //! goes to another replica than the one its key last reached). A restart
 //! restarts the first; the others run on.
+//!
+//! A story may ask for a standby: the services' databases then live on a
+//! PostgreSQL primary with a streaming standby of the story's own, reached
+//! through an address that a failover moves (see `standby`).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -20,6 +24,8 @@ use std::{
 };
 
 use fault_proxy::FaultProxy;
+
+use crate::standby::{Replicated, StandbyKind};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
@@ -82,16 +88,21 @@ pub struct World {
     /// Where this world keeps its files: SQLite databases, the agents' journals, the sandbox's log.
     pub dir: tempfile::TempDir,
     postgres: Option<(String, String)>,
+    /// The primary and standby the services' databases live on, if the story asked for them.
+    pub standby: Option<Replicated>,
     http: reqwest::Client,
 }
 
 impl World {
-    /// Starts a fresh sandbox with the story's `env`, as `replicas` processes.
+    /// Starts a fresh sandbox with the story's `env`, as `replicas`
+    /// processes, its databases on a primary with a `standby` if one is
+    /// asked for (PostgreSQL only: the caller makes sure).
     pub async fn start(
         backend: Backend,
         binaries: &Path,
         env: &BTreeMap<String, String>,
         replicas: usize,
+        standby: Option<StandbyKind>,
     ) -> Result<World, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let mut ports = Vec::new();
@@ -119,9 +130,20 @@ impl World {
         .map(|(k, v)| (k.to_owned(), v))
         .chain(FAST.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
         .collect();
-        let postgres = match backend {
-            Backend::Sqlite => None,
-            Backend::Postgres => {
+        let standby = match standby {
+            Some(kind) => Some(Replicated::start(kind, &SERVICES).await?),
+            None => None,
+        };
+        let postgres = match (backend, &standby) {
+            (_, Some(standby)) => {
+                for service in SERVICES {
+                    let variable = format!("{}_DATABASE_URL", service.to_ascii_uppercase());
+                    settings.insert(variable, standby.url(service));
+                }
+                None
+            }
+            (Backend::Sqlite, None) => None,
+            (Backend::Postgres, None) => {
                 let name = format!("rs_scn_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
                 let admin = postgres_admin_url();
                 settings.insert("DATABASE_URL".into(), with_database(&admin, &name));
@@ -199,6 +221,7 @@ impl World {
             controller: format!("http://{}", address(ports[7])),
             dir,
             postgres,
+            standby,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()

@@ -1,12 +1,16 @@
-//! A fault step: the network to a service, or an external system, told to misbehave.
+//! A fault step: the network to a service, or an external system, told to
+//! misbehave; or the services' database failed over.
 
 use fault_proxy::ProxyFaults;
 
 use super::Stage;
-use crate::story::Fault;
+use crate::story::{DatabaseFault, Fault};
 
 impl Stage<'_> {
     pub(super) async fn fault(&mut self, fault: &Fault) -> Result<(), String> {
+        if let Some(database) = fault.database {
+            self.database_fault(database).await?;
+        }
         if let Some(network) = &fault.network {
             let service = self.world.service(&network.service)?;
             self.world.proxies[service].set_faults(ProxyFaults {
@@ -58,6 +62,33 @@ impl Stage<'_> {
                 return Err(format!("the {system} refused the faults: {}", answer.status()));
             }
             self.note("story", &format!("fault at the {system}: {faults}"));
+        }
+        Ok(())
+    }
+}
+
+impl Stage<'_> {
+    async fn database_fault(&mut self, fault: DatabaseFault) -> Result<(), String> {
+        let standby = self
+            .world
+            .standby
+            .as_ref()
+            .ok_or("a database fault needs a standby: `[sandbox] standby = \"asynchronous\"`")?;
+        match fault {
+            DatabaseFault::StandbyFallsBehind => {
+                standby.fall_behind().await?;
+                self.note(
+                    "database",
+                    "the standby has caught up; its replication is cut: from now on the primary alone has what is written",
+                );
+            }
+            DatabaseFault::PrimaryDies => {
+                standby.fail_over().await?;
+                self.note(
+                    "database",
+                    "the primary is killed (SIGKILL); the standby is promoted; the services' database address now reaches it",
+                );
+            }
         }
         Ok(())
     }

@@ -49,12 +49,45 @@ pub struct Played {
     pub timeline: Vec<Event>,
     /// Why it could not be played to the end.
     pub error: Option<String>,
+    /// Why it was not played at all: it needs what this run does not have
+    /// (a standby on SQLite). Not a failure.
+    pub skipped: Option<String>,
 }
 
 impl Played {
-    /// Played to the end, and every check held; a story that checked nothing proves nothing.
+    /// Played to the end, and every check held; a story that checked nothing
+    /// proves nothing. A skipped story failed nothing.
     pub fn passed(&self) -> bool {
-        self.error.is_none() && !self.checks.is_empty() && self.checks.iter().all(|c| c.held)
+        self.skipped.is_some()
+            || (self.error.is_none() && !self.checks.is_empty() && self.checks.iter().all(|c| c.held))
+    }
+
+    /// In one word, as the runner and the report say it.
+    pub fn verdict(&self) -> &'static str {
+        match (self.skipped.is_some(), self.passed()) {
+            (true, _) => "skipped",
+            (false, true) => "passed",
+            (false, false) => "FAILED",
+        }
+    }
+}
+
+/// Why `story` cannot be played on `backend` here, if it cannot: a standby
+/// is a PostgreSQL server's, made from PostgreSQL's programs. Under CI,
+/// programs that are missing are a failure, not a reason to skip.
+fn cannot_play(story: &Story, backend: Backend) -> Result<Option<String>, String> {
+    if story.sandbox.standby.is_none() {
+        return Ok(None);
+    }
+    if backend == Backend::Sqlite {
+        return Ok(Some(
+            "a standby is a PostgreSQL server's: this story plays on --backend postgres".into(),
+        ));
+    }
+    match crate::standby::programs_missing() {
+        Some(missing) if std::env::var("CI").is_ok_and(|v| v == "true") => Err(missing),
+        Some(missing) => Ok(Some(format!("{missing}: the standby cannot be made"))),
+        None => Ok(None),
     }
 }
 
@@ -79,18 +112,24 @@ fn now() -> String {
 }
 
 pub async fn play(story: Story, backend: Backend, binaries: &Path) -> Played {
+    let unplayed = |story, error, skipped| Played {
+        story,
+        backend,
+        checks: vec![],
+        timeline: vec![],
+        error,
+        skipped,
+    };
+    match cannot_play(&story, backend) {
+        Ok(None) => {}
+        Ok(Some(why)) => return unplayed(story, None, Some(why)),
+        Err(error) => return unplayed(story, Some(error), None),
+    }
     let replicas = story.sandbox.replicas.unwrap_or(1);
-    let mut world = match World::start(backend, binaries, &story.sandbox.env, replicas).await {
+    let started = World::start(backend, binaries, &story.sandbox.env, replicas, story.sandbox.standby).await;
+    let mut world = match started {
         Ok(world) => world,
-        Err(error) => {
-            return Played {
-                story,
-                backend,
-                checks: vec![],
-                timeline: vec![],
-                error: Some(error),
-            };
-        }
+        Err(error) => return unplayed(story, Some(error), None),
     };
     let mut stage = Stage {
         world: &mut world,
@@ -153,6 +192,7 @@ pub async fn play(story: Story, backend: Backend, binaries: &Path) -> Played {
         checks,
         timeline,
         error,
+        skipped: None,
     }
 }
 
