@@ -78,7 +78,7 @@ async fn create_note(
         .execute(
             Attempt::post(CREATE_NOTE, &principal, key),
             &command,
-            async |tx, operation_id| {
+            async |tx, operation| {
                 let note = Note {
                     id: format!("note_{}", uuid::Uuid::now_v7().simple()),
                     text: command.text.clone(),
@@ -89,7 +89,7 @@ async fn create_note(
                         .bind(&note.id)
                         .bind(&principal.account_id)
                         .bind(&note.text)
-                        .bind(operation_id)
+                        .bind(operation.operation_id)
                         .execute(conn)
                         .await?;
                 });

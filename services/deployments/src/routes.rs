@@ -113,7 +113,7 @@ pub async fn create_deployment(
         .execute(
             Attempt::post(CREATE_DEPLOYMENT, &principal, key).approval(approval),
             &command,
-            async |tx, operation_id| {
+            async |tx, operation| {
                 let new = NewDeployment {
                     kind: DeploymentKind::Deployment,
                     service: &command.service,
@@ -125,7 +125,7 @@ pub async fn create_deployment(
                     expected_current: command.expected_current_deployment_id.as_deref(),
                     replacing,
                 };
-                let deployment = store::create(tx, &principal.account_id, operation_id, &new).await?;
+                let deployment = store::create(tx, &principal.account_id, operation.operation_id, &new).await?;
                 Ok(queued(&deployment))
             },
         )
@@ -168,7 +168,7 @@ pub async fn create_rollback(
         .execute(
             Attempt::post(CREATE_ROLLBACK, &principal, key).approval(Some(approval)),
             &body,
-            async |tx, operation_id| {
+            async |tx, operation| {
                 let new = NewDeployment {
                     kind: DeploymentKind::Rollback,
                     service: &body.service,
@@ -180,7 +180,7 @@ pub async fn create_rollback(
                     expected_current: None,
                     replacing: Replacing::AsApproved(current.as_ref().map(|c| c.id.as_str())),
                 };
-                let rollback = store::create(tx, &principal.account_id, operation_id, &new).await?;
+                let rollback = store::create(tx, &principal.account_id, operation.operation_id, &new).await?;
                 Ok(queued(&rollback))
             },
         )

@@ -199,8 +199,8 @@ pub async fn capture_intent(
         .execute(
             Attempt::post(CAPTURE_INTENT, &principal, key).approval(approval),
             &command,
-            async |tx, operation_id| {
-                let capture = store::begin_capture(tx, &principal.account_id, operation_id, &command).await?;
+            async |tx, operation| {
+                let capture = store::begin_capture(tx, &principal.account_id, operation.operation_id, &command).await?;
                 let charge = ChargeOrder {
                     capture_id: capture.id.clone(),
                     amount_minor: capture.amount_minor,
@@ -255,9 +255,9 @@ pub async fn refund_intent(
         .execute(
             Attempt::post(REFUND_INTENT, &principal, key),
             &command,
-            async |tx, operation_id| {
+            async |tx, operation| {
                 let (refund, charge_id) =
-                    store::begin_refund(tx, &principal.account_id, operation_id, &command).await?;
+                    store::begin_refund(tx, &principal.account_id, operation.operation_id, &command).await?;
                 let order = RefundOrder {
                     refund_id: refund.id.clone(),
                     charge_id,

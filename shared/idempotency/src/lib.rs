@@ -48,11 +48,11 @@
 //! ) -> Response {
 //!     let attempt = Attempt::post("/v1/notes", &principal, key);
 //!     idempotency
-//!         .execute(attempt, &command, async |tx, operation_id| {
+//!         .execute(attempt, &command, async |tx, operation| {
 //!             on_tx!(tx, |conn| {
 //!                 sqlx::query("INSERT INTO notes (account_id, operation_id, text) VALUES ($1, $2, $3)")
 //!                     .bind(&principal.account_id)
-//!                     .bind(operation_id)
+//!                     .bind(operation.operation_id)
 //!                     .bind(&command.text)
 //!                     .execute(conn)
 //!                     .await

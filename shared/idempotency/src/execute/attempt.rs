@@ -111,6 +111,18 @@ impl<'a> Attempt<'a> {
         }
     }
 
+    /// The identity an effect run with no layer is given (the measurement
+    /// baseline): an operation id that names nothing stored, and no fingerprint.
+    pub(super) fn unrecorded<'b>(&'b self, operation_id: &'b str) -> OperationIdentity<'b> {
+        OperationIdentity {
+            account_id: &self.principal.account_id,
+            operation_id,
+            idempotency_key: self.headers.key.as_str(),
+            fingerprint: "",
+            route: self.route,
+        }
+    }
+
     pub(super) fn new_operation<'b>(&'b self, fingerprint: &'b Fingerprint, lease: Duration) -> NewOperation<'b> {
         let now = Timestamp::now();
         NewOperation {

@@ -12,6 +12,7 @@ use crate::{
     fingerprint::Fingerprint,
     gate::{Request, Waiting},
     layer::Idempotency,
+    operation::OperationIdentity,
     store,
     transitions::AuditEvent,
 };
@@ -31,7 +32,7 @@ impl Idempotency {
         effect: F,
     ) -> Response
     where
-        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,
     {
         let new = attempt.new_operation(fingerprint, self.config.lease);
         let journaled = [

@@ -10,7 +10,7 @@ use super::{
     conclude::{Claim, Concluded},
     nothing_to_call,
 };
-use crate::{fingerprint::Fingerprint, layer::Idempotency};
+use crate::{fingerprint::Fingerprint, layer::Idempotency, operation::OperationIdentity};
 
 impl Idempotency {
     /// [`ClaimMode::InTransaction`](crate::ClaimMode::InTransaction): the
@@ -25,7 +25,7 @@ impl Idempotency {
         effect: F,
     ) -> Response
     where
-        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,
     {
         // The lease fields are not used: a claim that finishes in its own
         // transaction is never seen running.
@@ -48,7 +48,7 @@ impl Idempotency {
                 return self.replay_cached(attempt, &answer, fingerprint).await;
             }
             // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
-            let ran = effect.clone()(&mut tx, &new.operation_id).await;
+            let ran = effect.clone()(&mut tx, &new.identity()).await;
             match self.conclude(attempt, &claim, tx, ran).await {
                 Concluded::Answer(response) => response,
                 Concluded::Lost => {

@@ -42,7 +42,12 @@ use axum::{
 use platform::{ApiError, Principal, Tx};
 use serde::Serialize;
 
-use crate::{config::ClaimMode, key::IdempotencyHeaders, layer::Idempotency, operation::new_operation_id};
+use crate::{
+    config::ClaimMode,
+    key::IdempotencyHeaders,
+    layer::Idempotency,
+    operation::{OperationIdentity, new_operation_id},
+};
 
 use crate::responses::stored_response_without_operation;
 
@@ -51,7 +56,7 @@ use crate::responses::stored_response_without_operation;
 /// its future keeps a type the compiler can see is `Send`.
 macro_rules! without_call_out {
     ($effect:expr) => {
-        async move |tx: &mut Tx, operation_id: &str, (): ()| ($effect)(tx, operation_id).await
+        async move |tx: &mut Tx, operation: &OperationIdentity<'_>, (): ()| ($effect)(tx, operation).await
     };
 }
 
@@ -62,6 +67,7 @@ mod effect;
 mod gated;
 mod in_transaction;
 mod leased;
+mod run;
 mod taken;
 mod verdict;
 
@@ -93,10 +99,10 @@ impl Idempotency {
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,
-        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError> + Clone,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,
     {
         if !self.config.enabled {
-            return self.run_unguarded(effect).await;
+            return self.run_unguarded(&attempt, effect).await;
         }
         // read first: an outage seen while the attempt runs makes what it learns stale
         let attempt = attempt.begins_after(self.db.outages().seen());
@@ -142,14 +148,17 @@ impl Idempotency {
     ) -> Response
     where
         C: Serialize,
-        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
-        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
+        W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
     {
         debug_assert!(attempt.approval.is_none(), "a route that calls out takes no approval");
         if !self.config.enabled {
             let operation_id = new_operation_id();
-            return match call_out(&operation_id).await {
-                Ok(said) => self.run_unguarded(async |tx, id| effect(tx, id, said).await).await,
+            return match call_out(&attempt.unrecorded(&operation_id)).await {
+                Ok(said) => {
+                    self.run_unguarded(&attempt, async |tx, operation| effect(tx, operation, said).await)
+                        .await
+                }
                 Err(error) => error.into_response(),
             };
         }
@@ -210,16 +219,16 @@ impl Idempotency {
 
     /// The measurement baseline (`enabled: false`): the effect in its
     /// transaction, and nothing else of this module.
-    async fn run_unguarded<F>(&self, effect: F) -> Response
+    async fn run_unguarded<F>(&self, attempt: &Attempt<'_>, effect: F) -> Response
     where
-        F: AsyncFnOnce(&mut Tx, &str) -> Result<Effect, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError>,
     {
         let mut tx = match self.begin().await {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };
         // no operation is stored: the effect gets an id that names none
-        match effect(&mut tx, &new_operation_id()).await {
+        match effect(&mut tx, &attempt.unrecorded(&new_operation_id())).await {
             Ok(done) if done.handoff.is_some() => {
                 let _ = tx.rollback().await;
                 ApiError::internal("work for the outbox needs the idempotency layer")
@@ -247,6 +256,6 @@ struct ByItsAuthor<'a, C> {
 }
 
 /// The call-out of an operation whose effect is all in its database: none.
-async fn nothing_to_call(_operation_id: &str) -> Result<(), ApiError> {
+async fn nothing_to_call(_operation: &OperationIdentity<'_>) -> Result<(), ApiError> {
     Ok(())
 }

@@ -19,7 +19,7 @@ use crate::{
     fingerprint::Fingerprint,
     key::IdempotencyKey,
     layer::Idempotency,
-    operation::{OperationRecord, OperationState},
+    operation::{OperationIdentity, OperationRecord, OperationState},
     responses::{in_progress, key_reused, with_operation_headers},
     store,
     transitions::AuditEvent,
@@ -51,8 +51,8 @@ impl Idempotency {
         effect: F,
     ) -> Response
     where
-        W: AsyncFnOnce(&str) -> Result<T, ApiError>,
-        F: AsyncFnOnce(&mut Tx, &str, T) -> Result<Effect, ApiError>,
+        W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
     {
         let account_id = &attempt.principal.account_id;
         let resolved = match self.find_and_count(account_id, &attempt.headers.key).await {

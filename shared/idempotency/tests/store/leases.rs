@@ -181,12 +181,12 @@ async fn a_waiting_duplicate_answers_by_its_deadline_even_when_the_holder_s_leas
     f.idempotency = Idempotency::new(f.db.db.clone(), config).with_sink(journal::Journal::default());
     let (started, release) = (Notify::new(), Notify::new());
     // slow work under the lease (a call to another system), held until the test lets it go
-    let slow_call = async |_: &str| {
+    let slow_call = async |_: &idempotency::OperationIdentity<'_>| {
         started.notify_one();
         release.notified().await;
         Ok::<_, ApiError>(())
     };
-    let effect = async |tx: &mut platform::Tx, _: &str, (): ()| {
+    let effect = async |tx: &mut platform::Tx, _: &idempotency::OperationIdentity<'_>, (): ()| {
         insert_effect(tx).await?;
         Ok(Effect::json(StatusCode::CREATED, &json!({})))
     };
@@ -197,8 +197,9 @@ async fn a_waiting_duplicate_answers_by_its_deadline_even_when_the_holder_s_leas
         .execute_calling_out(f.attempt("k"), &command, slow_call, effect);
     let duplicate = async {
         started.notified().await;
-        let never_called =
-            async |_: &str| -> Result<(), ApiError> { panic!("a duplicate that waits never runs the operation") };
+        let never_called = async |_: &idempotency::OperationIdentity<'_>| -> Result<(), ApiError> {
+            panic!("a duplicate that waits never runs the operation")
+        };
         let waited = f.idempotency.execute_calling_out(
             f.waiting_attempt("k", Duration::from_secs(4)),
             &command,

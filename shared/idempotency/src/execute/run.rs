@@ -1,0 +1,125 @@
+//! Running an operation this attempt holds — its own claim under a lease, a
+//! dead holder's lease it took over, or an approved operation it started —
+//! in either claim mode's path: the call-out, the gate's last word, the
+//! effect, and its conclusion (docs/contract.md §5, §6).
+
+use axum::response::Response;
+use platform::{ApiError, Timestamp, Tx};
+
+use super::{
+    Attempt, Effect,
+    conclude::{Claim, Concluded},
+};
+use crate::{
+    gate::Refusal,
+    layer::Idempotency,
+    operation::{OperationIdentity, OperationRecord, OperationState},
+};
+
+impl Idempotency {
+    /// Runs the effect of an operation this attempt holds the lease of: first
+    /// its call-out, if the route has one, outside any transaction; then the
+    /// effect with what the call-out said. An operation that waited at the
+    /// layer's gate runs only if the gate still lets it (its approval still
+    /// allows it, and what its summary promised still holds), asked in the
+    /// effect's own transaction (docs/contract.md §6).
+    pub(super) async fn run<T, W, F>(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: OperationRecord,
+        call_out: W,
+        effect: F,
+    ) -> Response
+    where
+        W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
+    {
+        let token = operation.lease_token.clone().unwrap_or_default();
+        let claim = Claim::Leased {
+            operation: &operation,
+            token: &token,
+        };
+        match self
+            .run_under_lease(attempt, &claim, &operation, call_out, effect)
+            .await
+        {
+            Concluded::Answer(response) => response,
+            // our lease ran out and another attempt took over: its run is the one that counts
+            Concluded::Lost => self.answer_current(attempt, &operation).await,
+        }
+    }
+
+    /// The run itself, up to its conclusion; [`Self::run`] answers a lost
+    /// lease.
+    async fn run_under_lease<T, W, F>(
+        &self,
+        attempt: &Attempt<'_>,
+        claim: &Claim<'_>,
+        operation: &OperationRecord,
+        call_out: W,
+        effect: F,
+    ) -> Concluded
+    where
+        W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
+        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
+    {
+        let identity = operation.identity();
+        // the claim has committed: only now may the operation reach another system
+        let said = match call_out(&identity).await {
+            Ok(said) => said,
+            Err(error) => return self.conclude_failed(attempt, claim, error).await,
+        };
+        let mut tx = match self.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
+        };
+        if operation.approval_id.is_some() {
+            match self.ask_gate(&mut tx, operation, attempt).await {
+                Ok(None) => {}
+                Ok(Some(refusal)) => {
+                    let _ = tx.rollback().await;
+                    return self.refuse(attempt, claim, &refusal).await;
+                }
+                Err(error) => {
+                    let _ = tx.rollback().await;
+                    return Concluded::Answer(self.give_back(attempt, claim, error).await);
+                }
+            }
+        }
+        let ran = effect(&mut tx, &identity, said).await;
+        // a promise the effect found broken in its own transaction refuses the operation as the gate's check would
+        if let (Err(error), Some(_)) = (&ran, &operation.approval_id)
+            && let Some(refusal) = self.gate().ok().and_then(|gate| gate.refusal(error, operation))
+        {
+            let _ = tx.rollback().await;
+            return self.refuse(attempt, claim, &refusal).await;
+        }
+        self.conclude(attempt, claim, tx, ran).await
+    }
+
+    /// Why the layer's gate does not let `operation`, which waited at it, run
+    /// after all, if it does not: asked in `tx`, the effect's transaction.
+    async fn ask_gate(
+        &self,
+        tx: &mut Tx,
+        operation: &OperationRecord,
+        attempt: &Attempt<'_>,
+    ) -> Result<Option<Refusal>, ApiError> {
+        let asked = attempt.approval.as_deref();
+        self.gate()?.check(tx, operation, asked, Timestamp::now()).await
+    }
+
+    /// Ends an operation its gate does not let run: `rejected`, with the
+    /// refusal as its answer to every later attempt, journaled as its event.
+    async fn refuse(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, refusal: &Refusal) -> Concluded {
+        self.store_final(
+            attempt,
+            claim,
+            &refusal.answer,
+            OperationState::Rejected,
+            refusal.event,
+            "rejected",
+        )
+        .await
+    }
+}
