@@ -3,7 +3,7 @@
 //! expiry of approvals past their time.
 
 use idempotency::{
-    Boxed, Extension, Idempotency, OperationRecord, gauges,
+    Boxed, Extension, Idempotency, OperationRecord,
     status::{OperationApproval, OperationView},
 };
 use platform::{Db, Timestamp, metrics::Metrics, metrics::names};
@@ -43,7 +43,7 @@ impl Extension for Approvals {
     ) -> Boxed<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let approvals = store::count_by_state(db, now).await?;
-            gauges::set_each(metrics, names::APPROVALS, &APPROVAL_STATES, &approvals);
+            platform::metrics::gauges::set_each(metrics, names::APPROVALS, &APPROVAL_STATES, &approvals);
             Ok(())
         })
     }

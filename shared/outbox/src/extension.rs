@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use idempotency::{
-    Boxed, Extension, OperationRecord, gauges,
+    Boxed, Extension, OperationRecord,
     status::{NeedsAPerson, OperationView},
 };
 use platform::{Db, Timestamp, metrics::Metrics, metrics::names};
@@ -76,19 +76,23 @@ impl Extension for Events {
         now: Timestamp,
     ) -> Boxed<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let events = gauges::counts(
+            let events = platform::metrics::gauges::counts(
                 db,
                 "SELECT state, COUNT(*) FROM idempotency_outbox \
                  WHERE state IN ('pending', 'sending', 'unknown', 'dead') GROUP BY state",
             )
             .await?;
-            gauges::set_each(metrics, names::OUTBOX_EVENTS, &OUTBOX_STATES, &events);
-            let oldest_pending = gauges::oldest(
+            platform::metrics::gauges::set_each(metrics, names::OUTBOX_EVENTS, &OUTBOX_STATES, &events);
+            let oldest_pending = platform::metrics::gauges::oldest(
                 db,
                 "SELECT MIN(created_at) FROM idempotency_outbox WHERE state = 'pending'",
             )
             .await?;
-            metrics.set(names::OUTBOX_OLDEST_PENDING, &[], gauges::age(oldest_pending, now));
+            metrics.set(
+                names::OUTBOX_OLDEST_PENDING,
+                &[],
+                platform::metrics::gauges::age(oldest_pending, now),
+            );
             Ok(())
         })
     }

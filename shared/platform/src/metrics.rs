@@ -10,6 +10,8 @@
 //! buckets, so Prometheus can aggregate them across replicas; no label ever
 //! holds a key, an account, a fingerprint or an id.
 
+pub mod gauges;
+
 use std::{cell::Cell, sync::Arc, time::Duration};
 
 use axum::{
@@ -29,7 +31,7 @@ const LATENCY_BUCKETS: [f64; 14] = [
 const DECISION_BUCKETS: [f64; 9] = [5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0];
 
 /// The series every service has, by name; what each one counts is its
-/// help text ([`DESCRIBED`]).
+/// help text (`DESCRIBED`).
 pub mod names {
     pub const REQUESTS: &str = "retrysafe_idempotency_requests_total";
     pub const REQUEST_DURATION: &str = "retrysafe_request_duration_seconds";
