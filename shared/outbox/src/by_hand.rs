@@ -66,7 +66,7 @@ pub enum ByHandError {
 /// Settles `operation_id`, whose outcome is unknown, as `resolution` says.
 ///
 /// First the external system is asked what it holds for the operation
-/// ([`check`]); a resolution it does not bear out changes nothing (a refused
+/// (`check`, below); a resolution it does not bear out changes nothing (a refused
 /// reference is journaled). Then, in one transaction: its event (unless a
 /// worker or the reconciler holds it right now), the operation
 /// (compare-and-set from `unknown`), the service's rows through its

@@ -266,7 +266,7 @@ impl Db {
     }
 
     /// Whether the server this process reaches is the one it reached a
-    /// moment ago, asked at most every [`SAME_SERVER_FOR`] and one caller at a
+    /// moment ago, asked at most every `SAME_SERVER_FOR` and one caller at a
     /// time. On PostgreSQL a server is told by its postmaster's start time: a
     /// promoted standby behind the same address is another server, and so
     /// is a restarted primary. Another server, or none within a second,

@@ -159,7 +159,7 @@ impl Drop for TestDb {
 /// `sqlite::name` and `postgres::name`: one test body on both backends.
 ///
 /// ```ignore
-/// async fn replay_returns_the_stored_answer(backend: Backend) { … }
+/// async fn replay_returns_the_stored_answer(backend: Backend) { /* … */ }
 /// platform::both_backends!(replay_returns_the_stored_answer);
 /// ```
 #[macro_export]

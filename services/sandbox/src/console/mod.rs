@@ -9,7 +9,7 @@
 //! The console is just another client of the public API: it has no database,
 //! and acts with the signed-in approver's or admin's own API key. The key
 //! stays on the server: signing in verifies it with the services and opens a
-//! session ([`session`]); the browser holds only the session's opaque id, in
+//! session (`session`); the browser holds only the session's opaque id, in
 //! an HttpOnly, SameSite=Strict cookie. Pages are rendered on the server with
 //! plain HTML forms and one stylesheet of its own: no script, nothing from a
 //! CDN, so it works with no network and its Content-Security-Policy can
@@ -17,11 +17,11 @@
 //!
 //! The map, in the order a request meets it:
 //! - this file: the routes, and the headers every answer carries;
-//! - [`access`]: signing in and out, and which posted forms are acted on;
-//! - [`page`]: the page a person reads, gathered from every service;
-//! - [`actions`]: a decision, a settlement or a redelivery, sent to its service;
-//! - [`services`]: the services' API as the console calls it, and their refusals in words;
-//! - [`views`]: the templates (`templates/console/`), which escape every value they write.
+//! - `access`: signing in and out, and which posted forms are acted on;
+//! - `page`: the page a person reads, gathered from every service;
+//! - `actions`: a decision, a settlement or a redelivery, sent to its service;
+//! - `services`: the services' API as the console calls it, and their refusals in words;
+//! - `views`: the templates (`templates/console/`), which escape every value they write.
 
 mod access;
 mod actions;
