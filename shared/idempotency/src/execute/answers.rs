@@ -1,20 +1,16 @@
-//! Answers an attempt gives without running anything — a replay, a reused
-//! key, a server error before any claim — journaled as observations, and the
-//! finished answers remembered for the next replay (docs/contract.md §3, §8;
-//! docs/design.md §4).
+//! Answers an attempt gives without running anything — a replay from memory
+//! or from what is stored, a reused key, a server error before any claim —
+//! journaled as observations (docs/contract.md §3, §8; docs/design.md §4).
 
 use axum::response::{IntoResponse, Response};
 use platform::{ApiError, Timestamp, telemetry};
 
 use super::Attempt;
 use crate::{
-    fingerprint::Fingerprint,
-    key::IdempotencyKey,
     layer::Idempotency,
     operation::OperationRecord,
     replay_cache::CachedAnswer,
     responses::{key_reused, stored_response},
-    store::Completion,
     transitions::AuditEvent,
 };
 
@@ -31,23 +27,17 @@ impl Idempotency {
     }
 
     /// The answer to a retry whose operation is in the replay cache.
-    pub(super) async fn replay_cached(
-        &self,
-        attempt: &Attempt<'_>,
-        answer: &CachedAnswer,
-        fingerprint: &Fingerprint,
-    ) -> Response {
+    pub(super) async fn replay_cached(&self, attempt: &Attempt<'_>, answer: &CachedAnswer) -> Response {
         let (account_id, key) = (&attempt.principal.account_id, &attempt.headers.key);
         self.attempts.count(&self.db, account_id, key.as_str()).await;
-        attempt.record_operation(&answer.operation_id, fingerprint);
-        let replayed = &answer.fingerprint == fingerprint;
+        attempt.record_operation(&answer.operation_id);
+        let replayed = answer.fingerprint == attempt.fingerprint;
         let outcome = if replayed {
             AuditEvent::Replayed
         } else {
             AuditEvent::KeyReused
         };
-        self.observe(attempt, &answer.operation_id, fingerprint, Some(outcome))
-            .await;
+        self.observe(attempt, &answer.operation_id, Some(outcome)).await;
         if replayed {
             telemetry::record_outcome("replayed");
             stored_response(&answer.response, &answer.operation_id, true)
@@ -62,20 +52,14 @@ impl Idempotency {
         &self,
         attempt: &Attempt<'_>,
         operation: &OperationRecord,
-        fingerprint: &Fingerprint,
     ) -> Result<Response, ApiError> {
         let stored = operation
             .response
             .as_ref()
             .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
         telemetry::record_outcome("replayed");
-        self.observe(
-            attempt,
-            &operation.operation_id,
-            fingerprint,
-            Some(AuditEvent::Replayed),
-        )
-        .await;
+        self.observe(attempt, &operation.operation_id, Some(AuditEvent::Replayed))
+            .await;
         Ok(stored_response(stored, &operation.operation_id, true))
     }
 
@@ -83,60 +67,19 @@ impl Idempotency {
     /// it was told (`replayed`, `key_reused`, `in_progress`), which stands
     /// for the attempt too (docs/contract.md §8), or `attempted` when what it
     /// was told has no event of its own.
-    pub(super) async fn observe(
-        &self,
-        attempt: &Attempt<'_>,
-        operation_id: &str,
-        fingerprint: &Fingerprint,
-        outcome: Option<AuditEvent>,
-    ) {
+    pub(super) async fn observe(&self, attempt: &Attempt<'_>, operation_id: &str, outcome: Option<AuditEvent>) {
         let observed = match outcome {
-            Some(told) => attempt.audit(told, Some(operation_id), fingerprint, Timestamp::now()),
-            None => attempt.audit(AuditEvent::Attempted, Some(operation_id), fingerprint, attempt.started),
+            Some(told) => attempt.audit(told, Some(operation_id), Timestamp::now()),
+            None => attempt.audit(AuditEvent::Attempted, Some(operation_id), attempt.started),
         };
         self.transitions.observe(&self.db, observed).await;
     }
 
-    /// Keeps a finished answer for replays from memory, for as long as no
-    /// outage is seen after `attempt` began. An operation still in progress
-    /// (its work in the outbox) is not kept: its state changes.
-    pub(super) fn remember(
-        &self,
-        attempt: &Attempt<'_>,
-        account_id: &str,
-        key: &IdempotencyKey,
-        operation_id: &str,
-        fingerprint: &Fingerprint,
-        done: &Completion<'_>,
-    ) {
-        if !done.state.is_finished() {
-            return;
-        }
-        self.replay_cache.put(
-            account_id,
-            key.as_str(),
-            operation_id,
-            fingerprint,
-            done.state,
-            done.response,
-            done.now,
-            attempt.outages_seen,
-        );
-    }
-
     /// A server error before anything was claimed: the attempt is journaled
     /// (nothing else happened), and the client may retry with the same key.
-    pub(super) async fn server_error_unclaimed(
-        &self,
-        attempt: &Attempt<'_>,
-        fingerprint: &Fingerprint,
-        error: ApiError,
-    ) -> Response {
+    pub(super) async fn server_error_unclaimed(&self, attempt: &Attempt<'_>, error: ApiError) -> Response {
         self.transitions
-            .observe(
-                &self.db,
-                attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started),
-            )
+            .observe(&self.db, attempt.audit(AuditEvent::Attempted, None, attempt.started))
             .await;
         telemetry::record_outcome("server_error");
         error.into_response()

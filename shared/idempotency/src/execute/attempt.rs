@@ -32,6 +32,9 @@ pub struct Attempt<'a> {
     pub approval: Option<Box<dyn Request>>,
     /// When this attempt arrived: the time of its `attempted` journal entry.
     pub started: Timestamp,
+    /// The fingerprint of the command sent on this attempt, taken as it
+    /// begins ([`Self::begin`]); empty until then, which matches no operation.
+    pub(super) fingerprint: Fingerprint,
     /// The outages of the database this process had seen when the attempt
     /// began (set as it begins; 0, the safe side, until then): an answer it
     /// learns is remembered for as long as no other is seen.
@@ -49,15 +52,20 @@ impl<'a> Attempt<'a> {
             route,
             approval: None,
             started: Timestamp::now(),
+            fingerprint: Fingerprint::from_stored(String::new()),
             outages_seen: 0,
             logged_operation: Mutex::new(None),
         }
     }
 
-    /// The attempt, beginning when `outages_seen` outages had been seen.
-    pub(super) fn begins_after(mut self, outages_seen: u64) -> Self {
+    /// The attempt, begun on `command` when `outages_seen` outages had been
+    /// seen: its fingerprint taken. A command the fingerprint cannot hold
+    /// exactly is bad input, refused before any claim.
+    pub(super) fn begin(mut self, command: &impl Serialize, outages_seen: u64) -> Result<Self, ApiError> {
+        self.fingerprint = Fingerprint::of(self.method, self.route, &self.principal.account_id, command)
+            .map_err(|inexact| ApiError::invalid_field(&inexact.field, inexact.to_string()))?;
         self.outages_seen = outages_seen;
-        self
+        Ok(self)
     }
 
     /// What the route's policy decided for this command: `Some(request)`
@@ -70,38 +78,25 @@ impl<'a> Attempt<'a> {
         self
     }
 
-    /// The fingerprint of `command` sent on this attempt. A command the
-    /// fingerprint cannot hold exactly is bad input, refused before any claim.
-    pub(super) fn fingerprint(&self, command: &impl Serialize) -> Result<Fingerprint, ApiError> {
-        Fingerprint::of(self.method, self.route, &self.principal.account_id, command)
-            .map_err(|inexact| ApiError::invalid_field(&inexact.field, inexact.to_string()))
-    }
-
     /// Names the operation on the request's log span, once for each
     /// operation the request finds: a duplicate that waits looks at the
     /// operation again at every poll, and the text log format appends a field
     /// each time it is recorded.
-    pub(super) fn record_operation(&self, operation_id: &str, fingerprint: &Fingerprint) {
+    pub(super) fn record_operation(&self, operation_id: &str) {
         let mut logged = self.logged_operation.lock().unwrap_or_else(PoisonError::into_inner);
         if logged.as_deref() != Some(operation_id) {
-            telemetry::record_operation(operation_id, fingerprint.as_str());
+            telemetry::record_operation(operation_id, self.fingerprint.as_str());
             *logged = Some(operation_id.to_owned());
         }
     }
 
     /// A journal record of this attempt about `operation_id`.
-    pub(super) fn audit(
-        &self,
-        event: AuditEvent,
-        operation_id: Option<&str>,
-        fingerprint: &Fingerprint,
-        at: Timestamp,
-    ) -> Record {
+    pub(super) fn audit(&self, event: AuditEvent, operation_id: Option<&str>, at: Timestamp) -> Record {
         let identity = OperationIdentity {
             account_id: &self.principal.account_id,
             operation_id: operation_id.unwrap_or_default(),
             idempotency_key: self.headers.key.as_str(),
-            fingerprint: fingerprint.as_str(),
+            fingerprint: self.fingerprint.as_str(),
             route: self.route,
         };
         // an attempt answered before it learned its operation names none
@@ -123,7 +118,7 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    pub(super) fn new_operation<'b>(&'b self, fingerprint: &'b Fingerprint, lease: Duration) -> NewOperation<'b> {
+    pub(super) fn new_operation<'b>(&'b self, lease: Duration) -> NewOperation<'b> {
         let now = Timestamp::now();
         NewOperation {
             account_id: &self.principal.account_id,
@@ -132,7 +127,7 @@ impl<'a> Attempt<'a> {
             principal_id: &self.principal.principal_id,
             method: self.method,
             route: self.route,
-            fingerprint,
+            fingerprint: &self.fingerprint,
             lease_token: new_lease_token(),
             locked_until: now.plus(lease),
             now,

@@ -1,8 +1,9 @@
 //! How a run ends, recorded once at its exit and the same way in both claim
-//! modes: the effect's answer commits with the operation's completion; a final
-//! business failure (or a refused approval) is stored to be replayed; a server
-//! error gives the key back, so the next attempt runs afresh
-//! (docs/contract.md §3, §5; docs/design.md §2, §3).
+//! modes: the effect's answer commits with the operation's completion and
+//! the work it hands on; a final business failure (or a refused approval) is
+//! stored to be replayed; a server error gives the key back, so the next
+//! attempt runs afresh. A finished answer is remembered for the next replay
+//! (docs/contract.md §3, §5; docs/design.md §2, §3, §4).
 
 use axum::response::{IntoResponse, Response};
 use platform::metrics::names;
@@ -11,8 +12,6 @@ use platform::{ApiError, Timestamp, Tx, telemetry};
 use super::{Attempt, Effect};
 use crate::{
     fail_point::fail_point,
-    fingerprint::Fingerprint,
-    key::IdempotencyKey,
     layer::Idempotency,
     operation::{OperationIdentity, OperationRecord, OperationState},
     responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},
@@ -45,34 +44,7 @@ pub(super) enum Concluded {
 }
 
 impl Claim<'_> {
-    fn account_id(&self) -> &str {
-        match self {
-            Claim::InTransaction(new) => new.account_id,
-            Claim::Leased { operation, .. } => &operation.account_id,
-        }
-    }
-
-    fn key(&self) -> &IdempotencyKey {
-        match self {
-            Claim::InTransaction(new) => new.key,
-            Claim::Leased { operation, .. } => &operation.key,
-        }
-    }
-
-    pub(super) fn operation_id(&self) -> &str {
-        match self {
-            Claim::InTransaction(new) => &new.operation_id,
-            Claim::Leased { operation, .. } => &operation.operation_id,
-        }
-    }
-
-    pub(super) fn fingerprint(&self) -> &Fingerprint {
-        match self {
-            Claim::InTransaction(new) => new.fingerprint,
-            Claim::Leased { operation, .. } => &operation.fingerprint,
-        }
-    }
-
+    /// The operation the claim holds, or will hold once its insert commits.
     fn identity(&self) -> OperationIdentity<'_> {
         match self {
             Claim::InTransaction(new) => new.identity(),
@@ -149,7 +121,7 @@ impl Idempotency {
     /// Commits the effect with the operation's ending and its outbox event,
     /// then answers the effect's answer.
     async fn commit_effect(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, mut tx: Tx, done: Effect) -> Concluded {
-        let operation_id = claim.operation_id();
+        let operation_id = claim.identity().operation_id;
         let completion = done.completion();
         let recorded = async {
             if !claim.end(&mut tx, &completion, attempt, self).await? {
@@ -197,16 +169,9 @@ impl Idempotency {
             });
         }
         self.wake_for_handoff(&done);
-        attempt.record_operation(operation_id, claim.fingerprint());
+        attempt.record_operation(operation_id);
         telemetry::record_outcome("created");
-        self.remember(
-            attempt,
-            claim.account_id(),
-            claim.key(),
-            operation_id,
-            claim.fingerprint(),
-            &completion,
-        );
+        self.remember(attempt, operation_id, &completion);
         Concluded::Answer(stored_response(&done.response, operation_id, false))
     }
 
@@ -227,7 +192,7 @@ impl Idempotency {
                 .await;
         }
         if let Claim::InTransaction(_) = claim
-            && let Some(response) = self.answer_if_taken(attempt, claim.fingerprint()).await
+            && let Some(response) = self.answer_if_taken(attempt).await
         {
             return Concluded::Answer(response);
         }
@@ -246,7 +211,7 @@ impl Idempotency {
         event: AuditEvent,
         outcome: &'static str,
     ) -> Concluded {
-        let operation_id = claim.operation_id();
+        let operation_id = claim.identity().operation_id;
         let response = problem_response(error);
         let completion = Completion {
             state,
@@ -266,16 +231,9 @@ impl Idempotency {
         };
         match stored.await {
             Ok(true) => {
-                attempt.record_operation(operation_id, claim.fingerprint());
+                attempt.record_operation(operation_id);
                 telemetry::record_outcome(outcome);
-                self.remember(
-                    attempt,
-                    claim.account_id(),
-                    claim.key(),
-                    operation_id,
-                    claim.fingerprint(),
-                    &completion,
-                );
+                self.remember(attempt, operation_id, &completion);
                 Concluded::Answer(with_retry_after(stored_response(&response, operation_id, false), error))
             }
             Ok(false) => Concluded::Lost,
@@ -289,7 +247,7 @@ impl Idempotency {
     /// `released`.
     pub(super) async fn give_back(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Response {
         let Claim::Leased { operation, token } = claim else {
-            return self.server_error_unclaimed(attempt, claim.fingerprint(), error).await;
+            return self.server_error_unclaimed(attempt, error).await;
         };
         let operation_id = &operation.operation_id;
         let freed = async {
@@ -306,5 +264,47 @@ impl Idempotency {
         }
         telemetry::record_outcome("server_error");
         with_operation_headers(error.into_response(), operation_id, false)
+    }
+
+    /// Keeps a finished answer for replays from memory, for as long as no
+    /// outage is seen after `attempt` began. An operation still in progress
+    /// (its work in the outbox) is not kept: its state changes.
+    pub(super) fn remember(&self, attempt: &Attempt<'_>, operation_id: &str, done: &Completion<'_>) {
+        if !done.state.is_finished() {
+            return;
+        }
+        self.replay_cache.put(
+            &attempt.principal.account_id,
+            attempt.headers.key.as_str(),
+            operation_id,
+            &attempt.fingerprint,
+            done.state,
+            done.response,
+            done.now,
+            attempt.outages_seen,
+        );
+    }
+
+    /// Writes the work the effect hands on, if any, in the transaction that
+    /// completes its operation.
+    pub(super) async fn hand_on(
+        &self,
+        tx: &mut Tx,
+        of: OperationIdentity<'_>,
+        done: &Effect,
+        now: Timestamp,
+    ) -> Result<(), sqlx::Error> {
+        match &done.handoff {
+            Some(work) => work.write(tx, of, now).await,
+            None => Ok(()),
+        }
+    }
+
+    /// After the commit: what takes handed-on work in this process (the
+    /// outbox's worker) takes it now instead of at its next poll.
+    pub(super) fn wake_for_handoff(&self, done: &Effect) {
+        if done.handoff.is_some() {
+            self.work_handed_on.notify_one();
+        }
     }
 }

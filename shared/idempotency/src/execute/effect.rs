@@ -1,15 +1,14 @@
 //! What a route's effect answers, and the work it hands on.
 
 use axum::http::StatusCode;
-use platform::{Timestamp, Tx};
+use platform::Timestamp;
 use serde::Serialize;
 
 use std::sync::Arc;
 
 use crate::{
     handoff::Handoff,
-    layer::Idempotency,
-    operation::{OperationIdentity, OperationState, ResourceRef, StoredResponse},
+    operation::{OperationState, ResourceRef, StoredResponse},
     store::Completion,
 };
 
@@ -75,30 +74,5 @@ pub(super) fn json_response(status: StatusCode, body: &impl Serialize) -> Stored
         content_type: "application/json".into(),
         location: None,
         body: serde_json::to_vec(body).unwrap_or_default(),
-    }
-}
-
-impl Idempotency {
-    /// Writes the work the effect hands on, if any, in the transaction that
-    /// completes its operation.
-    pub(super) async fn hand_on(
-        &self,
-        tx: &mut Tx,
-        of: OperationIdentity<'_>,
-        done: &Effect,
-        now: Timestamp,
-    ) -> Result<(), sqlx::Error> {
-        match &done.handoff {
-            Some(work) => work.write(tx, of, now).await,
-            None => Ok(()),
-        }
-    }
-
-    /// After the commit: what takes handed-on work in this process (the
-    /// outbox's worker) takes it now instead of at its next poll.
-    pub(super) fn wake_for_handoff(&self, done: &Effect) {
-        if done.handoff.is_some() {
-            self.work_handed_on.notify_one();
-        }
     }
 }

@@ -9,7 +9,6 @@ use platform::{ApiError, Tx, telemetry};
 use super::{Attempt, Effect, nothing_to_call};
 use crate::responses::stored_response;
 use crate::{
-    fingerprint::Fingerprint,
     gate::{Request, Waiting},
     layer::Idempotency,
     operation::OperationIdentity,
@@ -24,17 +23,11 @@ impl Idempotency {
     /// transaction. A retry finds the operation and is answered by
     /// [`Self::resolve`]: the same answer while it waits, the run once the
     /// gate lets it.
-    pub(super) async fn request_approval<F>(
-        &self,
-        attempt: &Attempt<'_>,
-        fingerprint: &Fingerprint,
-        asked: &dyn Request,
-        effect: F,
-    ) -> Response
+    pub(super) async fn request_approval<F>(&self, attempt: &Attempt<'_>, asked: &dyn Request, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,
     {
-        let new = attempt.new_operation(fingerprint, self.config.lease);
+        let new = attempt.new_operation(self.config.lease);
         let journaled = [
             new.audit(AuditEvent::Attempted, attempt.started),
             new.audit(AuditEvent::Claimed, new.now),
@@ -61,15 +54,15 @@ impl Idempotency {
         };
         match claimed.await {
             Ok(Some(answer)) => {
-                attempt.record_operation(&new.operation_id, fingerprint);
+                attempt.record_operation(&new.operation_id);
                 telemetry::record_outcome("awaiting_approval");
                 stored_response(&answer, &new.operation_id, false)
             }
             Ok(None) => {
-                self.answer_taken_key(attempt, fingerprint, nothing_to_call, without_call_out!(effect))
+                self.answer_taken_key(attempt, nothing_to_call, without_call_out!(effect))
                     .await
             }
-            Err(error) => self.server_error_unclaimed(attempt, fingerprint, error).await,
+            Err(error) => self.server_error_unclaimed(attempt, error).await,
         }
     }
 }

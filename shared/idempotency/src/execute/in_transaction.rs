@@ -10,7 +10,7 @@ use super::{
     conclude::{Claim, Concluded},
     nothing_to_call,
 };
-use crate::{fingerprint::Fingerprint, layer::Idempotency, operation::OperationIdentity};
+use crate::{layer::Idempotency, operation::OperationIdentity};
 
 impl Idempotency {
     /// [`ClaimMode::InTransaction`](crate::ClaimMode::InTransaction): the
@@ -18,18 +18,13 @@ impl Idempotency {
     /// the effect and the stored answer become visible together or not at all.
     /// An attempt whose key turns out to be taken rolls its effect back and
     /// answers as a duplicate; no read is spent on the first attempt's path.
-    pub(super) async fn execute_in_transaction<F>(
-        &self,
-        attempt: &Attempt<'_>,
-        fingerprint: &Fingerprint,
-        effect: F,
-    ) -> Response
+    pub(super) async fn execute_in_transaction<F>(&self, attempt: &Attempt<'_>, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,
     {
         // The lease fields are not used: a claim that finishes in its own
         // transaction is never seen running.
-        let new = attempt.new_operation(fingerprint, self.config.lease);
+        let new = attempt.new_operation(self.config.lease);
         let claim = Claim::InTransaction(&new);
         // The wait for a connection (on SQLite, for the one writer) has its
         // own bound, and a database that cannot be reached is a 503 that
@@ -45,14 +40,14 @@ impl Idempotency {
             // committed finds its answer here, and never starts the effect.
             if let Some(answer) = self.replay_cache.get(new.account_id, new.key.as_str()) {
                 let _ = tx.rollback().await;
-                return self.replay_cached(attempt, &answer, fingerprint).await;
+                return self.replay_cached(attempt, &answer).await;
             }
             // a clone: the effect runs again if this attempt ends up taking over a dead holder's lease
             let ran = effect.clone()(&mut tx, &new.identity()).await;
             match self.conclude(attempt, &claim, tx, ran).await {
                 Concluded::Answer(response) => response,
                 Concluded::Lost => {
-                    self.answer_taken_key(attempt, fingerprint, nothing_to_call, without_call_out!(effect))
+                    self.answer_taken_key(attempt, nothing_to_call, without_call_out!(effect))
                         .await
                 }
             }
@@ -62,7 +57,6 @@ impl Idempotency {
             Err(_) => {
                 self.server_error_unclaimed(
                     attempt,
-                    fingerprint,
                     ApiError::internal("the effect's transaction outlived the lease").with_detail(
                         "the operation took too long and was rolled back; nothing was committed. Retry with the same key",
                     ),

@@ -7,28 +7,19 @@ use platform::metrics::names;
 use platform::{ApiError, Tx};
 
 use super::{Attempt, Effect, taken::Resolution};
-use crate::{
-    fail_point::fail_point, fingerprint::Fingerprint, layer::Idempotency, operation::OperationIdentity, store,
-    transitions::AuditEvent,
-};
+use crate::{fail_point::fail_point, layer::Idempotency, operation::OperationIdentity, store, transitions::AuditEvent};
 
 impl Idempotency {
     /// [`ClaimMode::Leased`](crate::ClaimMode::Leased): the claim commits on its own, then this attempt
     /// calls out (if the route does) and runs the effect under its lease.
-    pub(super) async fn execute_leased<T, W, F>(
-        &self,
-        attempt: &Attempt<'_>,
-        fingerprint: &Fingerprint,
-        call_out: W,
-        effect: F,
-    ) -> Response
+    pub(super) async fn execute_leased<T, W, F>(&self, attempt: &Attempt<'_>, call_out: W, effect: F) -> Response
     where
         W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
     {
-        match self.claim_or_resolve(attempt, fingerprint).await {
+        match self.claim_or_resolve(attempt).await {
             Ok(Resolution::Run(operation)) => {
-                attempt.record_operation(&operation.operation_id, fingerprint);
+                attempt.record_operation(&operation.operation_id);
                 fail_point("idempotency::after_claim").await;
                 self.run(attempt, *operation, call_out, effect).await
             }
@@ -38,10 +29,7 @@ impl Idempotency {
             }
             Err(error) => {
                 self.transitions
-                    .observe(
-                        &self.db,
-                        attempt.audit(AuditEvent::Attempted, None, fingerprint, attempt.started),
-                    )
+                    .observe(&self.db, attempt.audit(AuditEvent::Attempted, None, attempt.started))
                     .await;
                 error.into_response()
             }
@@ -49,10 +37,10 @@ impl Idempotency {
     }
 
     /// [`ClaimMode::Leased`](crate::ClaimMode::Leased): claim under a lease in a transaction of its own.
-    async fn claim_or_resolve(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Result<Resolution, ApiError> {
+    async fn claim_or_resolve(&self, attempt: &Attempt<'_>) -> Result<Resolution, ApiError> {
         // Bounded: each round either claims, resolves, or sees the row vanish.
         for _ in 0..3 {
-            let new = attempt.new_operation(fingerprint, self.config.lease);
+            let new = attempt.new_operation(self.config.lease);
             let mut tx = self.begin().await?;
             let started = std::time::Instant::now();
             let claimed = store::claim(&mut tx, &new).await?;
@@ -74,7 +62,7 @@ impl Idempotency {
             else {
                 continue;
             };
-            match self.resolve(attempt, existing, fingerprint, true).await? {
+            match self.resolve(attempt, existing, true).await? {
                 Resolution::Vanished => continue,
                 decision => return Ok(decision),
             }

@@ -2,37 +2,41 @@
 //! this attempt owns the operation, run its effect and record how it ended
 //! (docs/contract.md §3, §5; docs/design.md §2, §3).
 //!
-//! # How one attempt goes
+//! # How one attempt goes, file by file
 //!
-//! 1. **parse** — the route's handler has validated the command; the key and
-//!    `Prefer: wait` come in the attempt's headers (`attempt.rs`).
-//! 2. **fingerprint** — the attempt hashes the command (docs/contract.md §2);
-//!    a command the fingerprint cannot hold exactly is a 400 that claims nothing.
-//! 3. **replay cache** — a retry of an answer this process remembers is
-//!    answered from memory, with no query (docs/design.md §4; `answers.rs`).
-//! 4. **claim**, in one of two modes (docs/design.md §2, §3):
+//! 1. **begin** (`mod.rs`, `attempt.rs`) — the route's handler has validated
+//!    the command and parsed the key and `Prefer: wait`; the attempt takes the
+//!    command's fingerprint (docs/contract.md §2: a command the fingerprint
+//!    cannot hold exactly is a 400 that claims nothing) and carries it, with
+//!    the key, from here on.
+//! 2. **replay cache** (`answers.rs`) — a retry of an answer this process
+//!    remembers is answered from memory, with no query (docs/design.md §4).
+//! 3. **claim**, in one of two modes (docs/design.md §2, §3):
 //!    - in the effect's transaction (`in_transaction.rs`): the effect runs
 //!      first and the claim is inserted with its answer;
 //!    - under a lease (`leased.rs`): the claim commits on its own, then the
-//!      route's call-out, if it has one, and the effect run under the lease.
+//!      operation runs under it (`run.rs`: the route's call-out, if it has
+//!      one, the gate's last word, the effect).
 //!
-//!    An attempt that finds its key taken (`taken.rs`) asks the pure verdict
-//!    (`verdict.rs`) what to do and carries it out: replay, 409, 422, wait —
-//!    or run the operation itself, when its holder's lease ran out or a human
-//!    approved it. A route that wants a human claims the key as
+//!    A route whose policy wants a person claims the key as
 //!    `awaiting_approval` instead, with what the layer's gate gives for it
 //!    (`gated.rs`, [`crate::gate`]; docs/contract.md §6).
-//! 5. **effect** — the route's closure, in the transaction it is given; what
+//! 4. **effect** — the route's closure, in the transaction it is given; what
 //!    it answers is an [`Effect`] (`effect.rs`).
-//! 6. **conclude** (`conclude.rs`) — one exit for both modes: the effect's
-//!    answer commits with the operation's completion, a final business
-//!    failure (or a refused approval) is stored to be replayed, and a server
-//!    error gives the key back. When another attempt turns out to hold the key,
-//!    the mode answers as a duplicate would (`taken.rs`).
+//! 5. **conclude** (`conclude.rs`) — one exit for both modes: the effect's
+//!    answer commits with the operation's completion and the work it hands
+//!    on; a final business failure (or a refused approval) is stored to be
+//!    replayed; a server error gives the key back. A finished answer is
+//!    remembered for the next replay.
+//! 6. **answer** — byte for byte, with the operation's headers
+//!    (`responses.rs`).
 //!
-//! The answers themselves, byte for byte and with the operation's headers,
-//! are built in `responses.rs`; those read from what is stored are journaled
-//! and remembered in `answers.rs`.
+//! An attempt that finds its key taken — at its claim, or when its own run
+//! turns out to have lost a race — reads the operation, asks the pure verdict
+//! (`verdict.rs`) what to do, and carries it out (`taken.rs`): replay, 409,
+//! 422, wait, or run the operation itself (`run.rs`) when its holder's lease
+//! ran out or a person approved it. The answers it gives without running
+//! anything are journaled as observations (`answers.rs`).
 
 use axum::{
     Json,
@@ -104,23 +108,17 @@ impl Idempotency {
         if !self.config.enabled {
             return self.run_unguarded(&attempt, effect).await;
         }
-        // read first: an outage seen while the attempt runs makes what it learns stale
-        let attempt = attempt.begins_after(self.db.outages().seen());
-        let account_id = attempt.principal.account_id.as_str();
-        let fingerprint = match attempt.fingerprint(command) {
-            Ok(fingerprint) => fingerprint,
-            Err(refused) => return refused.into_response(),
+        let attempt = match self.start(attempt, command).await {
+            Ok(attempt) => attempt,
+            Err(answered) => return answered,
         };
-        if let Some(answer) = self.remembered(account_id, attempt.headers.key.as_str()).await {
-            return self.replay_cached(&attempt, &answer, &fingerprint).await;
-        }
         if let Some(asked) = &attempt.approval {
-            return self.request_approval(&attempt, &fingerprint, &**asked, effect).await;
+            return self.request_approval(&attempt, &**asked, effect).await;
         }
         if self.config.claim == ClaimMode::InTransaction {
-            return self.execute_in_transaction(&attempt, &fingerprint, effect).await;
+            return self.execute_in_transaction(&attempt, effect).await;
         }
-        self.execute_leased(&attempt, &fingerprint, nothing_to_call, without_call_out!(effect))
+        self.execute_leased(&attempt, nothing_to_call, without_call_out!(effect))
             .await
     }
 
@@ -162,16 +160,11 @@ impl Idempotency {
                 Err(error) => error.into_response(),
             };
         }
-        let attempt = attempt.begins_after(self.db.outages().seen());
-        let account_id = attempt.principal.account_id.as_str();
-        let fingerprint = match attempt.fingerprint(command) {
-            Ok(fingerprint) => fingerprint,
-            Err(refused) => return refused.into_response(),
+        let attempt = match self.start(attempt, command).await {
+            Ok(attempt) => attempt,
+            Err(answered) => return answered,
         };
-        if let Some(answer) = self.remembered(account_id, attempt.headers.key.as_str()).await {
-            return self.replay_cached(&attempt, &answer, &fingerprint).await;
-        }
-        self.execute_leased(&attempt, &fingerprint, call_out, effect).await
+        self.execute_leased(&attempt, call_out, effect).await
     }
 
     /// A POST that repeating cannot add an effect to (a decision, a person's
@@ -215,6 +208,23 @@ impl Idempotency {
             async |_, _, answer: T| Ok(Effect::json(StatusCode::OK, &answer)),
         )
         .await
+    }
+
+    /// Begins an attempt: its fingerprint, then the replay cache. `Err`: it
+    /// is answered already — a command the fingerprint cannot hold exactly
+    /// (a 400 that claims nothing), or a retry this process remembers.
+    async fn start<'a>(&self, attempt: Attempt<'a>, command: &impl Serialize) -> Result<Attempt<'a>, Response> {
+        // read first: an outage seen while the attempt runs makes what it learns stale
+        let attempt = attempt
+            .begin(command, self.db.outages().seen())
+            .map_err(IntoResponse::into_response)?;
+        match self
+            .remembered(&attempt.principal.account_id, attempt.headers.key.as_str())
+            .await
+        {
+            Some(answer) => Err(self.replay_cached(&attempt, &answer).await),
+            None => Ok(attempt),
+        }
     }
 
     /// The measurement baseline (`enabled: false`): the effect in its

@@ -16,7 +16,6 @@ use super::{
     verdict::{Asking, Stored, Verdict, verdict},
 };
 use crate::{
-    fingerprint::Fingerprint,
     key::IdempotencyKey,
     layer::Idempotency,
     operation::{OperationIdentity, OperationRecord, OperationState},
@@ -43,20 +42,14 @@ impl Idempotency {
     /// The answer for an attempt that found its key taken: whatever the
     /// operation stored, 409 while it runs — or, when its holder died and the
     /// lease ran out (or a human approved it), this attempt runs the effect.
-    pub(super) async fn answer_taken_key<T, W, F>(
-        &self,
-        attempt: &Attempt<'_>,
-        fingerprint: &Fingerprint,
-        call_out: W,
-        effect: F,
-    ) -> Response
+    pub(super) async fn answer_taken_key<T, W, F>(&self, attempt: &Attempt<'_>, call_out: W, effect: F) -> Response
     where
         W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
     {
         let account_id = &attempt.principal.account_id;
         let resolved = match self.find_and_count(account_id, &attempt.headers.key).await {
-            Ok(Some(existing)) => self.resolve(attempt, existing, fingerprint, true).await,
+            Ok(Some(existing)) => self.resolve(attempt, existing, true).await,
             Ok(None) => Ok(Resolution::Vanished),
             Err(e) => Err(e.into()),
         };
@@ -67,14 +60,13 @@ impl Idempotency {
             Ok(Resolution::Vanished) => {
                 self.server_error_unclaimed(
                     attempt,
-                    fingerprint,
                     ApiError::internal("the operation holding the key vanished").with_detail(
                         "the operation holding this key was freed while this attempt waited; retry with the same key",
                     ),
                 )
                 .await
             }
-            Err(error) => self.server_error_unclaimed(attempt, fingerprint, error).await,
+            Err(error) => self.server_error_unclaimed(attempt, error).await,
         }
     }
 
@@ -106,16 +98,15 @@ impl Idempotency {
         &self,
         attempt: &Attempt<'_>,
         mut operation: OperationRecord,
-        fingerprint: &Fingerprint,
         may_take_over: bool,
     ) -> Result<Resolution, ApiError> {
         let deadline = attempt.headers.wait.map(|w| Instant::now() + w);
         let by = attempt.principal.principal_id.as_str();
         let mut waited = false;
         loop {
-            attempt.record_operation(&operation.operation_id, fingerprint);
+            attempt.record_operation(&operation.operation_id);
             // the gate matters only to the request it was asked for: a changed one is refused without it
-            let same_request = &operation.fingerprint == fingerprint;
+            let same_request = operation.fingerprint == attempt.fingerprint;
             let now = Timestamp::now();
             let approval = match operation.state {
                 OperationState::AwaitingApproval if same_request => {
@@ -131,7 +122,7 @@ impl Idempotency {
                 approval,
             };
             let asking = Asking {
-                fingerprint,
+                fingerprint: &attempt.fingerprint,
                 now,
                 may_run: may_take_over && !waited,
                 may_wait: deadline.is_some_and(|d| Instant::now() < d),
@@ -139,24 +130,19 @@ impl Idempotency {
             match verdict(&stored, &asking) {
                 Verdict::KeyReused => {
                     telemetry::record_outcome("key_reused");
-                    self.observe(
-                        attempt,
-                        &operation.operation_id,
-                        fingerprint,
-                        Some(AuditEvent::KeyReused),
-                    )
-                    .await;
+                    self.observe(attempt, &operation.operation_id, Some(AuditEvent::KeyReused))
+                        .await;
                     return Ok(Resolution::Answer(key_reused(&operation.operation_id, operation.state)));
                 }
                 Verdict::Replay => {
-                    let response = self.replay_stored(attempt, &operation, fingerprint).await?;
+                    let response = self.replay_stored(attempt, &operation).await?;
                     // only a finished answer is kept in memory: the others still change
                     if let Some(stored) = operation.response.as_ref().filter(|_| operation.state.is_finished()) {
                         self.replay_cache.put(
                             &operation.account_id,
                             operation.key.as_str(),
                             &operation.operation_id,
-                            fingerprint,
+                            &attempt.fingerprint,
                             operation.state,
                             stored,
                             operation.updated_at,
@@ -167,13 +153,8 @@ impl Idempotency {
                 }
                 Verdict::InProgress => {
                     telemetry::record_outcome("in_progress");
-                    self.observe(
-                        attempt,
-                        &operation.operation_id,
-                        fingerprint,
-                        Some(AuditEvent::InProgress),
-                    )
-                    .await;
+                    self.observe(attempt, &operation.operation_id, Some(AuditEvent::InProgress))
+                        .await;
                     return Ok(Resolution::Answer(in_progress(&operation)));
                 }
                 Verdict::Wait => {
@@ -220,7 +201,7 @@ impl Idempotency {
                 Verdict::Expire => self.end_expired_wait(&operation).await?,
                 Verdict::OutcomeUnknown => {
                     telemetry::record_outcome("outcome_unknown");
-                    self.observe(attempt, &operation.operation_id, fingerprint, None).await;
+                    self.observe(attempt, &operation.operation_id, None).await;
                     let error = ApiError::new(
                         StatusCode::CONFLICT,
                         "operation_outcome_unknown",
@@ -268,7 +249,7 @@ impl Idempotency {
     /// After losing the lease: answer as a duplicate would.
     pub(super) async fn answer_current(&self, attempt: &Attempt<'_>, operation: &OperationRecord) -> Response {
         match store::find_by_key(&self.db, &operation.account_id, operation.key.as_str()).await {
-            Ok(Some(current)) => match self.resolve(attempt, current, &operation.fingerprint, false).await {
+            Ok(Some(current)) => match self.resolve(attempt, current, false).await {
                 Ok(Resolution::Answer(response)) => response,
                 Ok(_) => in_progress(operation),
                 Err(error) => error.into_response(),
@@ -281,11 +262,11 @@ impl Idempotency {
     /// A duplicate's effect may fail because the first attempt's committed
     /// effect is in its way: if the key is taken, the answer a duplicate gets.
     /// `None`: nothing holds the key, and a retry starts afresh.
-    pub(super) async fn answer_if_taken(&self, attempt: &Attempt<'_>, fingerprint: &Fingerprint) -> Option<Response> {
+    pub(super) async fn answer_if_taken(&self, attempt: &Attempt<'_>) -> Option<Response> {
         if let Ok(Some(existing)) = self
             .find_and_count(&attempt.principal.account_id, &attempt.headers.key)
             .await
-            && let Ok(Resolution::Answer(response)) = self.resolve(attempt, existing, fingerprint, false).await
+            && let Ok(Resolution::Answer(response)) = self.resolve(attempt, existing, false).await
         {
             return Some(response);
         }
