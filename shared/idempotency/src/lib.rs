@@ -91,7 +91,7 @@
 //! - [`layer`]: [`Idempotency`], one service's layer, its background work,
 //!   and the extension point for what an extension shows and keeps beside
 //!   the write ([`Extension`]: its part of an operation's status, its gauges,
-//!   its background work; approvals and the outbox are the two); [`gauges`]
+//!   its background work; approvals and the outbox are the two); `gauges.rs`
 //!   are what `/metrics` reads from the database, each extension's included;
 //! - [`reaper`]: removes what is past its retention;
 //! - [`execute`]: one attempt, from its key to its answer: the two claim
@@ -126,8 +126,9 @@
 //! ([`Idempotency::transitions`]), the statements that settle an operation
 //! whose work was handed on ([`store::settle_external`],
 //! [`store::settle_unknown`]), an operation's identity
-//! ([`OperationIdentity`]), the status resource's shape ([`status`]), the
-//! gauges' reads ([`gauges`]) and a setting's number ([`config::number`]).
+//! ([`OperationIdentity`]), the status resource's shape ([`status`]) and a
+//! setting's number ([`config::number`]); an extension reads its gauges with
+//! `platform::metrics::gauges`, as the core reads its own.
 
 pub mod attempts;
 pub mod config;
@@ -136,7 +137,7 @@ pub mod execute;
 pub mod fail_point;
 pub mod fingerprint;
 pub mod gate;
-pub mod gauges;
+mod gauges;
 pub mod handoff;
 pub mod key;
 pub mod layer;
