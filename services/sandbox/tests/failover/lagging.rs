@@ -21,12 +21,9 @@
 
 use std::time::Duration;
 
-use platform::{
-    Backend,
-    testing::{
-        ACME_AGENT,
-        standby::{ReplicatedPair, Replication},
-    },
+use platform::testing::{
+    ACME_AGENT,
+    standby::{ReplicatedPair, Replication},
 };
 use serde_json::json;
 
@@ -70,7 +67,7 @@ struct Ending {
 }
 
 async fn the_story(replication: Replication) -> Option<Ending> {
-    if !platform::testing::backend_available(Backend::Postgres).await {
+    if !ReplicatedPair::can_start().await {
         return None;
     }
     let pair = ReplicatedPair::start(replication, &["tickets", "payments"]).await;

@@ -11,7 +11,7 @@
 //!
 //! PostgreSQL only: each test starts its own primary and standby from the
 //! machine's PostgreSQL programs, and is skipped where PostgreSQL is not
-//! available (never under `CI=true`).
+//! reachable or its programs are not installed (never under `CI=true`).
 
 mod lagging;
 mod storm;

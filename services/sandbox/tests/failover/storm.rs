@@ -17,12 +17,9 @@ use std::{
 };
 
 use futures::future::join_all;
-use platform::{
-    Backend,
-    testing::{
-        ACME_AGENT, GLOBEX_AGENT,
-        standby::{ReplicatedPair, Replication},
-    },
+use platform::testing::{
+    ACME_AGENT, GLOBEX_AGENT,
+    standby::{ReplicatedPair, Replication},
 };
 use serde_json::json;
 
@@ -92,7 +89,7 @@ fn plan(intents: &[(&'static str, String)]) -> Vec<Vec<Write>> {
 /// The storm, the kill after `kill_after` acknowledged answers, the
 /// promotion, and every key retried; then what must hold.
 async fn failover_keeps_every_acknowledged_answer(kill_after: usize) {
-    if !platform::testing::backend_available(Backend::Postgres).await {
+    if !ReplicatedPair::can_start().await {
         return;
     }
     let pair = ReplicatedPair::start(Replication::Synchronous, &["tickets", "payments"]).await;

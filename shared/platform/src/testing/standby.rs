@@ -41,6 +41,23 @@ pub struct ReplicatedPair {
 }
 
 impl ReplicatedPair {
+    /// Whether a pair can start here: PostgreSQL is reachable and its
+    /// programs are installed (`pg_config` finds them). Outside CI a test
+    /// without them is skipped, saying why; under `CI=true` it fails.
+    pub async fn can_start() -> bool {
+        if !super::backend_available(super::Backend::Postgres).await {
+            return false;
+        }
+        match Command::new("pg_config").arg("--bindir").output() {
+            Ok(out) if out.status.success() => true,
+            found if super::in_ci() => panic!("PostgreSQL's programs are not installed under CI=true: {found:?}"),
+            _ => {
+                eprintln!("skipped: PostgreSQL's programs (pg_config, initdb, pg_ctl) are not installed here");
+                false
+            }
+        }
+    }
+
     /// Starts a primary holding `databases` (empty), with `replication`
     /// toward a standby made from its base backup, and waits until the
     /// standby streams.
