@@ -101,7 +101,6 @@ impl Idempotency {
         may_take_over: bool,
     ) -> Result<Resolution, ApiError> {
         let deadline = attempt.headers.wait.map(|w| Instant::now() + w);
-        let by = attempt.principal.principal_id.as_str();
         let mut waited = false;
         loop {
             attempt.record_operation(&operation.operation_id);
@@ -163,40 +162,11 @@ impl Idempotency {
                     }
                     waited = true;
                 }
-                Verdict::TakeOver => {
-                    let locked_until = now.plus(self.config.lease);
-                    let mut tx = self.begin().await?;
-                    if let Some(taken) =
-                        store::take_over(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
-                    {
-                        let journaled = [
-                            taken.audit(AuditEvent::Attempted, by, attempt.started),
-                            taken.audit(AuditEvent::Claimed, by, now),
-                        ];
-                        self.transitions.record(&mut tx, &journaled).await?;
-                        tx.commit().await?;
-                        tracing::warn!(operation_id = %taken.operation_id, "lease expired; this attempt took the operation over");
-                        return Ok(Resolution::Run(Box::new(taken)));
+                ran_out @ (Verdict::TakeOver | Verdict::StartApproved) => {
+                    if let Some(held) = self.hold(attempt, &operation, ran_out == Verdict::TakeOver).await? {
+                        return Ok(Resolution::Run(Box::new(held)));
                     }
-                    // another attempt took it first
-                    tx.rollback().await?;
-                }
-                Verdict::StartApproved => {
-                    let locked_until = now.plus(self.config.lease);
-                    let mut tx = self.begin().await?;
-                    if let Some(started) =
-                        store::start_approved(&mut tx, &operation, &new_lease_token(), locked_until, now).await?
-                    {
-                        let journaled = [
-                            started.audit(AuditEvent::Attempted, by, attempt.started),
-                            started.audit(AuditEvent::Claimed, by, now),
-                        ];
-                        self.transitions.record(&mut tx, &journaled).await?;
-                        tx.commit().await?;
-                        return Ok(Resolution::Run(Box::new(started)));
-                    }
-                    // another retry started it first
-                    tx.rollback().await?;
+                    // another attempt took it over, or started it, first
                 }
                 Verdict::Expire => self.end_expired_wait(&operation).await?,
                 Verdict::OutcomeUnknown => {
@@ -224,6 +194,40 @@ impl Idempotency {
                 None => return Ok(Resolution::Vanished),
             }
         }
+    }
+
+    /// Takes `operation` for this attempt to run, under a lease of its own:
+    /// a dead holder's (`taking_over`), or an approved operation's first run.
+    /// `None`: another attempt took it first, and nothing changed.
+    async fn hold(
+        &self,
+        attempt: &Attempt<'_>,
+        operation: &OperationRecord,
+        taking_over: bool,
+    ) -> Result<Option<OperationRecord>, ApiError> {
+        let now = Timestamp::now();
+        let (token, locked_until) = (new_lease_token(), now.plus(self.config.lease));
+        let mut tx = self.begin().await?;
+        let held = if taking_over {
+            store::take_over(&mut tx, operation, &token, locked_until, now).await?
+        } else {
+            store::start_approved(&mut tx, operation, &token, locked_until, now).await?
+        };
+        let Some(held) = held else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let by = attempt.principal.principal_id.as_str();
+        let journaled = [
+            held.audit(AuditEvent::Attempted, by, attempt.started),
+            held.audit(AuditEvent::Claimed, by, now),
+        ];
+        self.transitions.record(&mut tx, &journaled).await?;
+        tx.commit().await?;
+        if taking_over {
+            tracing::warn!(operation_id = %held.operation_id, "lease expired; this attempt took the operation over");
+        }
+        Ok(Some(held))
     }
 
     /// Ends an operation whose wait at the gate ran out, as the gate ends it,
