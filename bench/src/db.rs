@@ -3,13 +3,37 @@
 
 use std::path::Path;
 
-use platform::{Backend, Db, Timestamp, on_pool};
+use platform::{Backend, Db, Pool, Timestamp, on_pool};
+use sqlx::migrate::Migrator;
 
 /// Opens a fresh database `name` for `backend` (dropped and made anew).
 /// A new, empty tickets database.
 pub async fn fresh_db(backend: Backend, name: &str) -> Db {
     let db = empty_db(backend, name).await;
     tickets::migrate(&db).await.expect("migrations apply");
+    db
+}
+
+/// A new tickets database migrated only up to, not including, migration
+/// `version`: an earlier schema, for today's code to be measured on.
+pub async fn fresh_db_before(backend: Backend, name: &str, version: i64) -> Db {
+    let db = empty_db(backend, name).await;
+    let sets = [&platform::MIGRATIONS, &idempotency::MIGRATIONS, &tickets::MIGRATIONS];
+    let migrations = sets
+        .iter()
+        .flat_map(|set| match backend {
+            Backend::Postgres => set.postgres.iter(),
+            Backend::Sqlite => set.sqlite.iter(),
+        })
+        .filter(|migration| migration.version < version)
+        .cloned()
+        .collect();
+    let migrator = Migrator::with_migrations(migrations);
+    match db.write() {
+        Pool::Postgres(pool) => migrator.run(pool).await,
+        Pool::Sqlite(pool) => migrator.run(pool).await,
+    }
+    .expect("the earlier migrations apply");
     db
 }
 
@@ -98,7 +122,7 @@ pub async fn seeded_db(backend: Backend, operations: u64) -> Db {
 pub async fn seed(db: &Db, first: i64, last: i64) {
     let now = Timestamp::now();
     match db.write() {
-        platform::Pool::Postgres(pool) => {
+        Pool::Postgres(pool) => {
             sqlx::query(
                 "INSERT INTO idempotency_operations (account_id, idempotency_key, operation_id, principal_id, method, \
                  route, fingerprint, state, attempts, response_status, response_content_type, response_body, \
@@ -114,7 +138,7 @@ pub async fn seed(db: &Db, first: i64, last: i64) {
             .await
             .unwrap();
         }
-        platform::Pool::Sqlite(pool) => {
+        Pool::Sqlite(pool) => {
             sqlx::query(
                 "WITH RECURSIVE g(n) AS (SELECT $1 UNION ALL SELECT n + 1 FROM g WHERE n < $2) \
                  INSERT INTO idempotency_operations (account_id, idempotency_key, operation_id, principal_id, method, \

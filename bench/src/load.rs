@@ -161,19 +161,29 @@ impl Load {
         a: &Workload,
         b: &Workload,
     ) -> (Vec<Sample>, Vec<Sample>) {
-        self.run(concurrency, a).await;
-        self.run(concurrency, b).await;
-        let (mut a_samples, mut b_samples) = (Vec::new(), Vec::new());
+        let mut samples = self.alternated(rounds, concurrency, &[a, b]).await.into_iter();
+        (samples.next().unwrap(), samples.next().unwrap())
+    }
+
+    /// Any number of workloads under the same conditions: one warm-up run
+    /// each, then `rounds` rounds, in order in even rounds and in reverse in
+    /// odd ones, so that no workload keeps a place a drift favours. Each
+    /// workload's samples, in the order given.
+    pub async fn alternated(&self, rounds: usize, concurrency: usize, workloads: &[&Workload]) -> Vec<Vec<Sample>> {
+        for workload in workloads {
+            self.run(concurrency, workload).await;
+        }
+        let mut samples = vec![Vec::new(); workloads.len()];
         for round in 0..rounds {
-            if round % 2 == 0 {
-                a_samples.push(self.run(concurrency, a).await);
-                b_samples.push(self.run(concurrency, b).await);
-            } else {
-                b_samples.push(self.run(concurrency, b).await);
-                a_samples.push(self.run(concurrency, a).await);
+            let mut order: Vec<usize> = (0..workloads.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                samples[i].push(self.run(concurrency, workloads[i]).await);
             }
         }
-        (a_samples, b_samples)
+        samples
     }
 
     /// Ticket creates, each with a key of its own: every request is a first attempt.

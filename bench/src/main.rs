@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo run --release -p bench                 # the full run (minutes); writes bench/results/
 //! cargo run --release -p bench -- --quick      # a smoke run (seconds): proves the harness works
+//! cargo run --release -p bench -- --compare-partitions   # PostgreSQL: the partitioned schema against the one before
 //! ```
 //!
 //! Every comparison is measured side by side in the same run, alternating the
@@ -12,10 +13,12 @@
 //! these machines are noisy, so the ratios are the result, not the times.
 
 mod chart;
+mod cpu;
 mod creates;
 mod db;
 mod load;
 mod other_writes;
+mod partitions;
 mod plan;
 mod report;
 mod run;
@@ -26,6 +29,7 @@ mod wal;
 use std::sync::Arc;
 
 use crate::{
+    partitions::compare_partitions,
     plan::parse_args,
     report::Report,
     run::{bench_backend, machine, print_creates},
@@ -49,6 +53,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let services = Arc::new(services);
 
+    if args.plan.compare_partitions {
+        eprintln!("== postgres: partitioned vs unpartitioned ==");
+        clients.block_on(compare_partitions(&args.plan, services.clone()))?;
+        return Ok(());
+    }
     if args.plan.creates_only {
         for backend in &args.backends {
             eprintln!("== {} ==", backend.name());

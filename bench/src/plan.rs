@@ -18,6 +18,9 @@ pub struct Plan {
     pub large_table: u64,
     /// Only the idempotent-vs-off create comparison, printed: for iterating on the hot path.
     pub creates_only: bool,
+    /// Only the creates on the partitioned schema against the schema before
+    /// it, on PostgreSQL, printed (`--compare-partitions`).
+    pub compare_partitions: bool,
 }
 
 impl Plan {
@@ -32,6 +35,7 @@ impl Plan {
             small_table: 10_000,
             large_table: 10_000_000,
             creates_only: false,
+            compare_partitions: false,
         }
     }
 
@@ -46,6 +50,7 @@ impl Plan {
             small_table: 1_000,
             large_table: 10_000,
             creates_only: false,
+            compare_partitions: false,
         }
     }
 }
@@ -70,6 +75,14 @@ pub fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "--quick" => {}
             "--creates-only" => plan.creates_only = true,
+            "--compare-partitions" => plan.compare_partitions = true,
+            "--rounds" => {
+                plan.rounds = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or("--rounds takes a number of rounds, at least one")?
+            }
             "--clients" => {
                 plan.concurrency = args
                     .next()
@@ -101,7 +114,7 @@ pub fn parse_args() -> Result<Args, String> {
             other => {
                 return Err(format!(
                     "unknown argument `{other}`; usage: bench [--quick] [--backend sqlite|postgres|both] [--out DIR] \
-                     [--large OPERATIONS] [--seconds PER_RUN] [--clients 1,16,64] [--creates-only]"
+                     [--large OPERATIONS] [--seconds PER_RUN] [--clients 1,16,64] [--rounds N] [--creates-only | --compare-partitions]"
                 ));
             }
         }
