@@ -3,7 +3,7 @@
 //! followed ([`Controller::watch_once`]) and cancelled. The controller is a
 //! separate HTTP service (the simulated one in `services/deploy-controller`
 //! in the sandbox) with idempotency keys of its own; every rollout request
-//! carries the event's key, derived from the operation id.
+//! carries the event's key, derived from the request the client sent.
 
 use std::time::Duration;
 

@@ -291,7 +291,8 @@ pub struct Deployment {
     pub reason: Option<String>,
     /// The operation that asked for it.
     pub operation_id: String,
-    /// The key the rollout is handed to the controller with: derived from the operation id.
+    /// The key the rollout is handed to the controller with: derived from the
+    /// request (its account, route, key and fingerprint).
     pub controller_idempotency_key: String,
     /// The controller's id for the rollout, once it took it.
     pub controller_rollout_id: Option<String>,

@@ -12,7 +12,7 @@
 //!   `expected_current_deployment_id` is 409 `version_mismatch`.
 //! - A deployment answers 202 `queued`; its rollout goes to the controller
 //!   through the outbox ([`outbox`]) with a key derived from the
-//!   operation id, and [`controller::Controller::watch_once`] follows it to
+//!   client's request, and [`controller::Controller::watch_once`] follows it to
 //!   `running`, `succeeded`, `failed` or `cancelled`. A lost answer leaves it
 //!   `unknown` until the reconciler asks the controller.
 //! - A rollback is its own operation with its own approval, always; production

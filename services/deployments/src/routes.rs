@@ -45,7 +45,7 @@ pub fn router() -> Router<App> {
 }
 
 /// The 202 of a deployment or rollback: the record, `queued`, and the rollout
-/// handed to the outbox with a controller key derived from the operation.
+/// handed to the outbox with a controller key derived from the request.
 fn queued(deployment: &Deployment) -> Effect {
     let kind = deployment.kind.as_str();
     let order = RolloutOrder {
@@ -125,7 +125,7 @@ pub async fn create_deployment(
                     expected_current: command.expected_current_deployment_id.as_deref(),
                     replacing,
                 };
-                let deployment = store::create(tx, &principal.account_id, operation.operation_id, &new).await?;
+                let deployment = store::create(tx, operation, &new).await?;
                 Ok(queued(&deployment))
             },
         )
@@ -180,7 +180,7 @@ pub async fn create_rollback(
                     expected_current: None,
                     replacing: Replacing::AsApproved(current.as_ref().map(|c| c.id.as_str())),
                 };
-                let rollback = store::create(tx, &principal.account_id, operation.operation_id, &new).await?;
+                let rollback = store::create(tx, operation, &new).await?;
                 Ok(queued(&rollback))
             },
         )

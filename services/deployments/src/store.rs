@@ -3,6 +3,7 @@
 //! compare-and-set on the state it changes from.
 
 use axum::http::StatusCode;
+use idempotency::OperationIdentity;
 use outbox::Settlement;
 use platform::{
     ApiError, Db, Timestamp, Tx, on_pool, on_tx,
@@ -64,10 +65,10 @@ pub enum Replacing<'a> {
 /// request read before its claim may be old by now.
 pub async fn create(
     tx: &mut Tx,
-    account_id: &str,
-    operation_id: &str,
+    operation: &OperationIdentity<'_>,
     new: &NewDeployment<'_>,
 ) -> Result<Deployment, ApiError> {
+    let (account_id, operation_id) = (operation.account_id, operation.operation_id);
     const INSERT: &str = concat!(
         "INSERT INTO deployments (id, account_id, kind, service, environment, artifact_digest, commit_sha, state, \
          restores, reason, operation_id, controller_idempotency_key, created_at, updated_at) \
@@ -92,7 +93,7 @@ pub async fn create(
                 .bind(new.restores)
                 .bind(new.reason)
                 .bind(operation_id)
-                .bind(outbox::external_key(operation_id))
+                .bind(outbox::external_key(operation))
                 .bind(now)
                 .fetch_optional(conn)
                 .await?

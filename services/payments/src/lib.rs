@@ -7,7 +7,7 @@
 //!   decided by a partial unique index.
 //! - A capture and each refund instruction are operations that answer 202 and
 //!   go to the payment provider through the outbox ([`outbox`]),
-//!   with the provider idempotency key derived from the operation id;
+//!   with the provider idempotency key derived from the client's request;
 //!   [`provider`] is the provider as the outbox sees it. A lost answer leaves the
 //!   operation `unknown` until the reconciler asks the provider.
 //! - Refunds never add up to more than was captured: one conditional update

@@ -2,8 +2,8 @@
 //! events go ([`Destination`]), how their answers are read, and how a lost
 //! answer is looked up. The provider is a separate HTTP service (the simulated
 //! one in `services/payment-provider` in the sandbox) with idempotency keys of
-//! its own; every request carries the event's key, derived from the operation
-//! id, so sending it again is the same request.
+//! its own; every request carries the event's key, derived from the request
+//! the client sent, so sending it again is the same request.
 
 use std::time::Duration;
 

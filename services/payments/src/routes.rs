@@ -200,7 +200,7 @@ pub async fn capture_intent(
             Attempt::post(CAPTURE_INTENT, &principal, key).approval(approval),
             &command,
             async |tx, operation| {
-                let capture = store::begin_capture(tx, &principal.account_id, operation.operation_id, &command).await?;
+                let capture = store::begin_capture(tx, operation, &command).await?;
                 let charge = ChargeOrder {
                     capture_id: capture.id.clone(),
                     amount_minor: capture.amount_minor,
@@ -256,8 +256,7 @@ pub async fn refund_intent(
             Attempt::post(REFUND_INTENT, &principal, key),
             &command,
             async |tx, operation| {
-                let (refund, charge_id) =
-                    store::begin_refund(tx, &principal.account_id, operation.operation_id, &command).await?;
+                let (refund, charge_id) = store::begin_refund(tx, operation, &command).await?;
                 let order = RefundOrder {
                     refund_id: refund.id.clone(),
                     charge_id,

@@ -2,6 +2,7 @@
 //! a race could break is decided by the database here.
 
 use axum::http::StatusCode;
+use idempotency::OperationIdentity;
 use platform::{
     ApiError, Db, Timestamp, Tx, on_tx,
     page::{Page, PageRequest},
@@ -184,14 +185,15 @@ macro_rules! refund_columns {
 /// Starts the capture of an intent: the intent goes `requires_capture →
 /// processing` (a compare-and-set on its state, so of two racing captures
 /// exactly one starts) and the capture is written, `processing`, in the
-/// effect's transaction, with the provider key derived from its operation.
-/// The charge itself is the outbox's to send.
+/// effect's transaction, with the provider key derived from the request its
+/// operation runs ([`outbox::external_key`]). The charge itself is the
+/// outbox's to send.
 pub async fn begin_capture(
     tx: &mut Tx,
-    account_id: &str,
-    operation_id: &str,
+    operation: &OperationIdentity<'_>,
     command: &CaptureIntent,
 ) -> Result<Capture, ApiError> {
+    let account_id = operation.account_id;
     const START: &str = "UPDATE payment_intents SET state = 'processing', updated_at = $3 \
          WHERE account_id = $1 AND id = $2 AND state = 'requires_capture' RETURNING id";
     const INSERT: &str = concat!(
@@ -226,7 +228,7 @@ pub async fn begin_capture(
             .bind(&command.intent_id)
             .bind(command.amount.amount_minor)
             .bind(command.amount.currency_code())
-            .bind(outbox::external_key(operation_id))
+            .bind(outbox::external_key(operation))
             .bind(now)
             .fetch_one(conn)
             .await?;
@@ -296,15 +298,15 @@ pub async fn settle_capture(
 /// never together pass it (PostgreSQL re-checks the condition on the row as the
 /// previous refund left it; SQLite has one writer), and the table's CHECK
 /// refuses it even if a statement forgot to ask. The provider's refund is the
-/// outbox's to send, with a key derived from the refund's operation; the
-/// charge it refunds is returned beside it. A capture a person settled with
-/// no provider charge id has no charge to name: it is refused.
+/// outbox's to send, with a key derived from the request the refund's
+/// operation runs; the charge it refunds is returned beside it. A capture a
+/// person settled with no provider charge id has no charge to name: it is refused.
 pub async fn begin_refund(
     tx: &mut Tx,
-    account_id: &str,
-    operation_id: &str,
+    operation: &OperationIdentity<'_>,
     command: &RefundPayment,
 ) -> Result<(Refund, String), ApiError> {
+    let account_id = operation.account_id;
     // only a charge the provider confirmed is refunded through it
     const HOLD: &str = "UPDATE payment_captures SET refunded_minor = refunded_minor + $3, updated_at = $4 \
          WHERE account_id = $1 AND intent_id = $2 AND state = 'succeeded' AND provider_charge_id IS NOT NULL \
@@ -338,7 +340,7 @@ pub async fn begin_refund(
             .bind(command.amount.amount_minor)
             .bind(command.amount.currency_code())
             .bind(command.reason.as_deref())
-            .bind(outbox::external_key(operation_id))
+            .bind(outbox::external_key(operation))
             .bind(now)
             .fetch_one(conn)
             .await?;

@@ -12,20 +12,34 @@ use idempotency::{
 };
 use platform::{Timestamp, Tx};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::answer::{Delivery, Lookup};
 
-/// The external idempotency key of an operation's event: derived from the
-/// operation id, so every delivery of it — after any retry or restart — is
-/// the same request to the external system.
-pub fn external_key(operation_id: &str) -> String {
-    format!("retrysafe-{operation_id}")
+/// The external idempotency key of an operation's work: `retrysafe-` and
+/// 128 bits of SHA-256 over what the client sent — its account, the route,
+/// its `Idempotency-Key` and the request's fingerprint — as a JSON array, so
+/// no two tuples share an encoding. Nothing the server made goes in: every
+/// delivery, after any restart, is the same request to the external system,
+/// and so is a retry that runs again because a failover lost the claim
+/// (docs/design.md §12). It lives here, not in the core, because only work
+/// that leaves the process needs it; this is the one place a key is made.
+pub fn external_key(operation: &OperationIdentity<'_>) -> String {
+    let named = serde_json::to_vec(&[
+        operation.account_id,
+        operation.route,
+        operation.idempotency_key,
+        operation.fingerprint,
+    ])
+    .expect("strings serialise to JSON");
+    // 128 bits keep a collision negligible at any volume, in a key short enough for any provider
+    format!("retrysafe-{}", hex::encode(&Sha256::digest(named)[..16]))
 }
 
 /// Work that leaves the process (a charge, a rollout), as an effect hands it
 /// to the outbox: `Effect::with_handoff(Event::new(kind, &payload))`. It is
 /// written as a `kind` event in the effect's transaction, and the outbox
-/// delivers it with a key derived from the operation id ([`external_key`]).
+/// delivers it with a key derived from what the client sent ([`external_key`]).
 /// The operation answers now — the effect's answer, usually a 202 with the
 /// resource in its first state — and stays `in_progress`, replaying that
 /// answer, until the delivery settles it.
@@ -169,3 +183,69 @@ pub trait Ledger: std::fmt::Debug + Send + Sync + 'static {
 /// What [`Ledger::settle`] returns: its writes, as a boxed future, so that
 /// the layer can hold any service's ledger.
 pub type Settling<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIRST: OperationIdentity<'static> = OperationIdentity {
+        account_id: "acme",
+        operation_id: "op_0193a1b2c3d4e5f60718293a4b5c6d7e",
+        idempotency_key: "capture-order-2077",
+        fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        route: "/v1/payment_intents/{intent_id}/capture",
+    };
+
+    #[test]
+    fn the_external_key_is_the_same_for_the_same_request_whatever_operation_runs_it() {
+        let again = OperationIdentity {
+            operation_id: "op_0193a1b2c3d4e5f60718293a4b5c6d7f",
+            ..FIRST
+        };
+        assert_eq!(external_key(&again), external_key(&FIRST));
+    }
+
+    #[test]
+    fn the_external_key_differs_when_the_account_the_route_the_key_or_the_body_differs() {
+        let others = [
+            OperationIdentity {
+                account_id: "globex",
+                ..FIRST
+            },
+            OperationIdentity {
+                route: "/v1/payment_intents/{intent_id}/refunds",
+                ..FIRST
+            },
+            OperationIdentity {
+                idempotency_key: "capture-order-2078",
+                ..FIRST
+            },
+            OperationIdentity {
+                fingerprint: "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752",
+                ..FIRST
+            },
+        ];
+        for other in others {
+            assert_ne!(external_key(&other), external_key(&FIRST), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn the_external_key_tells_apart_requests_whose_parts_only_run_together_the_same() {
+        let split = |account_id, idempotency_key| OperationIdentity {
+            account_id,
+            idempotency_key,
+            route: "",
+            ..FIRST
+        };
+        assert_ne!(external_key(&split("acme", "-1")), external_key(&split("acme-", "1")));
+    }
+
+    #[test]
+    fn the_external_key_is_a_key_any_provider_accepts() {
+        let key = external_key(&FIRST);
+        assert_eq!(key.len(), "retrysafe-".len() + 32, "{key}");
+        assert!(key.starts_with("retrysafe-"), "{key}");
+        assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'), "{key}");
+    }
+}

@@ -32,9 +32,10 @@
 //!
 //! A **worker** ([`Outbox::deliver_due`]) takes due `pending` events, journals
 //! `dispatched` with the take, sends each through the service's
-//! [`Destination`] with an external idempotency key derived from the
-//! operation id ([`external_key`]) — the same on every delivery and after
-//! every restart — and settles the event, the operation and the service's
+//! [`Destination`] with an external idempotency key derived from what the
+//! client sent ([`external_key`]) — the same on every delivery, after every
+//! restart, and on a retry that runs again after a failover lost the
+//! claim — and settles the event, the operation and the service's
 //! business rows in one transaction with what the external system said:
 //!
 //! | the external system… | event | operation | journal |

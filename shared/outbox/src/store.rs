@@ -41,7 +41,7 @@ async fn enqueue(tx: &mut Tx, of: OperationIdentity<'_>, event: &Event, now: Tim
         .bind(of.route)
         .bind(event.kind)
         .bind(payload.to_string())
-        .bind(external_key(of.operation_id))
+        .bind(external_key(&of))
         .bind(now)
         .execute(conn)
         .await?;

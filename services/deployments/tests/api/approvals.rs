@@ -304,11 +304,17 @@ async fn a_deployment_made_as_approved_is_refused_as_stale_in_its_transaction_on
         replacing,
     };
 
+    let operation = |operation_id| idempotency::OperationIdentity {
+        account_id: "acme",
+        operation_id,
+        idempotency_key: operation_id,
+        fingerprint: "0",
+        route: "/v1/deployments",
+    };
     let mut tx = app.db.db.begin().await.unwrap();
     let refused = store::create(
         &mut tx,
-        "acme",
-        "op_promised_nothing",
+        &operation("op_promised_nothing"),
         &new(Replacing::AsApproved(None)),
     )
     .await;
@@ -316,8 +322,7 @@ async fn a_deployment_made_as_approved_is_refused_as_stale_in_its_transaction_on
     let mut tx = app.db.db.begin().await.unwrap();
     let made = store::create(
         &mut tx,
-        "acme",
-        "op_promised_current",
+        &operation("op_promised_current"),
         &new(Replacing::AsApproved(Some(&current))),
     )
     .await;

@@ -206,9 +206,17 @@ async fn a_deployment_is_followed_to_succeeded_and_becomes_the_environment_s_cur
     assert!(id.starts_with("dep_"));
     assert_eq!(body["state"], "queued");
     assert_eq!(body["status_url"], format!("/v1/deployments/{id}"));
+    let sent = idempotency::OperationIdentity {
+        account_id: "acme",
+        operation_id: accepted.operation_id(),
+        idempotency_key: "deploy-1",
+        fingerprint: operation["fingerprint"].as_str().unwrap(),
+        route: operation["route"].as_str().unwrap(),
+    };
     assert_eq!(
         body["controller_idempotency_key"],
-        format!("retrysafe-{}", accepted.operation_id())
+        outbox::external_key(&sent),
+        "the key is derived from the request the client sent"
     );
     assert_eq!(environment_while_queued["locked_by"]["deployment_id"], id);
     assert_eq!(environment_while_queued["current"], Value::Null);

@@ -146,7 +146,7 @@ async fn an_approved_capture_charges_the_amount_to_the_payee_account_its_approve
     app.deliver().await;
     let charges = app
         .provider
-        .charges_with_key(&outbox::external_key(requested.operation_id()))
+        .charges_with_key(&run.str("provider_idempotency_key"))
         .await;
 
     assert_eq!(run.status, StatusCode::ACCEPTED, "{:?}", run.body);

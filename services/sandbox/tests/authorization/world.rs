@@ -332,7 +332,7 @@ pub async fn payments(backend: Backend) -> Seeded {
     let squatted = reqwest::Client::new()
         .post(format!("{provider_url}/v1/charges"))
         .bearer_auth(payments::provider::SANDBOX_MERCHANT_KEY)
-        .header("idempotency-key", outbox::external_key(unknown.operation_id()))
+        .header("idempotency-key", unknown.str("provider_idempotency_key"))
         .json(&json!({"amount_minor": 1, "currency": "EUR", "merchant_reference": "elsewhere"}))
         .send()
         .await

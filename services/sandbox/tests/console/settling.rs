@@ -83,8 +83,8 @@ async fn settling_sandbox(backend: Backend, max_failures: i32) -> Settling {
 
 impl Settling {
     /// A capture of 40.00 EUR (no approval needed) for a new intent, accepted
-    /// and not yet delivered; its operation id.
-    async fn capture(&self, order_id: &str) -> String {
+    /// and not yet delivered; its operation id and the key it is charged under.
+    async fn capture(&self, order_id: &str) -> (String, String) {
         let http = reqwest::Client::new();
         let send = |path: String, key: String, body: Value| {
             http.post(format!("{}{path}", self.payments))
@@ -112,18 +112,23 @@ impl Settling {
         .await
         .unwrap();
         assert_eq!(capture.status().as_u16(), 202);
-        capture.headers()["operation-id"].to_str().unwrap().to_owned()
+        let operation_id = capture.headers()["operation-id"].to_str().unwrap().to_owned();
+        let capture: Value = capture.json().await.unwrap();
+        (
+            operation_id,
+            capture["provider_idempotency_key"].as_str().unwrap().to_owned(),
+        )
     }
 
     /// A capture whose provider key another charge already holds: the
     /// reconciler finds that charge, sees it is not this capture's, and
     /// leaves the operation `unknown` for a person.
     async fn capture_left_unknown(&self, order_id: &str) -> String {
-        let operation_id = self.capture(order_id).await;
+        let (operation_id, key) = self.capture(order_id).await;
         let squatted = reqwest::Client::new()
             .post(format!("{}/v1/charges", self.provider_url))
             .bearer_auth(SANDBOX_MERCHANT_KEY)
-            .header("idempotency-key", outbox::external_key(&operation_id))
+            .header("idempotency-key", &key)
             .json(&json!({"amount_minor": 1, "currency": "EUR", "merchant_reference": "elsewhere"}))
             .send()
             .await
@@ -138,7 +143,7 @@ impl Settling {
     /// A capture the provider charged and then answered 500: `unknown` until
     /// someone asks the provider. Its operation id and the provider's charge.
     async fn capture_left_unknown_with_its_charge(&self, order_id: &str) -> (String, String) {
-        let operation_id = self.capture(order_id).await;
+        let (operation_id, key) = self.capture(order_id).await;
         self.provider.set_faults(Faults {
             answer_after_accepting: vec![500],
             ..Faults::default()
@@ -148,7 +153,7 @@ impl Settling {
         let charges: Value = reqwest::Client::new()
             .get(format!("{}/v1/charges", self.provider_url))
             .bearer_auth(SANDBOX_MERCHANT_KEY)
-            .query(&[("idempotency_key", outbox::external_key(&operation_id))])
+            .query(&[("idempotency_key", &key)])
             .send()
             .await
             .unwrap()
@@ -162,7 +167,7 @@ impl Settling {
     /// A capture whose one delivery failed before the provider took it: with
     /// `max_failures: 1`, its event is dead.
     async fn capture_left_dead(&self, order_id: &str) -> String {
-        let operation_id = self.capture(order_id).await;
+        let (operation_id, _) = self.capture(order_id).await;
         self.provider.set_faults(Faults {
             fail_next: 1,
             ..Faults::default()

@@ -47,10 +47,10 @@ async fn failed_by_hand_is_refused_while_the_provider_holds_the_capture_s_charge
 async fn a_charge_under_the_capture_s_key_that_is_not_its_own_settles_it_neither_way(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let admin = app.create_key("acme", "acme-admin", Role::Admin).await;
-    let (operation_id, _, _) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
+    let (operation_id, _, accepted) = capture_left_unknown_by_a_key_collision(&app, "order-1").await;
     let squatter = app
         .provider
-        .charges_with_key(&outbox::external_key(&operation_id))
+        .charges_with_key(accepted["provider_idempotency_key"].as_str().unwrap())
         .await["data"][0]["id"]
         .as_str()
         .unwrap()

@@ -36,7 +36,7 @@ async fn capture_left_unknown_by_a_key_collision(app: &TestApp, order_id: &str) 
     let squatted = reqwest::Client::new()
         .post(format!("{}/v1/charges", app.provider.url))
         .bearer_auth(payments::provider::SANDBOX_MERCHANT_KEY)
-        .header("idempotency-key", outbox::external_key(&operation_id))
+        .header("idempotency-key", accepted.str("provider_idempotency_key"))
         .json(&json!({"amount_minor": 1, "currency": "EUR", "merchant_reference": "elsewhere"}))
         .send()
         .await
@@ -64,7 +64,7 @@ async fn capture_left_unknown_with_its_charge_made(app: &TestApp, order_id: &str
     assert_eq!(app.operation(&operation_id).await["state"], "unknown");
     let charges = app
         .provider
-        .charges_with_key(&outbox::external_key(&operation_id))
+        .charges_with_key(&accepted.str("provider_idempotency_key"))
         .await;
     let charge_id = charges["data"][0]["id"]
         .as_str()
