@@ -145,6 +145,18 @@ impl Services {
         self.provider.stats().charges_made
     }
 
+    /// The provider once it was asked to charge or refund `expected` times
+    /// (or a minute passes), and half a second more for any beyond it.
+    pub async fn provider_asked_at(&self, expected: u64) {
+        let _ = tokio::time::timeout(Duration::from_secs(60), async {
+            while self.provider.stats().requests < expected {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
     /// Each service's journal verifies, and holds each operation's completion once.
     pub async fn journals_verify(&self) {
         for layer in &self.layers {
