@@ -96,7 +96,7 @@ pub struct ChargeRequest {
     pub amount_minor: i64,
     #[validate(length(equal = 3, message = "must be an ISO 4217 code"))]
     pub currency: String,
-    /// The merchant's own reference (the payments service sends its capture id).
+    /// The merchant's own reference (the payments service sends the request's derived key).
     #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
     pub merchant_reference: String,
     #[validate(length(max = 255, message = "must be at most 255 characters"))]

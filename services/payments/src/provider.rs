@@ -19,8 +19,8 @@ pub const CAPTURE: &str = "capture";
 /// The event kind of a refund instruction: one refund at the provider.
 pub const REFUND: &str = "refund";
 
-/// What a capture's event carries: the charge to ask for, with the capture's
-/// id as the merchant reference.
+/// What a capture's event carries: the charge to ask for. Its merchant
+/// reference is the event's, not the capture's id ([`reference`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChargeOrder {
     pub capture_id: String,
@@ -113,7 +113,7 @@ struct Listed {
 
 /// What an event asked the provider for, as a lookup must find it.
 struct Asked<'a> {
-    /// The capture's or the refund's id, sent as the merchant reference.
+    /// The event's [`reference`], sent as the merchant reference.
     reference: &'a str,
     amount_minor: i64,
     /// A charge's currency; a refund names none.
@@ -240,6 +240,16 @@ impl Provider {
     }
 }
 
+/// The merchant reference an event's charge or refund carries, and what a
+/// lookup and a person's resolution check a found one against: the event's
+/// derived key, sent in the body as well as the header. Derived from the
+/// request, not the capture's or the refund's id, so that a retry run again
+/// after a failover lost its claim sends the same body under the same key and
+/// the provider answers with the first charge (docs/design.md §6, §12).
+fn reference(event: &OutboxEvent) -> &str {
+    &event.external_key
+}
+
 /// An event's payload, read back as what its kind carries.
 enum Order {
     Charge(ChargeOrder),
@@ -280,7 +290,7 @@ impl Destination for Provider {
                 let request = ChargeRequest {
                     amount_minor: charge.amount_minor,
                     currency: &charge.currency,
-                    merchant_reference: &charge.capture_id,
+                    merchant_reference: reference(event),
                     payee_account: &charge.payee_account,
                 };
                 self.post("/v1/charges", &event.external_key, &request).await
@@ -289,7 +299,7 @@ impl Destination for Provider {
                 let request = RefundRequest {
                     charge_id: &refund.charge_id,
                     amount_minor: refund.amount_minor,
-                    merchant_reference: &refund.refund_id,
+                    merchant_reference: reference(event),
                 };
                 self.post("/v1/refunds", &event.external_key, &request).await
             }
@@ -301,7 +311,7 @@ impl Destination for Provider {
         match Order::of(event)? {
             Order::Charge(charge) => {
                 let asked = Asked {
-                    reference: &charge.capture_id,
+                    reference: reference(event),
                     amount_minor: charge.amount_minor,
                     currency: Some(&charge.currency),
                 };
@@ -309,7 +319,7 @@ impl Destination for Provider {
             }
             Order::Refund(refund) => {
                 let asked = Asked {
-                    reference: &refund.refund_id,
+                    reference: reference(event),
                     amount_minor: refund.amount_minor,
                     currency: None,
                 };

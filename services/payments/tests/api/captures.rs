@@ -314,10 +314,9 @@ async fn lose_as_a_failover_would(app: &TestApp, accepted: &platform::testing::T
 
 /// A failover can lose a capture the provider has charged. The client's retry
 /// (same key, same body) then runs again as a new operation with a capture of
-/// its own id, but the provider is sent the same key: it refuses a second
-/// charge under it, and the reconciler, finding the first charge under
-/// another capture's reference, leaves the capture `unknown` rather than
-/// charge again or take that charge for its own.
+/// its own id, and is sent to the provider as the same request — the same key
+/// and the same body, reference included — so the provider answers with the
+/// first charge, and the retry's capture ends captured with it.
 async fn a_capture_lost_in_a_failover_reaches_the_provider_again_under_its_first_key_and_is_never_charged_twice(
     backend: Backend,
 ) {
@@ -338,8 +337,9 @@ async fn a_capture_lost_in_a_failover_reaches_the_provider_again_under_its_first
 
     let retry = app.capture(&intent_id, "cap-1", &json!({})).await;
     app.deliver().await;
-    app.reconcile().await;
     let settled = app.operation(retry.operation_id()).await;
+    let capture = app.get(&format!("/v1/captures/{}", retry.str("id")), ACME_AGENT).await;
+    let intent = app.get(&format!("/v1/payment_intents/{intent_id}"), ACME_AGENT).await;
 
     assert_eq!(retry.status, StatusCode::ACCEPTED, "{:?}", retry.body);
     assert_eq!(retry.replayed(), Some("false"), "the database has no such operation");
@@ -360,9 +360,18 @@ async fn a_capture_lost_in_a_failover_reaches_the_provider_again_under_its_first
     assert_eq!(under_the_key["data"].as_array().map(Vec::len), Some(1));
     assert_eq!(under_the_key["data"][0]["id"], first_charge.as_str());
     assert_eq!(
-        settled["state"], "unknown",
-        "neither charged again nor taken: {settled}"
+        under_the_key["data"][0]["merchant_reference"],
+        first.str("provider_idempotency_key"),
+        "the reference is the request's too, so the retry's body is the first one's"
     );
+    assert_eq!(settled["state"], "completed", "{settled}");
+    assert_eq!(capture.json()["state"], "succeeded", "{:?}", capture.body);
+    assert_eq!(
+        capture.str("provider_charge_id"),
+        first_charge,
+        "the retry's capture holds the first charge"
+    );
+    assert_eq!(intent.json()["state"], "succeeded", "{:?}", intent.body);
 }
 
 /// Something else holds the capture's key at the provider (a bug, or another
