@@ -105,7 +105,7 @@ pub struct RolloutRequest {
     /// `deployment` or `rollback`: the controller rolls either out the same way.
     #[validate(length(min = 1, max = 32, message = "must be 1 to 32 characters"))]
     pub kind: String,
-    /// The caller's own id for it (the deployments service sends its deployment id).
+    /// The caller's own id for it (the deployments service sends the request's derived key).
     #[validate(length(min = 1, max = 255, message = "must be 1 to 255 characters"))]
     pub reference: String,
 }

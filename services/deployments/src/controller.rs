@@ -20,8 +20,8 @@ pub const ROLLOUT: &str = "rollout";
 /// The principal the journal names for what the watcher sees end.
 pub const WATCHER: &str = "system:rollout-watcher";
 
-/// What a rollout's event carries; the deployment's id is the controller's
-/// `reference`.
+/// What a rollout's event carries. Its controller `reference` is the
+/// event's, not the deployment's id ([`reference`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RolloutOrder {
     pub deployment_id: String,
@@ -282,6 +282,16 @@ fn unreachable_controller(reason: String) -> ApiError {
         .with_detail("the deployment controller could not be asked to cancel; nothing changed. Try again")
 }
 
+/// The `reference` an event's rollout carries, and what a lookup and a
+/// person's resolution check a found one against: the event's derived key,
+/// sent in the body as well as the header. Derived from the request, not the
+/// deployment's id, so that a retry run again after a failover lost its claim
+/// sends the same body under the same key and the controller answers with the
+/// first rollout (docs/design.md §6, §12).
+fn reference(event: &OutboxEvent) -> &str {
+    &event.external_key
+}
+
 fn order(event: &OutboxEvent) -> Result<RolloutOrder, String> {
     if event.kind != ROLLOUT {
         return Err(format!("no such deployments event kind `{}`", event.kind));
@@ -316,7 +326,7 @@ impl Destination for Controller {
             artifact_digest: &order.artifact_digest,
             commit_sha: order.commit_sha.as_deref(),
             kind: &order.kind,
-            reference: &order.deployment_id,
+            reference: reference(event),
         };
         let sent = self
             .http
@@ -355,20 +365,20 @@ impl Destination for Controller {
         Delivery::from_refusal(status.as_u16(), &problem, &[])
     }
 
-    /// By the key, then by the deployment's id; what is found must be this
-    /// deployment's rollout of this digest, to this service and environment
+    /// By the key, then by the reference; what is found must be this
+    /// request's rollout of this digest, to this service and environment
     /// (docs/design.md §6). Several accounts may share one controller key,
     /// so a rollout that merely exists proves nothing.
     async fn look_up(&self, event: &OutboxEvent) -> Result<Lookup, String> {
         let order = order(event)?;
         let found = match self.find(&[("idempotency_key", &event.external_key)]).await? {
             Some(rollout) => Some(rollout),
-            None => self.find(&[("reference", &order.deployment_id)]).await?,
+            None => self.find(&[("reference", reference(event))]).await?,
         };
         let Some(rollout) = found else {
             return Ok(Lookup::Absent);
         };
-        if rollout.reference == order.deployment_id
+        if rollout.reference == reference(event)
             && rollout.artifact_digest == order.artifact_digest
             && rollout.service == order.service
             && rollout.environment == order.environment

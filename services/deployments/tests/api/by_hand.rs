@@ -162,7 +162,7 @@ async fn failed_by_hand_needs_the_controller_s_word_that_it_holds_no_rollout_for
     let rollouts: Value = reqwest::Client::new()
         .get(format!("{}/v1/rollouts", app.controller.url))
         .bearer_auth(deployments::controller::SANDBOX_CONTROLLER_KEY)
-        .query(&[("reference", started.str("id"))])
+        .query(&[("reference", started.str("controller_idempotency_key"))])
         .send()
         .await
         .unwrap()

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use deploy_controller::Faults;
 use futures::future::join_all;
-use platform::Backend;
+use platform::{Backend, on_pool};
 use serde_json::{Value, json};
 
 use crate::support::{
-    ACME_AGENT, ACME_APPROVER, COMMIT_A1B2C3, COMMIT_D4E5F6, GLOBEX_AGENT, SLOW_STEP, TestApp, digest, release,
+    ACME_AGENT, ACME_APPROVER, COMMIT_A1B2C3, COMMIT_D4E5F6, GLOBEX_AGENT, SLOW_STEP, STEP, TestApp, digest, release,
 };
 
 /// The article's sequence: dep-118 for commit a1b2c3 is accepted and its
@@ -120,7 +120,7 @@ async fn an_unknown_deployment_an_admin_settles_by_hand_is_followed_to_its_end_l
     let rollouts: Value = reqwest::Client::new()
         .get(format!("{}/v1/rollouts", app.controller.url))
         .bearer_auth(deployments::controller::SANDBOX_CONTROLLER_KEY)
-        .query(&[("reference", deployment_id.as_str())])
+        .query(&[("reference", accepted.str("controller_idempotency_key"))])
         .send()
         .await
         .unwrap()
@@ -328,6 +328,80 @@ async fn sixteen_racing_deployments_to_one_environment_hold_one_lock(backend: Ba
     }
 }
 
+/// Takes away what a failover to a standby that lagged behind loses of an
+/// acknowledged deployment handed to the controller: its operation and event,
+/// and the deployment with its history, which frees the environment's lock.
+/// The rollout stays at the controller.
+async fn lose_as_a_failover_would(app: &TestApp, accepted: &platform::testing::TestResponse) {
+    let (deployment_id, operation_id) = (accepted.str("id"), accepted.operation_id().to_owned());
+    on_pool!(app.db.db.write(), |pool| {
+        for (sql, id) in [
+            ("DELETE FROM idempotency_outbox WHERE operation_id = $1", &operation_id),
+            (
+                "DELETE FROM idempotency_operations WHERE operation_id = $1",
+                &operation_id,
+            ),
+            (
+                "DELETE FROM deployment_history WHERE deployment_id = $1",
+                &deployment_id,
+            ),
+            ("DELETE FROM deployments WHERE id = $1", &deployment_id),
+        ] {
+            sqlx::query(sql).bind(id).execute(pool).await.unwrap();
+        }
+    });
+}
+
+/// A failover can lose a deployment the controller has taken. The agent's
+/// retry (same key, same body) runs again as a new operation with a
+/// deployment of its own id, and is sent to the controller as the same
+/// request — the same key and the same body, reference included — so the
+/// controller answers with the first rollout, and the watcher follows it to
+/// the retry's end: one rollout, and an environment that is not left locked.
+async fn a_deployment_lost_in_a_failover_reaches_the_controller_again_as_the_same_request_and_rolls_out_once(
+    backend: Backend,
+) {
+    // no replay from memory: a replica that lived through the failover has forgotten
+    let config = idempotency::IdempotencyConfig {
+        replay_cache_entries: 0,
+        ..idempotency::IdempotencyConfig::default()
+    };
+    let app = TestApp::spawn_configured(backend, STEP, config).await;
+    let body = release("staging", &digest('a'), Some(COMMIT_A1B2C3));
+    let first = app.deploy("deploy-1", &body).await;
+    app.deliver().await;
+    let first_rollout = app.deployment(&first.str("id")).await["controller_rollout_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    lose_as_a_failover_would(&app, &first).await;
+
+    let retry = app.deploy("deploy-1", &body).await;
+    app.deliver().await;
+    let finished = app.until(&retry.str("id"), "succeeded").await;
+    let operation = app.operation(retry.operation_id()).await;
+    let environment = app.environment("checkout", "staging").await;
+
+    assert_eq!(retry.status, StatusCode::ACCEPTED, "{:?}", retry.body);
+    assert_eq!(retry.replayed(), Some("false"), "the database has no such operation");
+    assert_ne!(retry.str("id"), first.str("id"), "a deployment of its own");
+    assert_eq!(
+        retry.str("controller_idempotency_key"),
+        first.str("controller_idempotency_key"),
+        "the key is the request's, not the operation's"
+    );
+    let stats = app.controller.stats();
+    assert_eq!(stats.requests, 2, "the retry reached the controller");
+    assert_eq!(stats.rollouts_started, 1, "one rollout for one release");
+    assert_eq!(
+        finished["controller_rollout_id"], first_rollout,
+        "the retry's deployment follows the first rollout"
+    );
+    assert_eq!(operation["state"], "completed", "{operation}");
+    assert_eq!(environment["current"]["id"], retry.str("id"));
+    assert_eq!(environment["locked_by"], Value::Null, "the environment is free again");
+}
+
 async fn another_account_sees_none_of_it(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let ours = app.deploy("deploy-1", &release("staging", &digest('a'), None)).await;
@@ -363,5 +437,6 @@ platform::both_backends!(
     a_stale_expected_current_deployment_is_409_version_mismatch,
     a_failed_rollout_fails_the_deployment_and_frees_the_environment,
     sixteen_racing_deployments_to_one_environment_hold_one_lock,
+    a_deployment_lost_in_a_failover_reaches_the_controller_again_as_the_same_request_and_rolls_out_once,
     another_account_sees_none_of_it,
 );

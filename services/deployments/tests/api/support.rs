@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use deploy_controller::{ControllerConfig as SimulatedConfig, Faults, Stats};
 use deployments::controller::{Controller, ControllerConfig, SANDBOX_CONTROLLER_KEY};
+use idempotency::IdempotencyConfig;
 use outbox::{Outbox, OutboxConfig};
 use platform::Backend;
 pub use platform::testing::{ACME_AGENT, ACME_APPROVER, GLOBEX_AGENT, TestResponse};
@@ -88,6 +89,11 @@ impl TestApp {
 
     /// With a controller whose rollout phases take `step` each.
     pub async fn spawn_with_step(backend: Backend, step: Duration) -> TestApp {
+        TestApp::spawn_configured(backend, step, Default::default()).await
+    }
+
+    /// With a controller whose rollout phases take `step` each, and the layer's `idempotency` settings.
+    pub async fn spawn_configured(backend: Backend, step: Duration, idempotency: IdempotencyConfig) -> TestApp {
         let db = TestDb::new(backend).await;
         deployments::migrate(&db.db).await.expect("migrations apply");
         let controller = TestController::start(step).await;
@@ -95,7 +101,7 @@ impl TestApp {
             url: controller.url.clone(),
             api_key: SANDBOX_CONTROLLER_KEY.to_owned(),
         };
-        let service = deployments::App::new(db.db.clone(), Default::default(), true, config);
+        let service = deployments::App::new(db.db.clone(), idempotency, true, config);
         TestApp {
             outbox: service.outbox(outbox_config()),
             client: TestClient::new(deployments::build_router(service.clone())),
