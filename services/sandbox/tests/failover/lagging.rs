@@ -14,7 +14,9 @@
 //! the agent was never told, and a capture of its own. But the capture's new
 //! operation sends the provider the key of the first — the key is derived
 //! from what the agent sent, not from the operation — so the provider charges
-//! nothing more, and the capture is left `unknown` (docs/design.md §12).
+//! nothing more: its body, reference included, is the first one's too, so
+//! the provider answers with the first charge, and the capture run again
+//! ends `succeeded` with it (docs/design.md §12).
 //!
 //! **Synchronous standby:** no write was acknowledged: each commit waited for
 //! the standby, so the agent's requests timed out, and nothing was sent to
@@ -62,13 +64,15 @@ async fn writes(services: &Services) -> Vec<Write> {
 /// What the story ends with: how many acknowledged answers the failover
 /// lost, how many tickets the agent's keys made, how many charges, and how
 /// many captures the retries sent the provider under another key than the
-/// acknowledged first answer named.
+/// acknowledged first answer named, and how many of the captures the
+/// retries answered with ended `succeeded` with a charge.
 struct Ending {
     acknowledged: usize,
     lost: usize,
     tickets: i64,
     charges: u64,
     new_provider_keys: usize,
+    captured: usize,
 }
 
 async fn the_story(replication: Replication) -> Option<Ending> {
@@ -99,12 +103,16 @@ async fn the_story(replication: Replication) -> Option<Ending> {
     services.database.point_at(pair.standby);
     // 4. every key again
     let (mut lost, mut new_provider_keys, mut ran_again) = (0, 0, 0);
+    let mut captures = Vec::new();
     for write in &writes {
         let retry = services.answered(write).await;
         assert!(retry.status.is_success(), "{}: {}", write.key, retry.status);
         let replayed = retry.replayed() == Some("true");
-        if write.service == Service::Payments && !replayed {
-            ran_again += 1;
+        if write.service == Service::Payments {
+            captures.push(retry.str("id"));
+            if !replayed {
+                ran_again += 1;
+            }
         }
         let Some((_, first)) = acknowledged.iter().find(|(key, _)| *key == write.key) else {
             continue;
@@ -121,6 +129,13 @@ async fn the_story(replication: Replication) -> Option<Ending> {
     // every capture that ran again reaches the provider, charged or not
     services.provider_asked_at(sent_before + ran_again).await;
     let charges = services.provider.stats().charges_made;
+    let mut captured = 0;
+    for capture_id in &captures {
+        let capture = services.capture_ended(capture_id).await;
+        if capture["state"] == "succeeded" && capture["provider_charge_id"].is_string() {
+            captured += 1;
+        }
+    }
     let tickets = services.tickets.get("/v1/tickets?limit=200", ACME_AGENT).await.json()["data"]
         .as_array()
         .map_or(0, |listed| listed.len() as i64);
@@ -131,6 +146,7 @@ async fn the_story(replication: Replication) -> Option<Ending> {
         tickets,
         charges,
         new_provider_keys,
+        captured,
     })
 }
 
@@ -166,6 +182,10 @@ async fn behind_a_lagging_asynchronous_standby_a_failover_loses_acknowledged_cla
         ending.charges, CAPTURES as u64,
         "the provider recognises each retry: one charge per order"
     );
+    assert_eq!(
+        ending.captured, CAPTURES,
+        "each capture run again ends with the first charge, as the agent's answer flow expects"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -184,4 +204,5 @@ async fn behind_a_lagging_synchronous_standby_nothing_is_acknowledged_until_it_i
     assert_eq!(ending.lost, 0, "nothing acknowledged is lost");
     assert_eq!(ending.tickets, TICKETS as i64, "one ticket per key");
     assert_eq!(ending.charges, CAPTURES as u64, "one charge per order");
+    assert_eq!(ending.captured, CAPTURES, "every capture ends with its charge");
 }

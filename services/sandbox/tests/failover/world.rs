@@ -7,7 +7,7 @@ use idempotency::IdempotencyConfig;
 use outbox::OutboxConfig;
 use platform::{
     Db,
-    testing::{TcpForwarder, TestClient, TestResponse, standby::ReplicatedPair},
+    testing::{ACME_AGENT, TcpForwarder, TestClient, TestResponse, standby::ReplicatedPair},
 };
 use serde_json::{Value, json};
 
@@ -155,6 +155,19 @@ impl Services {
         })
         .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    /// The capture `capture_id` once it has left `processing` (or a minute passes).
+    pub async fn capture_ended(&self, capture_id: &str) -> Value {
+        let path = format!("/v1/captures/{capture_id}");
+        for _ in 0..600 {
+            let capture = self.payments.get(&path, ACME_AGENT).await.json();
+            if capture["state"] != "processing" {
+                return capture;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.payments.get(&path, ACME_AGENT).await.json()
     }
 
     /// Each service's journal verifies, and holds each operation's completion once.
