@@ -292,7 +292,8 @@ pub struct Deployment {
     /// The operation that asked for it.
     pub operation_id: String,
     /// The key the rollout is handed to the controller with: derived from the
-    /// request (its account, route, key and fingerprint).
+    /// request (its account, route, key and fingerprint), and the rollout's
+    /// reference: either finds it at the controller.
     pub controller_idempotency_key: String,
     /// The controller's id for the rollout, once it took it.
     pub controller_rollout_id: Option<String>,

@@ -262,7 +262,8 @@ pub struct Capture {
     pub amount_refunded_minor: i64,
     pub state: TransferState,
     /// The key the charge is sent to the provider with, on every delivery:
-    /// derived from the capture's request (its account, route, key and fingerprint).
+    /// derived from the capture's request (its account, route, key and fingerprint),
+    /// and the charge's merchant reference: either finds it at the provider.
     #[schema(example = "retrysafe-4f0c1e9a7b2d8c3e5a6f1b0d9e8c7a2b")]
     pub provider_idempotency_key: String,
     /// The provider's id for the charge, once the provider answered.
@@ -298,7 +299,8 @@ pub struct Refund {
     pub reason: Option<String>,
     pub state: TransferState,
     /// The key the refund is sent to the provider with: derived from the
-    /// refund's request (its account, route, key and fingerprint).
+    /// refund's request (its account, route, key and fingerprint), and the
+    /// refund's merchant reference: either finds it at the provider.
     pub provider_idempotency_key: String,
     /// The provider's id for the refund, once the provider answered.
     pub provider_refund_id: Option<String>,

@@ -97,12 +97,15 @@ async fn a_base_port_moves_every_server_of_the_sandbox_and_a_capture_still_reach
     .unwrap();
     assert_eq!(capture.status(), StatusCode::ACCEPTED);
     let capture: serde_json::Value = capture.json().await.unwrap();
-    let capture_id = capture["id"].as_str().expect("the capture has an id");
+    // the charge's merchant reference is the capture's provider key, derived from the request
+    let reference = capture["provider_idempotency_key"]
+        .as_str()
+        .expect("the capture has a provider key");
     let charged = async {
         loop {
             let charges: serde_json::Value = client
                 .get(format!("http://127.0.0.1:{}/v1/charges", base + 101))
-                .query(&[("merchant_reference", capture_id)])
+                .query(&[("merchant_reference", reference)])
                 .bearer_auth(payments::provider::SANDBOX_MERCHANT_KEY)
                 .send()
                 .await

@@ -170,12 +170,12 @@ async fn a_capture_in_flight_when_the_whole_sandbox_is_killed_is_charged_once_af
         .post(&format!("/v1/payment_intents/{intent_id}/capture"), "cap-1", &json!({}))
         .await;
     assert_eq!(accepted.status(), StatusCode::ACCEPTED);
-    let capture_id = accepted.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let capture = accepted.json::<Value>().await.unwrap();
+    let capture_id = capture["id"].as_str().unwrap().to_owned();
+    // the charge's merchant reference is the capture's provider key, derived from the request
+    let reference = capture["provider_idempotency_key"].as_str().unwrap().to_owned();
     // charged, and its answer held back: the capture is in flight
-    let charged = eventually(async || doomed.charges_for(&capture_id).await.pop()).await;
+    let charged = eventually(async || doomed.charges_for(&reference).await.pop()).await;
     let in_flight = doomed.get(&format!("/v1/captures/{capture_id}")).await;
     assert_ne!(in_flight["state"], "succeeded", "the answer has not come back");
     doomed.process.kill().await;
@@ -187,7 +187,7 @@ async fn a_capture_in_flight_when_the_whole_sandbox_is_killed_is_charged_once_af
     })
     .await;
     let intent = restarted.get(&format!("/v1/payment_intents/{intent_id}")).await;
-    let charges = restarted.charges_for(&capture_id).await;
+    let charges = restarted.charges_for(&reference).await;
     restarted.process.kill().await;
 
     assert_eq!(charges.len(), 1, "one charge across the restart: {charges:?}");
