@@ -8,4 +8,5 @@ mod approvals;
 mod by_hand;
 mod captures;
 mod intents;
+mod lost_in_a_failover;
 mod refunds;
