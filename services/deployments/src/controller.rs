@@ -195,10 +195,11 @@ impl Controller {
         for watched in store::watched(db).await? {
             let rollout = match self.rollout(&watched.rollout_id).await {
                 Ok(Some(rollout)) => rollout,
+                // nothing the controller said: only the state and the failure are read of it
                 Ok(None) => Rollout {
                     id: watched.rollout_id.clone(),
                     state: "failed".into(),
-                    reference: watched.deployment_id.clone(),
+                    reference: String::new(),
                     artifact_digest: String::new(),
                     service: String::new(),
                     environment: String::new(),
