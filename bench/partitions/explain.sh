@@ -8,7 +8,7 @@
 #
 # It makes (and leaves, to look at again) two databases on that server:
 # retrysafe_plans_before and retrysafe_plans_after. The second is upgraded
-# in place by the partitioning migration, whose time is printed too.
+# in place by the partitioning migrations, whose time is printed too.
 set -euo pipefail
 server=${1:-postgres://postgres@127.0.0.1:5432/postgres}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,6 +23,7 @@ for schema in before after; do
     if [ "$schema" = after ]; then
         echo "## upgrading $db in place"
         psql_on "$db" -c '\timing on' -1 -f "$migrations/idempotency/postgres/0010_idempotency_by_account.sql" \
+            -f "$migrations/idempotency/postgres/0014_walks_across_accounts_on_their_own_keys.sql" \
             | grep -E '^Time' | awk '{ total += $2 } END { printf "the migration took %.0f ms\n", total }'
     fi
     psql_on "$db" -c 'VACUUM ANALYZE'

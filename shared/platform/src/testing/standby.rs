@@ -321,8 +321,9 @@ fn quoted(value: &str) -> String {
 
 fn start_server(bin: &Path, data: &Path) {
     let mut start = Command::new(bin.join("pg_ctl"));
+    // a standby on a loaded machine can take longer than pg_ctl's 60 s to open for reads
     start
-        .args(["-w", "-l"])
+        .args(["-w", "-t", "300", "-l"])
         .arg(data.join("server.log"))
         .arg("-D")
         .arg(data)
@@ -334,11 +335,15 @@ fn start_server(bin: &Path, data: &Path) {
         .stderr(std::process::Stdio::null())
         .status()
         .expect("pg_ctl runs");
-    assert!(
-        started.success(),
-        "the server in {} started (see its server.log)",
-        data.display()
-    );
+    if !started.success() {
+        let log = std::fs::read_to_string(data.join("server.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        panic!(
+            "the server in {} did not start; the end of its server.log:\n{}",
+            data.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
 }
 
 fn psql(bin: &Path, at: SocketAddr, database: &str, sql: &str) -> String {
