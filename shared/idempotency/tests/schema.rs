@@ -157,5 +157,8 @@ async fn every_key_names_the_account_and_the_high_volume_tables_are_hash_partiti
         .filter(|(_, _, first, names_the_account)| *names_the_account && first != "account_id")
         .map(|(_, key, ..)| key.as_str())
         .collect();
-    assert_eq!(led_by_a_walk, KEYS_LED_BY_A_WALK, "keys that name account_id after another column");
+    assert_eq!(
+        led_by_a_walk, KEYS_LED_BY_A_WALK,
+        "keys that name account_id after another column"
+    );
 }
