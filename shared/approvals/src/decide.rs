@@ -87,7 +87,8 @@ pub async fn decide(
         settle(&mut tx, &approval, ApprovalState::Rejected, now).await?;
     }
     idempotency
-        .report(&mut tx, &[approval.audit(event, &principal.principal_id, now)])
+        .transitions()
+        .record(&mut tx, &[approval.audit(event, &principal.principal_id, now)])
         .await?;
     tx.commit().await?;
     let waited = (now.as_datetime() - approval.created_at.as_datetime())
@@ -142,7 +143,7 @@ pub(crate) async fn expire(idempotency: &Idempotency, approval: &ApprovalRecord)
     let mut tx = idempotency.begin().await?;
     match end_expired(&mut tx, approval, Timestamp::now()).await? {
         Some(ended) => {
-            idempotency.report(&mut tx, &[ended]).await?;
+            idempotency.transitions().record(&mut tx, &[ended]).await?;
             tx.commit().await
         }
         None => tx.rollback().await,

@@ -114,12 +114,14 @@ impl AttemptCounter {
         Ok(())
     }
 
-    /// Flushes shortly after counts arrive, coalescing whatever comes meanwhile.
-    pub async fn write_continuously(&self, db: &Db) {
+    /// Flushes shortly after counts arrive, coalescing whatever comes
+    /// meanwhile, forever. Without it, counts are written when an
+    /// operation's status is read.
+    pub async fn write_continuously(self, db: Db) {
         loop {
             self.shared.wake.notified().await;
             tokio::time::sleep(Duration::from_millis(20)).await;
-            if let Err(e) = self.flush(db).await {
+            if let Err(e) = self.flush(&db).await {
                 tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
             }
         }

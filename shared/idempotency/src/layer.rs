@@ -1,17 +1,10 @@
-//! The idempotency layer of one service ([`Idempotency`]): its database, its
-//! settings, and the background work that keeps it (the reaper, the attempt
-//! writer, and whatever its transitions' sink keeps running).
-//!
-//! It is also the extension point for what an extension shows and keeps
-//! beside the idempotent write ([`Extension`]): its part of an operation's
-//! status (docs/contract.md §4), its gauges for `/metrics`, the operations it
-//! leaves for a person, and its background work. Approvals and the outbox
-//! are the two. The status resource's shape is the contract's, so it is the
-//! core's ([`OperationView`]); an extension fills in its fields and no more.
-//! A layer with no extension answers every field an extension would fill as
-//! `null`, and lists no operation as needing a person.
+//! One service's layer ([`Idempotency`]) and its background work, and the
+//! extension point for what an extension shows and keeps beside the write
+//! ([`Extension`]). The status resource's shape is the contract's, so it is
+//! the core's ([`OperationView`]): an extension fills in its fields and no
+//! more, and a layer with none answers them `null` (docs/contract.md §4).
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc};
 
 use platform::{Db, Timestamp, metrics::Metrics};
 
@@ -31,20 +24,20 @@ pub struct Idempotency {
     pub(crate) db: Db,
     pub(crate) config: IdempotencyConfig,
     pub(crate) attempts: attempts::AttemptCounter,
-    pub(crate) replay_cache: std::sync::Arc<replay_cache::ReplayCache>,
+    pub(crate) replay_cache: Arc<replay_cache::ReplayCache>,
     /// Where transitions are reported: the journal, in every service.
-    pub(crate) transitions: std::sync::Arc<dyn Sink>,
+    pub(crate) transitions: Arc<dyn Sink>,
     /// Wakes what takes handed-on work in this process (the outbox's worker)
     /// when an effect that handed some on commits.
-    pub(crate) work_handed_on: std::sync::Arc<tokio::sync::Notify>,
+    pub(crate) work_handed_on: Arc<tokio::sync::Notify>,
     /// What the service added beside the idempotent write (approvals, the outbox).
-    pub(crate) extensions: std::sync::Arc<Vec<std::sync::Arc<dyn Extension>>>,
+    pub(crate) extensions: Arc<Vec<Arc<dyn Extension>>>,
     /// What an operation waits at before its effect, if the service has it (approvals).
-    pub(crate) gate: Option<std::sync::Arc<dyn Gate>>,
+    pub(crate) gate: Option<Arc<dyn Gate>>,
     /// The service's metrics registry.
-    pub(crate) metrics: platform::metrics::Metrics,
+    pub(crate) metrics: Metrics,
     /// When `/metrics` last read its gauges from the database.
-    pub(crate) gauges_read: std::sync::Arc<tokio::sync::Mutex<Option<std::time::Instant>>>,
+    pub(crate) gauges_read: Arc<tokio::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl Idempotency {
@@ -55,26 +48,26 @@ impl Idempotency {
             db,
             config,
             attempts: Default::default(),
-            replay_cache: std::sync::Arc::new(replay_cache),
-            transitions: std::sync::Arc::new(crate::transitions::Unrecorded),
+            replay_cache: Arc::new(replay_cache),
+            transitions: Arc::new(crate::transitions::Unrecorded),
             work_handed_on: Default::default(),
             extensions: Default::default(),
             gate: None,
-            metrics: platform::metrics::Metrics::new("unnamed"),
+            metrics: Metrics::new("unnamed"),
             gauges_read: Default::default(),
         }
     }
 
     /// The layer of the service called `service`, which labels its metrics.
     pub fn for_service(mut self, service: &'static str) -> Self {
-        self.metrics = platform::metrics::Metrics::new(service);
+        self.metrics = Metrics::new(service);
         self
     }
 
     /// The layer reporting its transitions to `sink` (the journal); without
     /// one they are not kept ([`crate::transitions::Unrecorded`]).
     pub fn with_sink(mut self, sink: impl Sink) -> Self {
-        self.transitions = std::sync::Arc::new(sink);
+        self.transitions = Arc::new(sink);
         self
     }
 
@@ -94,9 +87,7 @@ impl Idempotency {
     /// The layer with `extension` added: its part of every operation's
     /// status, its gauges, its background work.
     pub fn with_extension(mut self, extension: impl Extension) -> Self {
-        let mut extensions = self.extensions.as_ref().clone();
-        extensions.push(std::sync::Arc::new(extension));
-        self.extensions = std::sync::Arc::new(extensions);
+        Arc::make_mut(&mut self.extensions).push(Arc::new(extension));
         self
     }
 
@@ -117,10 +108,8 @@ impl Idempotency {
     /// a route's policy asks it for (see [`crate::gate`]); it is one of the
     /// layer's extensions too.
     pub fn with_gate(mut self, gate: impl Gate + Extension) -> Self {
-        let gate = std::sync::Arc::new(gate);
-        let mut extensions = self.extensions.as_ref().clone();
-        extensions.push(gate.clone());
-        self.extensions = std::sync::Arc::new(extensions);
+        let gate = Arc::new(gate);
+        Arc::make_mut(&mut self.extensions).push(gate.clone());
         self.gate = Some(gate);
         self
     }
@@ -133,7 +122,7 @@ impl Idempotency {
     }
 
     /// The service's metrics registry, for its routes' middleware and `/metrics`.
-    pub fn metrics(&self) -> &platform::metrics::Metrics {
+    pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
@@ -148,13 +137,6 @@ impl Idempotency {
         tx
     }
 
-    /// Writes attempt counts in the background, shortly after they arrive.
-    /// Without it they are written when an operation's status is read.
-    pub fn spawn_attempt_writer(&self) -> tokio::task::JoinHandle<()> {
-        let (attempts, db) = (self.attempts.clone(), self.db.clone());
-        tokio::spawn(async move { attempts.write_continuously(&db).await })
-    }
-
     /// Writes every attempt counted so far. A failure is logged, not
     /// returned: the counts are kept for the next round, and no answer
     /// depends on them.
@@ -162,16 +144,6 @@ impl Idempotency {
         if let Err(e) = self.attempts.flush(&self.db).await {
             tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
         }
-    }
-
-    /// Reports `records` to the layer's sink in `tx`, the transaction that
-    /// makes them: how an extension journals its own transitions.
-    pub async fn report(
-        &self,
-        tx: &mut platform::Tx,
-        records: &[crate::transitions::Record],
-    ) -> Result<(), sqlx::Error> {
-        self.transitions.record(tx, records).await
     }
 
     /// Makes what was reported until now readable (the journal links it
@@ -187,9 +159,9 @@ impl Idempotency {
     pub fn spawn_background(&self) -> Background {
         let mut tasks = vec![
             self.spawn_reaper(),
-            self.spawn_attempt_writer(),
-            self.spawn_metrics_upkeep(),
-            self.spawn_clock_sync(),
+            tokio::spawn(self.attempts.clone().write_continuously(self.db.clone())),
+            tokio::spawn(self.metrics.clone().run_upkeep_forever()),
+            tokio::spawn(self.db.clone().keep_clock_synced()),
         ];
         tasks.extend(
             self.transitions
@@ -207,36 +179,9 @@ impl Idempotency {
         }
     }
 
-    /// Measures the database's clock again and again: clocks drift apart,
-    /// and leases and retention are measured on it (see [`platform::time`]).
-    fn spawn_clock_sync(&self) -> tokio::task::JoinHandle<()> {
-        const EVERY: Duration = Duration::from_secs(60);
-        let db = self.db.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(EVERY).await;
-                if let Err(e) = db.sync_clock().await {
-                    tracing::warn!(error = %e, "could not read the database's clock; keeping the last offset");
-                }
-            }
-        })
-    }
-
-    /// Drains the histograms between scrapes, so that their buffers stay small.
-    fn spawn_metrics_upkeep(&self) -> tokio::task::JoinHandle<()> {
-        const EVERY: Duration = Duration::from_secs(5);
-        let metrics = self.metrics.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(EVERY).await;
-                metrics.run_upkeep();
-            }
-        })
-    }
-
     /// Notified each time an effect that handed work on commits (see
     /// [`crate::handoff`]): what takes that work waits on it.
-    pub fn work_handed_on(&self) -> std::sync::Arc<tokio::sync::Notify> {
+    pub fn work_handed_on(&self) -> Arc<tokio::sync::Notify> {
         self.work_handed_on.clone()
     }
 

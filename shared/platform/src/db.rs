@@ -352,6 +352,17 @@ impl Db {
         Ok(())
     }
 
+    /// Measures the database's clock again every minute, forever: clocks
+    /// drift apart, and leases and retention are measured on it.
+    pub async fn keep_clock_synced(self) {
+        loop {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            if let Err(e) = self.sync_clock().await {
+                tracing::warn!(error = %e, "could not read the database's clock; keeping the last offset");
+            }
+        }
+    }
+
     /// Each pool's connections, for the metrics.
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         fn stats<D: sqlx::Database>(name: &'static str, pool: &sqlx::Pool<D>) -> PoolStats {

@@ -211,9 +211,13 @@ impl Metrics {
         self.handle.render()
     }
 
-    /// Drains what histograms hold between scrapes; run every few seconds.
-    pub fn run_upkeep(&self) {
-        self.handle.run_upkeep();
+    /// Drains what histograms hold between scrapes every few seconds,
+    /// forever, so that their buffers stay small.
+    pub async fn run_upkeep_forever(self) {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            self.handle.run_upkeep();
+        }
     }
 }
 
