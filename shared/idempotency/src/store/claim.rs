@@ -31,6 +31,21 @@ pub struct NewOperation<'a> {
     pub now: Timestamp,
 }
 
+/// Binds what every claim writes first, $1–$7: which key, of whose
+/// account, by whom, for which request.
+macro_rules! bind_new {
+    ($query:expr, $new:expr) => {
+        $query
+            .bind($new.account_id)
+            .bind($new.key.as_str())
+            .bind(&$new.operation_id)
+            .bind($new.principal_id)
+            .bind($new.method)
+            .bind($new.route)
+            .bind($new.fingerprint.as_str())
+    };
+}
+
 /// Claims the key: one insert under the primary key. `None` means the key
 /// already names an operation; nothing was written.
 pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
@@ -44,14 +59,7 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
         columns!()
     );
     let row = on_tx!(tx, |conn| {
-        sqlx::query_as::<_, OperationRow>(SQL)
-            .bind(new.account_id)
-            .bind(new.key.as_str())
-            .bind(&new.operation_id)
-            .bind(new.principal_id)
-            .bind(new.method)
-            .bind(new.route)
-            .bind(new.fingerprint.as_str())
+        bind_new!(sqlx::query_as::<_, OperationRow>(SQL), new)
             .bind(&new.lease_token)
             .bind(new.locked_until)
             .bind(new.now)
@@ -63,36 +71,14 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
     Ok(row)
 }
 
-/// The claim of [`claim_finished`], binding $1–$17 as [`bind_claim_finished!`] does.
+/// The claim of [`claim_finished`]: $1–$7 as `bind_new!` binds them, $8–$17
+/// as `bind_completion!` does.
 const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
      (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
       response_status, response_content_type, response_location, response_body, \
       resource_type, resource_id, resource_url, external_ref, created_at, updated_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17) \
      ON CONFLICT (account_id, idempotency_key) DO NOTHING";
-
-macro_rules! bind_claim_finished {
-    ($query:expr, $new:expr, $c:expr) => {
-        $query
-            .bind($new.account_id)
-            .bind($new.key.as_str())
-            .bind(&$new.operation_id)
-            .bind($new.principal_id)
-            .bind($new.method)
-            .bind($new.route)
-            .bind($new.fingerprint.as_str())
-            .bind($c.state.as_str())
-            .bind(i32::from($c.response.status.as_u16()))
-            .bind(&$c.response.content_type)
-            .bind($c.response.location.as_deref())
-            .bind(&$c.response.body)
-            .bind($c.resource.map(|r| r.kind.as_str()))
-            .bind($c.resource.map(|r| r.id.as_str()))
-            .bind($c.resource.map(|r| r.url.as_str()))
-            .bind($c.external_ref)
-            .bind($c.now)
-    };
-}
 
 /// Claims the key with the operation already finished, inside the
 /// transaction of its effect ([`ClaimMode::InTransaction`](crate::ClaimMode)),
@@ -130,14 +116,17 @@ pub async fn claim_finished(
             INBOX_INSERT,
             placeholders(18, journaled.len(), INBOX_COLUMNS)
         );
-        let query = bind_claim_finished!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new, completion);
+        let query = bind_completion!(
+            bind_new!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new),
+            completion
+        );
         let written = bind_records!(query, &journaled).execute(&mut **pg).await?;
         return Ok(written.rows_affected() > 0);
     }
     // SQLite has no writable CTE; its statements run in the process, so two cost no round trip;
     // a sink that does not read the inbox records the entries its own way
     let claimed = on_tx!(tx, |conn| {
-        bind_claim_finished!(sqlx::query(CLAIM_FINISHED_SQL), new, completion)
+        bind_completion!(bind_new!(sqlx::query(CLAIM_FINISHED_SQL), new), completion)
             .execute(conn)
             .await?
             .rows_affected()
@@ -157,31 +146,23 @@ pub async fn claim_awaiting_approval(
     answer: &StoredResponse,
     approval_id: &str,
 ) -> Result<bool, sqlx::Error> {
+    const SQL: &str = "INSERT INTO idempotency_operations \
+         (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
+          response_status, response_content_type, response_location, response_body, approval_id, \
+          created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'awaiting_approval', 1, $8, $9, $10, $11, $12, $13, $13) \
+         ON CONFLICT (account_id, idempotency_key) DO NOTHING";
     let inserted = on_tx!(tx, |conn| {
-        sqlx::query(
-            "INSERT INTO idempotency_operations \
-             (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
-              response_status, response_content_type, response_location, response_body, approval_id, \
-              created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'awaiting_approval', 1, $8, $9, $10, $11, $12, $13, $13) \
-             ON CONFLICT (account_id, idempotency_key) DO NOTHING",
-        )
-        .bind(new.account_id)
-        .bind(new.key.as_str())
-        .bind(&new.operation_id)
-        .bind(new.principal_id)
-        .bind(new.method)
-        .bind(new.route)
-        .bind(new.fingerprint.as_str())
-        .bind(i32::from(answer.status.as_u16()))
-        .bind(&answer.content_type)
-        .bind(answer.location.as_deref())
-        .bind(&answer.body)
-        .bind(approval_id)
-        .bind(new.now)
-        .execute(conn)
-        .await?
-        .rows_affected()
+        bind_new!(sqlx::query(SQL), new)
+            .bind(i32::from(answer.status.as_u16()))
+            .bind(&answer.content_type)
+            .bind(answer.location.as_deref())
+            .bind(&answer.body)
+            .bind(approval_id)
+            .bind(new.now)
+            .execute(conn)
+            .await?
+            .rows_affected()
     });
     Ok(inserted == 1)
 }

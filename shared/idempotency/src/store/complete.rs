@@ -101,25 +101,6 @@ const COMPLETE_SQL: &str = "UPDATE idempotency_operations SET state = $4, lease_
      resource_type = $9, resource_id = $10, resource_url = $11, external_ref = $12, updated_at = $13 \
      WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'";
 
-macro_rules! bind_completion {
-    ($query:expr, $account:expr, $key:expr, $token:expr, $c:expr) => {
-        $query
-            .bind($account)
-            .bind($key.as_str())
-            .bind($token)
-            .bind($c.state.as_str())
-            .bind(i32::from($c.response.status.as_u16()))
-            .bind(&$c.response.content_type)
-            .bind($c.response.location.as_deref())
-            .bind(&$c.response.body)
-            .bind($c.resource.map(|r| r.kind.as_str()))
-            .bind($c.resource.map(|r| r.id.as_str()))
-            .bind($c.resource.map(|r| r.url.as_str()))
-            .bind($c.external_ref)
-            .bind($c.now)
-    };
-}
-
 /// Finishes the operation inside the transaction of its effect, if this
 /// attempt still holds the lease. `false`: the lease was lost, and the caller
 /// must roll the effect back.
@@ -131,10 +112,11 @@ pub async fn complete(
     completion: &Completion<'_>,
 ) -> Result<bool, sqlx::Error> {
     let done = on_tx!(tx, |conn| {
-        bind_completion!(sqlx::query(COMPLETE_SQL), account_id, key, lease_token, completion)
-            .execute(conn)
-            .await?
-            .rows_affected()
+        let query = sqlx::query(COMPLETE_SQL)
+            .bind(account_id)
+            .bind(key.as_str())
+            .bind(lease_token);
+        bind_completion!(query, completion).execute(conn).await?.rows_affected()
     });
     Ok(done == 1)
 }

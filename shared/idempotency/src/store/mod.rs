@@ -18,6 +18,25 @@ macro_rules! columns {
     };
 }
 
+/// Binds how an operation ends ([`Completion`]), ten parameters in this
+/// order: its state; its answer's status, content type, location and body;
+/// its resource's type, id and url; its external reference; the time.
+macro_rules! bind_completion {
+    ($query:expr, $c:expr) => {
+        $query
+            .bind($c.state.as_str())
+            .bind(i32::from($c.response.status.as_u16()))
+            .bind(&$c.response.content_type)
+            .bind($c.response.location.as_deref())
+            .bind(&$c.response.body)
+            .bind($c.resource.map(|r| r.kind.as_str()))
+            .bind($c.resource.map(|r| r.id.as_str()))
+            .bind($c.resource.map(|r| r.url.as_str()))
+            .bind($c.external_ref)
+            .bind($c.now)
+    };
+}
+
 mod claim;
 mod complete;
 mod read;

@@ -12,15 +12,7 @@ pub async fn find_by_key(db: &Db, account_id: &str, key: &str) -> Result<Option<
         columns!(),
         " FROM idempotency_operations WHERE account_id = $1 AND idempotency_key = $2"
     );
-    Ok(on_pool!(db.read(), |pool| {
-        sqlx::query_as::<_, OperationRow>(SQL)
-            .bind(account_id)
-            .bind(key)
-            .fetch_optional(pool)
-            .await?
-            .map(OperationRecord::try_from)
-            .transpose()?
-    }))
+    find(db, SQL, account_id, key).await
 }
 
 pub async fn find_by_id(db: &Db, account_id: &str, operation_id: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
@@ -29,10 +21,15 @@ pub async fn find_by_id(db: &Db, account_id: &str, operation_id: &str) -> Result
         columns!(),
         " FROM idempotency_operations WHERE account_id = $1 AND operation_id = $2"
     );
+    find(db, SQL, account_id, operation_id).await
+}
+
+/// The operation `sql` finds in the account by `$2`.
+async fn find(db: &Db, sql: &'static str, account_id: &str, by: &str) -> Result<Option<OperationRecord>, sqlx::Error> {
     Ok(on_pool!(db.read(), |pool| {
-        sqlx::query_as::<_, OperationRow>(SQL)
+        sqlx::query_as::<_, OperationRow>(sql)
             .bind(account_id)
-            .bind(operation_id)
+            .bind(by)
             .fetch_optional(pool)
             .await?
             .map(OperationRecord::try_from)
