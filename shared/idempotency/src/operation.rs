@@ -123,11 +123,6 @@ impl OperationRecord {
         status_url(&self.operation_id)
     }
 
-    /// True when nobody holds the lease any more: its holder crashed or is too slow.
-    pub fn lease_expired(&self, now: Timestamp) -> bool {
-        self.locked_until.is_some_and(|until| until <= now)
-    }
-
     /// Seconds a duplicate should wait before asking again: until the lease ends, at least 1.
     pub fn retry_after_seconds(&self) -> u64 {
         self.locked_until

@@ -13,10 +13,10 @@ use super::{Attempt, Effect};
 use crate::{
     fail_point::fail_point,
     layer::Idempotency,
-    operation::{OperationIdentity, OperationRecord, OperationState},
+    operation::{OperationIdentity, OperationRecord, OperationState, StoredResponse},
     responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},
     store::{self, Completion, NewOperation},
-    transitions::{AuditEvent, Sink},
+    transitions::AuditEvent,
 };
 
 /// How the attempt running the effect holds its operation: what its ending is
@@ -79,22 +79,22 @@ impl Claim<'_> {
         }
     }
 
-    /// Reports `event` to `sink` in `tx`, beside the ending. An
+    /// Reports `event` to the layer's sink in `tx`, beside the ending. An
     /// in-transaction claim has nothing to add: its insert carried its
     /// journal records.
     async fn journal(
         &self,
-        sink: &dyn Sink,
         tx: &mut Tx,
         event: AuditEvent,
         attempt: &Attempt<'_>,
         at: Timestamp,
+        layer: &Idempotency,
     ) -> Result<(), sqlx::Error> {
         match self {
             Claim::InTransaction(_) => Ok(()),
             Claim::Leased { operation, .. } => {
-                sink.record(tx, &[operation.audit(event, &attempt.principal.principal_id, at)])
-                    .await
+                let journaled = [operation.audit(event, &attempt.principal.principal_id, at)];
+                layer.transitions.record(tx, &journaled).await
             }
         }
     }
@@ -127,17 +127,12 @@ impl Idempotency {
             if !claim.end(&mut tx, &completion, attempt, self).await? {
                 return Ok(false);
             }
-            self.hand_on(&mut tx, claim.identity(), &done, completion.now).await?;
+            if let Some(work) = &done.handoff {
+                work.write(&mut tx, claim.identity(), completion.now).await?;
+            }
             if completion.state == OperationState::Completed {
-                claim
-                    .journal(
-                        &*self.transitions,
-                        &mut tx,
-                        AuditEvent::Completed,
-                        attempt,
-                        completion.now,
-                    )
-                    .await?;
+                let at = completion.now;
+                claim.journal(&mut tx, AuditEvent::Completed, attempt, at, self).await?;
             }
             Ok::<_, sqlx::Error>(true)
         };
@@ -168,10 +163,13 @@ impl Idempotency {
                 Claim::Leased { .. } => self.give_back(attempt, claim, e.into()).await,
             });
         }
-        self.wake_for_handoff(&done);
+        if done.handoff.is_some() {
+            // what takes the work in this process (the outbox's worker) takes it now, not at its next poll
+            self.work_handed_on.notify_one();
+        }
         attempt.record_operation(operation_id);
         telemetry::record_outcome("created");
-        self.remember(attempt, operation_id, &completion);
+        self.remember(attempt, operation_id, completion.state, &done.response, completion.now);
         Concluded::Answer(stored_response(&done.response, operation_id, false))
     }
 
@@ -223,9 +221,7 @@ impl Idempotency {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            claim
-                .journal(&*self.transitions, &mut tx, event, attempt, completion.now)
-                .await?;
+            claim.journal(&mut tx, event, attempt, completion.now, self).await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(true)
         };
@@ -233,7 +229,7 @@ impl Idempotency {
             Ok(true) => {
                 attempt.record_operation(operation_id);
                 telemetry::record_outcome(outcome);
-                self.remember(attempt, operation_id, &completion);
+                self.remember(attempt, operation_id, state, &response, completion.now);
                 Concluded::Answer(with_retry_after(stored_response(&response, operation_id, false), error))
             }
             Ok(false) => Concluded::Lost,
@@ -266,45 +262,27 @@ impl Idempotency {
         with_operation_headers(error.into_response(), operation_id, false)
     }
 
-    /// Keeps a finished answer for replays from memory, for as long as no
-    /// outage is seen after `attempt` began. An operation still in progress
-    /// (its work in the outbox) is not kept: its state changes.
-    pub(super) fn remember(&self, attempt: &Attempt<'_>, operation_id: &str, done: &Completion<'_>) {
-        if !done.state.is_finished() {
-            return;
-        }
+    /// Keeps the answer of an operation that `finished` in `state` for
+    /// replays from memory, for as long as no outage is seen after `attempt`
+    /// began. An operation not finished (its work in the outbox, its
+    /// approval awaited) is not kept: its state still changes.
+    pub(super) fn remember(
+        &self,
+        attempt: &Attempt<'_>,
+        operation_id: &str,
+        state: OperationState,
+        answer: &StoredResponse,
+        finished: Timestamp,
+    ) {
         self.replay_cache.put(
             &attempt.principal.account_id,
             attempt.headers.key.as_str(),
             operation_id,
             &attempt.fingerprint,
-            done.state,
-            done.response,
-            done.now,
+            state,
+            answer,
+            finished,
             attempt.outages_seen,
         );
-    }
-
-    /// Writes the work the effect hands on, if any, in the transaction that
-    /// completes its operation.
-    pub(super) async fn hand_on(
-        &self,
-        tx: &mut Tx,
-        of: OperationIdentity<'_>,
-        done: &Effect,
-        now: Timestamp,
-    ) -> Result<(), sqlx::Error> {
-        match &done.handoff {
-            Some(work) => work.write(tx, of, now).await,
-            None => Ok(()),
-        }
-    }
-
-    /// After the commit: what takes handed-on work in this process (the
-    /// outbox's worker) takes it now instead of at its next poll.
-    pub(super) fn wake_for_handoff(&self, done: &Effect) {
-        if done.handoff.is_some() {
-            self.work_handed_on.notify_one();
-        }
     }
 }

@@ -25,7 +25,12 @@ impl Effect {
     /// A JSON answer with `status`.
     pub fn json(status: StatusCode, body: &impl Serialize) -> Self {
         Effect {
-            response: json_response(status, body),
+            response: StoredResponse {
+                status,
+                content_type: "application/json".into(),
+                location: None,
+                body: serde_json::to_vec(body).unwrap_or_default(),
+            },
             resource: None,
             handoff: None,
         }
@@ -65,14 +70,5 @@ impl Effect {
             external_ref: None,
             now: Timestamp::now(),
         }
-    }
-}
-
-pub(super) fn json_response(status: StatusCode, body: &impl Serialize) -> StoredResponse {
-    StoredResponse {
-        status,
-        content_type: "application/json".into(),
-        location: None,
-        body: serde_json::to_vec(body).unwrap_or_default(),
     }
 }

@@ -135,17 +135,13 @@ impl Idempotency {
                 }
                 Verdict::Replay => {
                     let response = self.replay_stored(attempt, &operation).await?;
-                    // only a finished answer is kept in memory: the others still change
-                    if let Some(stored) = operation.response.as_ref().filter(|_| operation.state.is_finished()) {
-                        self.replay_cache.put(
-                            &operation.account_id,
-                            operation.key.as_str(),
+                    if let Some(stored) = &operation.response {
+                        self.remember(
+                            attempt,
                             &operation.operation_id,
-                            &attempt.fingerprint,
                             operation.state,
                             stored,
                             operation.updated_at,
-                            attempt.outages_seen,
                         );
                     }
                     return Ok(Resolution::Answer(response));
