@@ -1,32 +1,16 @@
 //! The extension point for a gate consulted before an operation's effect
 //! (approvals are one: docs/contract.md §6, docs/design.md §7).
 //!
-//! A route's policy may ask, from the validated command, that an operation
-//! wait before it runs ([`Attempt::approval`](crate::Attempt::approval));
-//! what it asks for is the gate's own ([`Request`]), which the core passes
-//! on without reading. Such an attempt claims the key *as*
-//! `awaiting_approval`, with the answer the gate gives ([`Gate::request`]),
-//! stored and replayed to every matching retry while the operation waits;
-//! the gate writes what it needs in the claim's own transaction
-//! ([`Gate::write`]).
-//!
-//! A retry that finds the operation waiting asks the gate where it stands
-//! ([`Gate::state`], an [`ApprovalState`]) and the pure verdict decides from
-//! that: the stored answer again, the run once approved, or the end of an
-//! expired one ([`Gate::expire`]). The run re-asks the gate in the effect's
-//! own transaction, before the effect ([`Gate::check`]), whether it may still
-//! go ahead; an effect that finds the gate's promise broken in that same
-//! transaction answers the gate's refusal, which the gate recognises
-//! ([`Gate::refusal`]). A refused run ends the operation `rejected`, with the
-//! refusal as its answer for good.
-//!
-//! Every write a gate makes is in a transaction of the core's, beside the
-//! operation's own change, and every answer it gives is stored as the
-//! operation's: a gate never answers a request itself. A gate is an
-//! [`Extension`](crate::Extension) too, registered with it
-//! ([`Idempotency::with_gate`](crate::Idempotency::with_gate)): it also shows
-//! its part of an operation's status, counts what waits, and ends what waited
-//! too long in the background.
+//! An attempt whose route's policy asks for it ([`Attempt::approval`](crate::Attempt::approval))
+//! claims its key as `awaiting_approval`, the gate's answer stored and
+//! replayed while the operation waits. A retry asks the gate where it stands;
+//! the run, once let, asks again in the effect's own transaction, so that a
+//! promise broken meanwhile refuses it: the operation ends `rejected`, the
+//! refusal its answer for good. Every write a gate makes is in a transaction
+//! of the core's, beside the operation's own change, and every answer it
+//! gives is stored as the operation's: a gate never answers a request itself.
+//! A gate is an [`Extension`](crate::Extension) too
+//! ([`Idempotency::with_gate`](crate::Idempotency::with_gate)).
 
 use std::{any::Any, fmt::Debug, future::Future, pin::Pin};
 

@@ -71,27 +71,20 @@
 //! - [`key`], [`fingerprint`] and [`config`]: the `Idempotency-Key` header,
 //!   what a request's fingerprint hashes, and the settings
 //!   ([`IdempotencyConfig`], [`ClaimMode`]);
-//! - [`transitions`]: what happens to an operation, and the extension point
-//!   it is reported to ([`transitions::Sink`]), inside the transaction that
-//!   makes it, as the inbox row every sink reads ([`transitions::inbox`]);
+//! - [`transitions`]: what happens to an operation, and where it is
+//!   reported ([`transitions::Sink`]), as the inbox row every sink reads
+//!   ([`transitions::inbox`]);
 //! - [`operation`]: an operation, its states, its stored answer, and its
 //!   identity ([`OperationIdentity`]), the one way a journal record of it is built;
-//! - [`handoff`]: the extension point for work an effect hands on, written in
-//!   its own transaction ([`handoff::Handoff`]; the outbox's events are one);
+//! - [`handoff`]: work an effect hands on ([`handoff::Handoff`]);
 //! - [`responses`]: the answers as HTTP responses, byte for byte, and the refusals;
 //! - [`status`]: the operation status resource's shape, and the states of
 //!   what extensions add to it;
-//! - [`gate`]: the extension point for a gate consulted before an
-//!   operation's effect ([`gate::Gate`]): what an operation claimed as
-//!   `awaiting_approval` waits for, where it stands, whether its run may go
-//!   ahead, in the effect's transaction, and how it ends when its wait runs
-//!   out (the `approvals` crate is one);
+//! - [`gate`]: a gate consulted before an operation's effect ([`gate::Gate`]);
 //! - [`store`]: the operations table's statements — claim, complete, read, reap;
 //!   [`replay_cache`] remembers finished answers, [`attempts`] counts attempts;
-//! - [`layer`]: [`Idempotency`], one service's layer, its background work,
-//!   and the extension point for what an extension shows and keeps beside
-//!   the write ([`Extension`]: its part of an operation's status, its gauges,
-//!   its background work; approvals and the outbox are the two); `gauges.rs`
+//! - [`layer`]: [`Idempotency`], one service's layer and its background work,
+//!   and what an extension adds beside the write ([`Extension`]); `gauges.rs`
 //!   are what `/metrics` reads from the database, each extension's included;
 //! - [`reaper`]: removes what is past its retention;
 //! - [`execute`]: one attempt, from its key to its answer: the two claim

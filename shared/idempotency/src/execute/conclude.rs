@@ -1,9 +1,5 @@
-//! How a run ends, recorded once at its exit and the same way in both claim
-//! modes: the effect's answer commits with the operation's completion and
-//! the work it hands on; a final business failure (or a refused approval) is
-//! stored to be replayed; a server error gives the key back, so the next
-//! attempt runs afresh. A finished answer is remembered for the next replay
-//! (docs/contract.md §3, §5; docs/design.md §2, §3, §4).
+//! How a run ends (step 5 of [`super`]), recorded once at its exit and the
+//! same way in both claim modes (docs/contract.md §3, §5; docs/design.md §2–§4).
 
 use axum::response::{IntoResponse, Response};
 use platform::metrics::names;

@@ -17,12 +17,9 @@ use crate::{
 };
 
 impl Idempotency {
-    /// A route whose policy wants its operation to wait: the attempt claims
-    /// the key as `awaiting_approval`, with what the gate writes for `asked`
-    /// and the answer it gives (the 202 approval request), in one
-    /// transaction. A retry finds the operation and is answered by
-    /// [`Self::resolve`]: the same answer while it waits, the run once the
-    /// gate lets it.
+    /// Claims the key as `awaiting_approval` for `asked`. A retry finds the
+    /// operation and is answered by [`Self::resolve`]: the same answer (the
+    /// 202 approval request) while it waits, the run once the gate lets it.
     pub(super) async fn request_approval<F>(&self, attempt: &Attempt<'_>, asked: &dyn Request, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,

@@ -13,11 +13,9 @@ use super::{
 use crate::{layer::Idempotency, operation::OperationIdentity};
 
 impl Idempotency {
-    /// [`ClaimMode::InTransaction`](crate::ClaimMode::InTransaction): the
-    /// attempt runs its effect and then claims the key *with its answer* in the same transaction, so the claim,
-    /// the effect and the stored answer become visible together or not at all.
-    /// An attempt whose key turns out to be taken rolls its effect back and
-    /// answers as a duplicate; no read is spent on the first attempt's path.
+    /// The claim, the effect and the stored answer become visible together or
+    /// not at all. An attempt whose key turns out to be taken rolls its effect
+    /// back and answers as a duplicate; no read is spent on the first attempt's path.
     pub(super) async fn execute_in_transaction<F>(&self, attempt: &Attempt<'_>, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,

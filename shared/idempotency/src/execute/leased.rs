@@ -10,8 +10,7 @@ use super::{Attempt, Effect, taken::Resolution};
 use crate::{fail_point::fail_point, layer::Idempotency, operation::OperationIdentity, store, transitions::AuditEvent};
 
 impl Idempotency {
-    /// [`ClaimMode::Leased`](crate::ClaimMode::Leased): the claim commits on its own, then this attempt
-    /// calls out (if the route does) and runs the effect under its lease.
+    /// Claims under a lease, then calls out and runs the effect under it.
     pub(super) async fn execute_leased<T, W, F>(&self, attempt: &Attempt<'_>, call_out: W, effect: F) -> Response
     where
         W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
@@ -36,7 +35,7 @@ impl Idempotency {
         }
     }
 
-    /// [`ClaimMode::Leased`](crate::ClaimMode::Leased): claim under a lease in a transaction of its own.
+    /// Claims under a lease, in a transaction of its own; or answers as a duplicate.
     async fn claim_or_resolve(&self, attempt: &Attempt<'_>) -> Result<Resolution, ApiError> {
         // Bounded: each round either claims, resolves, or sees the row vanish.
         for _ in 0..3 {

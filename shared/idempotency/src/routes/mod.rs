@@ -1,12 +1,7 @@
 //! The routes every service mounts from this crate: the operation status
-//! resource (docs/contract.md §4) — the answer for an agent that timed out and
-//! does not know what happened —. What an admin does about an operation the
-//! outbox cannot settle (§5), approvals and their decisions (§6), and the
-//! audit journal (§8) are the `outbox`, `approvals` and `journal` crates' routes.
-//!
-//! The resource has its file, `operations`. This one holds what a service
-//! merges: the router, the rule of who may read approvals and the journal,
-//! and the OpenAPI document of the routes.
+//! resource (docs/contract.md §4; `operations`), `/metrics`, the rule of who
+//! may read approvals and the journal, and their OpenAPI document. The
+//! outbox's (§5), approvals' (§6) and the journal's (§8) are in their crates.
 
 mod operations;
 

@@ -1,13 +1,6 @@
 //! The operations table, on both backends. Every statement here is the one
 //! place its rule is enforced: the claim by the primary key, the takeover and
 //! the completion by compare-and-set on the lease.
-//!
-//! Grouped by what the statements do: `claim`, the inserts that take a key
-//! (leased, finished in the effect's transaction, or awaiting approval);
-//! `complete`, the compare-and-set writes on a claimed operation (take over,
-//! start an approved one, complete, settle, give back); `read`, the lookups by
-//! key or id and the attempt count they show; `reap`, retention; `row`, a
-//! row as the database has it, and the record it stands for.
 
 /// Every column of an operation's row ([`row::OperationRow`]).
 macro_rules! columns {
