@@ -123,6 +123,27 @@
 //! setting's number ([`config::number`]); an extension reads its gauges with
 //! `platform::metrics::gauges`, as the core reads its own.
 
+/// `as_str` and `parse` of an enum stored and sent as text, from one table
+/// of its names, so that the two cannot disagree.
+macro_rules! named {
+    ($ty:ident { $($variant:ident = $name:literal,)* }) => {
+        impl $ty {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)*
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($name => Some($ty::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 pub mod attempts;
 pub mod config;
 pub mod execute;

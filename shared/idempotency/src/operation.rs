@@ -27,30 +27,16 @@ pub enum OperationState {
     Rejected,
 }
 
+named!(OperationState {
+    InProgress = "in_progress",
+    AwaitingApproval = "awaiting_approval",
+    Completed = "completed",
+    Failed = "failed",
+    Unknown = "unknown",
+    Rejected = "rejected",
+});
+
 impl OperationState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OperationState::InProgress => "in_progress",
-            OperationState::AwaitingApproval => "awaiting_approval",
-            OperationState::Completed => "completed",
-            OperationState::Failed => "failed",
-            OperationState::Unknown => "unknown",
-            OperationState::Rejected => "rejected",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "in_progress" => OperationState::InProgress,
-            "awaiting_approval" => OperationState::AwaitingApproval,
-            "completed" => OperationState::Completed,
-            "failed" => OperationState::Failed,
-            "unknown" => OperationState::Unknown,
-            "rejected" => OperationState::Rejected,
-            _ => return None,
-        })
-    }
-
     /// Finished: the stored answer is final and replayed to every retry.
     pub fn is_finished(self) -> bool {
         matches!(

@@ -104,16 +104,12 @@ pub enum ApprovalState {
     Expired,
 }
 
-impl ApprovalState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalState::Pending => "pending",
-            ApprovalState::Approved => "approved",
-            ApprovalState::Rejected => "rejected",
-            ApprovalState::Expired => "expired",
-        }
-    }
-}
+named!(ApprovalState {
+    Pending = "pending",
+    Approved = "approved",
+    Rejected = "rejected",
+    Expired = "expired",
+});
 
 /// Where an event is in its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -134,27 +130,11 @@ pub enum EventState {
     Dead,
 }
 
-impl EventState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventState::Pending => "pending",
-            EventState::Sending => "sending",
-            EventState::Unknown => "unknown",
-            EventState::Delivered => "delivered",
-            EventState::Failed => "failed",
-            EventState::Dead => "dead",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => EventState::Pending,
-            "sending" => EventState::Sending,
-            "unknown" => EventState::Unknown,
-            "delivered" => EventState::Delivered,
-            "failed" => EventState::Failed,
-            "dead" => EventState::Dead,
-            _ => return None,
-        })
-    }
-}
+named!(EventState {
+    Pending = "pending",
+    Sending = "sending",
+    Unknown = "unknown",
+    Delivered = "delivered",
+    Failed = "failed",
+    Dead = "dead",
+});

@@ -123,38 +123,30 @@ pub enum AuditEvent {
     ExternalRefRefused,
 }
 
-impl AuditEvent {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditEvent::Attempted => "attempted",
-            AuditEvent::Claimed => "claimed",
-            AuditEvent::Replayed => "replayed",
-            AuditEvent::KeyReused => "key_reused",
-            AuditEvent::InProgress => "in_progress",
-            AuditEvent::ApprovalRequested => "approval_requested",
-            AuditEvent::Approved => "approved",
-            AuditEvent::Rejected => "rejected",
-            AuditEvent::Expired => "expired",
-            AuditEvent::Stale => "stale",
-            AuditEvent::Dispatched => "dispatched",
-            AuditEvent::Accepted => "accepted",
-            AuditEvent::Completed => "completed",
-            AuditEvent::Failed => "failed",
-            AuditEvent::Unknown => "unknown",
-            AuditEvent::Reconciled => "reconciled",
-            AuditEvent::Released => "released",
-            AuditEvent::StateChanged => "state_changed",
-            AuditEvent::Resolved => "resolved",
-            AuditEvent::DeadLettered => "dead_lettered",
-            AuditEvent::Redelivered => "redelivered",
-            AuditEvent::ExternalRefRefused => "external_ref_refused",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
-    }
-}
+named!(AuditEvent {
+    Attempted = "attempted",
+    Claimed = "claimed",
+    Replayed = "replayed",
+    KeyReused = "key_reused",
+    InProgress = "in_progress",
+    ApprovalRequested = "approval_requested",
+    Approved = "approved",
+    Rejected = "rejected",
+    Expired = "expired",
+    Stale = "stale",
+    Dispatched = "dispatched",
+    Accepted = "accepted",
+    Completed = "completed",
+    Failed = "failed",
+    Unknown = "unknown",
+    Reconciled = "reconciled",
+    Released = "released",
+    StateChanged = "state_changed",
+    Resolved = "resolved",
+    DeadLettered = "dead_lettered",
+    Redelivered = "redelivered",
+    ExternalRefRefused = "external_ref_refused",
+});
 
 /// What to record: who, which operation, what happened, when. Never an API key or a body.
 #[derive(Debug, Clone, PartialEq, Eq)]
