@@ -63,6 +63,21 @@ pub(crate) fn in_progress(operation: &OperationRecord) -> Response {
     with_operation_headers(error.into_response(), &operation.operation_id, false)
 }
 
+/// 409: an external effect of the operation may have happened, and there is
+/// no answer to replay. It is never run again.
+pub(crate) fn outcome_unknown(operation: &OperationRecord) -> Response {
+    let error = ApiError::new(
+        StatusCode::CONFLICT,
+        "operation_outcome_unknown",
+        "Outcome unknown",
+        "an external effect of this operation may or may not have happened; it is not executed again. Poll `status_url`",
+    )
+    .with("operation_id", &operation.operation_id)
+    .with("state", OperationState::Unknown)
+    .with("status_url", operation.status_url());
+    with_operation_headers(error.into_response(), &operation.operation_id, false)
+}
+
 /// The stored answer, byte for byte, with the operation's headers.
 pub fn stored_response(stored: &StoredResponse, operation_id: &str, replayed: bool) -> Response {
     with_operation_headers(stored_response_without_operation(stored), operation_id, replayed)

@@ -4,10 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use axum::{
-    http::StatusCode,
-    response::{IntoResponse, Response},
-};
+use axum::response::{IntoResponse, Response};
 use platform::{ApiError, Timestamp, Tx, telemetry};
 
 use super::{
@@ -19,7 +16,7 @@ use crate::{
     key::IdempotencyKey,
     layer::Idempotency,
     operation::{OperationIdentity, OperationRecord, OperationState},
-    responses::{in_progress, key_reused, with_operation_headers},
+    responses::{in_progress, key_reused, outcome_unknown},
     store,
     transitions::AuditEvent,
 };
@@ -168,20 +165,7 @@ impl Idempotency {
                 Verdict::OutcomeUnknown => {
                     telemetry::record_outcome("outcome_unknown");
                     self.observe(attempt, &operation.operation_id, None).await;
-                    let error = ApiError::new(
-                        StatusCode::CONFLICT,
-                        "operation_outcome_unknown",
-                        "Outcome unknown",
-                        "an external effect of this operation may or may not have happened; it is not executed again. Poll `status_url`",
-                    )
-                    .with("operation_id", &operation.operation_id)
-                    .with("state", OperationState::Unknown)
-                    .with("status_url", operation.status_url());
-                    return Ok(Resolution::Answer(with_operation_headers(
-                        error.into_response(),
-                        &operation.operation_id,
-                        false,
-                    )));
+                    return Ok(Resolution::Answer(outcome_unknown(&operation)));
                 }
             }
             // lost a race, waited a little, or ended an expired wait: look again

@@ -162,11 +162,11 @@ pub async fn find_operation_by_key(
     idempotency.flush_attempts().await;
     let which = match listing {
         Listing::Key(key) => {
-            let data = match store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
-                Some(operation) => vec![OperationView::read(&idempotency, operation).await?],
-                None => Vec::new(),
-            };
-            let data = data.into_iter().filter(|view| query.admits(view)).collect();
+            let mut data = Vec::new();
+            if let Some(operation) = store::find_by_key(&idempotency.db, &principal.account_id, key.as_str()).await? {
+                data.push(OperationView::read(&idempotency, operation).await?);
+            }
+            data.retain(|view| query.admits(view));
             return Ok(Json(OperationList {
                 data,
                 next_cursor: None,
