@@ -71,9 +71,8 @@ impl Idempotency {
         self
     }
 
-    /// Where transitions are reported: an extension reports its own here, in
-    /// the transaction that makes them ([`Sink::record`]), as the execute
-    /// path does, so they reach whatever journal the service reports to.
+    /// Where transitions are reported: an extension records its own here, in
+    /// the transaction that makes them, so they reach the service's journal.
     pub fn transitions(&self) -> &dyn Sink {
         self.transitions.as_ref()
     }

@@ -8,7 +8,7 @@ use platform::{ApiError, Timestamp, telemetry};
 use super::Attempt;
 use crate::{
     layer::Idempotency,
-    operation::OperationRecord,
+    operation::{OperationState, StoredResponse},
     replay_cache::CachedAnswer,
     responses::{key_reused, stored_response},
     transitions::AuditEvent,
@@ -31,36 +31,31 @@ impl Idempotency {
         let (account_id, key) = (&attempt.principal.account_id, &attempt.headers.key);
         self.attempts.count(&self.db, account_id, key.as_str()).await;
         attempt.record_operation(&answer.operation_id);
-        let replayed = answer.fingerprint == attempt.fingerprint;
-        let outcome = if replayed {
-            AuditEvent::Replayed
-        } else {
-            AuditEvent::KeyReused
-        };
-        self.observe(attempt, &answer.operation_id, Some(outcome)).await;
-        if replayed {
-            telemetry::record_outcome("replayed");
-            stored_response(&answer.response, &answer.operation_id, true)
-        } else {
-            telemetry::record_outcome("key_reused");
-            key_reused(&answer.operation_id, answer.state)
+        if answer.fingerprint != attempt.fingerprint {
+            return self
+                .refuse_reused_key(attempt, &answer.operation_id, answer.state)
+                .await;
         }
+        self.replay(attempt, &answer.operation_id, &answer.response).await
     }
 
     /// The operation's stored answer, replayed (and journaled as `replayed`).
-    pub(super) async fn replay_stored(
+    pub(super) async fn replay(&self, attempt: &Attempt<'_>, operation_id: &str, stored: &StoredResponse) -> Response {
+        telemetry::record_outcome("replayed");
+        self.observe(attempt, operation_id, Some(AuditEvent::Replayed)).await;
+        stored_response(stored, operation_id, true)
+    }
+
+    /// 422 for a key that names another request (journaled as `key_reused`).
+    pub(super) async fn refuse_reused_key(
         &self,
         attempt: &Attempt<'_>,
-        operation: &OperationRecord,
-    ) -> Result<Response, ApiError> {
-        let stored = operation
-            .response
-            .as_ref()
-            .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
-        telemetry::record_outcome("replayed");
-        self.observe(attempt, &operation.operation_id, Some(AuditEvent::Replayed))
-            .await;
-        Ok(stored_response(stored, &operation.operation_id, true))
+        operation_id: &str,
+        state: OperationState,
+    ) -> Response {
+        telemetry::record_outcome("key_reused");
+        self.observe(attempt, operation_id, Some(AuditEvent::KeyReused)).await;
+        key_reused(operation_id, state)
     }
 
     /// Journals an attempt answered from what is stored, as one entry: what

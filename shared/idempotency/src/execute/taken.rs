@@ -16,7 +16,7 @@ use crate::{
     key::IdempotencyKey,
     layer::Idempotency,
     operation::{OperationIdentity, OperationRecord, OperationState},
-    responses::{in_progress, key_reused, outcome_unknown},
+    responses::{in_progress, outcome_unknown},
     store,
     transitions::AuditEvent,
 };
@@ -125,23 +125,17 @@ impl Idempotency {
             };
             match verdict(&stored, &asking) {
                 Verdict::KeyReused => {
-                    telemetry::record_outcome("key_reused");
-                    self.observe(attempt, &operation.operation_id, Some(AuditEvent::KeyReused))
-                        .await;
-                    return Ok(Resolution::Answer(key_reused(&operation.operation_id, operation.state)));
+                    let (id, state) = (&operation.operation_id, operation.state);
+                    return Ok(Resolution::Answer(self.refuse_reused_key(attempt, id, state).await));
                 }
                 Verdict::Replay => {
-                    let response = self.replay_stored(attempt, &operation).await?;
-                    if let Some(stored) = &operation.response {
-                        self.remember(
-                            attempt,
-                            &operation.operation_id,
-                            operation.state,
-                            stored,
-                            operation.updated_at,
-                        );
-                    }
-                    return Ok(Resolution::Answer(response));
+                    let (id, state) = (&operation.operation_id, operation.state);
+                    let stored = operation
+                        .response
+                        .as_ref()
+                        .ok_or_else(|| ApiError::internal("a finished operation has no stored answer"))?;
+                    self.remember(attempt, id, state, stored, operation.updated_at);
+                    return Ok(Resolution::Answer(self.replay(attempt, id, stored).await));
                 }
                 Verdict::InProgress => {
                     telemetry::record_outcome("in_progress");
