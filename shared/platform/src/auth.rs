@@ -224,7 +224,7 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let key = bearer(&parts.headers).ok_or_else(ApiError::unauthenticated)?;
         let principal = Authenticator::from_ref(state).authenticate(&ApiKey::new(key)).await?;
-        crate::telemetry::record_principal(&principal);
+        crate::telemetry::record_principal(&principal.account_id, &principal.principal_id);
         Ok(principal)
     }
 }

@@ -14,9 +14,9 @@
 //! | `RETRYSAFE_MAX_CONNECTIONS` | the connections the process holds open at once, across all its servers; past it, 503 | `512` |
 //! | `LOG_FORMAT` | `text` or `json` | `text` |
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-pub use crate::server::ConnectionCap;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -263,5 +263,43 @@ mod tests {
             database_url_for("tickets", None, None, Path::new(".sandbox")),
             "sqlite://.sandbox/tickets.db"
         );
+    }
+}
+
+/// The connections a process holds open at once, across every server it
+/// runs: sockets are the process's, not one listener's (the sandbox serves
+/// every service from one process). Clones share the same connections.
+#[derive(Debug, Clone)]
+pub struct ConnectionCap {
+    open: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ConnectionCap {
+    /// The largest cap there can be.
+    pub const MAX: usize = Semaphore::MAX_PERMITS;
+
+    /// A cap of `max` connections (at least one).
+    pub fn new(max: usize) -> ConnectionCap {
+        let max = max.clamp(1, Self::MAX);
+        ConnectionCap {
+            open: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// The connections open now.
+    pub fn open(&self) -> usize {
+        self.max - self.open.available_permits()
+    }
+
+    /// A place for one more connection, held until the permit drops; none
+    /// past the cap. Never waits: a client past the cap is answered at once.
+    pub(crate) fn take(&self) -> Option<OwnedSemaphorePermit> {
+        self.open.clone().try_acquire_owned().ok()
     }
 }

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod page;
 pub mod path;
+pub mod problems;
 pub mod rows;
 pub mod server;
 pub mod service;

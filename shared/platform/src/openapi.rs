@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use utoipa::openapi::OpenApi;
 
 use self::links::{add_links, links};
-use crate::{page::MAX_LIMIT, service::PROBLEM_CODES};
+use crate::{page::MAX_LIMIT, problems::PROBLEM_CODES};
 
 const PROBLEM_SCHEMA: &str = "#/components/schemas/Problem";
 

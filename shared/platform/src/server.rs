@@ -9,59 +9,14 @@
 //! - a body that does not arrive in time fails to read, which
 //!   [`ApiJson`](crate::ApiJson) answers with 408;
 //! - an answer the client does not read closes the connection;
-//! - past the process's [`ConnectionCap`], a new connection is answered 503
+//! - past the process's [`ConnectionCap`](crate::config::ConnectionCap), a new connection is answered 503
 //!   with `Retry-After` and closed, before anything of it is read.
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, LazyLock},
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::LazyLock, time::Duration};
 
-use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::{OwnedSemaphorePermit, Semaphore},
-};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::{ApiError, config::ConnectionLimits};
-
-/// The connections a process holds open at once, across every server it
-/// runs: sockets are the process's, not one listener's (the sandbox serves
-/// every service from one process). Clones share the same connections.
-#[derive(Debug, Clone)]
-pub struct ConnectionCap {
-    open: Arc<Semaphore>,
-    max: usize,
-}
-
-impl ConnectionCap {
-    /// The largest cap there can be.
-    pub const MAX: usize = Semaphore::MAX_PERMITS;
-
-    /// A cap of `max` connections (at least one).
-    pub fn new(max: usize) -> ConnectionCap {
-        let max = max.clamp(1, Self::MAX);
-        ConnectionCap {
-            open: Arc::new(Semaphore::new(max)),
-            max,
-        }
-    }
-
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
-    /// The connections open now.
-    pub fn open(&self) -> usize {
-        self.max - self.open.available_permits()
-    }
-
-    /// A place for one more connection, held until the permit drops; none
-    /// past the cap. Never waits: a client past the cap is answered at once.
-    fn take(&self) -> Option<OwnedSemaphorePermit> {
-        self.open.clone().try_acquire_owned().ok()
-    }
-}
 
 /// Binds `addr` for the server `name` (`tickets`, `payment_provider`, `mcp`:
 /// the `<NAME>_ADDR` variable moves it), which `what` names for a person.

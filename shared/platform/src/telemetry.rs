@@ -11,7 +11,7 @@ use tower_http::{
 use tracing::{Span, field::Empty};
 use tracing_subscriber::EnvFilter;
 
-use crate::{auth::Principal, error::InternalCause};
+use crate::error::InternalCause;
 
 /// Installs the global subscriber. `LOG_FORMAT=json` selects JSON lines;
 /// `RUST_LOG` filters (default `info`). Safe to call more than once.
@@ -82,10 +82,10 @@ fn log_response(response: &Response<axum::body::Body>, latency: Duration, _span:
     }
 }
 
-pub fn record_principal(principal: &Principal) {
+pub fn record_principal(account_id: &str, principal_id: &str) {
     let span = Span::current();
-    span.record("account_id", principal.account_id.as_str());
-    span.record("principal_id", principal.principal_id.as_str());
+    span.record("account_id", account_id);
+    span.record("principal_id", principal_id);
 }
 
 /// Records which operation this request is an attempt at. Each field is

@@ -10,7 +10,6 @@ use serde::Deserialize;
 
 use super::{
     Console, PAGE_SIZE, ServiceLink,
-    actions::{is_approval_id, is_operation_id},
     services::Failure,
     session::Session,
     views::{
@@ -250,4 +249,21 @@ impl Console {
             ),
         }))
     }
+}
+
+/// `apr_` and 32 lowercase hex digits: what the services make, and nothing
+/// that could change the decision's URL.
+pub(super) fn is_approval_id(id: &str) -> bool {
+    is_id(id, "apr_")
+}
+
+/// `op_` and 32 lowercase hex digits (a v7 UUID): what the services make, and
+/// nothing that could change the resolution's or redelivery's URL.
+pub(super) fn is_operation_id(id: &str) -> bool {
+    is_id(id, "op_")
+}
+
+fn is_id(id: &str, prefix: &str) -> bool {
+    id.strip_prefix(prefix)
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }

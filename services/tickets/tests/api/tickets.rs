@@ -315,7 +315,7 @@ async fn each_operation_documents_every_status_it_can_answer_with_the_problem_sc
         assert!(set_status.contains_key(status), "PUT status documents {status}");
     }
     let codes = &openapi["components"]["schemas"]["Problem"]["properties"]["code"]["enum"];
-    for (code, _, _) in platform::service::PROBLEM_CODES {
+    for (code, _, _) in platform::problems::PROBLEM_CODES {
         assert!(
             codes.as_array().unwrap().contains(&json!(code)),
             "`{code}` is enumerated"
