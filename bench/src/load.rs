@@ -47,6 +47,13 @@ impl Sample {
     }
 }
 
+/// The middle of `values` (the upper one of an even count).
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// The median of each number over the runs.
 pub fn median_figure(samples: &[Sample]) -> Figure {
     let median = |f: fn(&Sample) -> f64| {

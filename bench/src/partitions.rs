@@ -13,10 +13,9 @@ use tokio::runtime::Runtime;
 use crate::{
     cpu::cpu_per_create,
     db::{fresh_db, fresh_db_before},
-    load::{Load, Sample, median_figure},
+    load::{Load, Sample, median, median_figure},
     plan::Plan,
     report::Figure,
-    run::median,
     service::{Service, config, start_service},
     wal::wal_written,
 };

@@ -8,7 +8,7 @@ use tokio::runtime::Runtime;
 use crate::{
     creates::{IDLE_CONNECTIONS, compare_creates, direct_creates, floor_creates, idle_connections},
     db::{count_tickets_titled, fresh_db, seeded_db},
-    load::{Load, median_figure},
+    load::{Load, median, median_figure},
     other_writes::other_writes,
     plan::Plan,
     report::{BackendReport, DbOnly, Machine, ReplayComparison, Storm, TableSize, TargetCheck},
@@ -215,12 +215,6 @@ pub fn check(name: &str, op: &str, threshold: f64, measured: f64) -> TargetCheck
         measured,
         met,
     }
-}
-
-pub fn median(values: impl Iterator<Item = f64>) -> f64 {
-    let mut values: Vec<f64> = values.collect();
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 pub fn machine() -> Machine {

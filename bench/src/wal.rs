@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use platform::Db;
 
-use crate::{creates::create_directly, report::WalPerCreate, run::median, service::Service};
+use crate::{creates::create_directly, load::median, report::WalPerCreate, service::Service};
 
 /// What one create writes to the WAL, idempotent and layer off (see
 /// [`WalPerCreate`]): the median of three samples of sequential creates.
