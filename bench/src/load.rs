@@ -255,6 +255,21 @@ impl Load {
         }
     }
 
+    /// `GET /healthz`: the least a request to the service costs over HTTP
+    /// (its probe's answer is reused for a while, so mostly no query).
+    pub fn healthz(&self, addr: std::net::SocketAddr) -> Workload {
+        Workload::Http {
+            addr,
+            request: Arc::new(|_, _| {
+                http::Request::get("/healthz")
+                    .header("host", "127.0.0.1")
+                    .body(Full::new(Bytes::new()))
+                    .expect("a valid request")
+            }),
+            expect: |r| r.status == 200,
+        }
+    }
+
     /// `copies` requests with one key and one body, each on its own
     /// connection, released at once. Returns the latencies and every status.
     pub async fn storm(&self, addr: std::net::SocketAddr, copies: usize, title: &str) -> (Sample, Vec<u16>) {

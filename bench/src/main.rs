@@ -6,6 +6,7 @@
 //! cargo run --release -p bench                 # the full run (minutes); writes bench/results/
 //! cargo run --release -p bench -- --quick      # a smoke run (seconds): proves the harness works
 //! cargo run --release -p bench -- --compare-partitions   # PostgreSQL: the partitioned schema against the one before
+//! cargo run --release -p bench -- --replay-floor         # replays against GET /healthz alone, printed
 //! ```
 //!
 //! Every comparison is measured side by side in the same run, alternating the
@@ -20,6 +21,7 @@ mod load;
 mod other_writes;
 mod partitions;
 mod plan;
+mod replays;
 mod report;
 mod run;
 mod service;
@@ -31,6 +33,7 @@ use std::sync::Arc;
 use crate::{
     partitions::compare_partitions,
     plan::parse_args,
+    replays::print_replay_floor,
     report::Report,
     run::{bench_backend, machine, print_creates},
     table::print_table,
@@ -62,6 +65,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for backend in &args.backends {
             eprintln!("== {} ==", backend.name());
             clients.block_on(print_creates(*backend, &args.plan, services.clone()))?;
+        }
+        return Ok(());
+    }
+    if args.plan.replay_floor_only {
+        for backend in &args.backends {
+            eprintln!("== {} ==", backend.name());
+            clients.block_on(print_replay_floor(*backend, &args.plan, services.clone()))?;
         }
         return Ok(());
     }

@@ -18,6 +18,8 @@ pub struct Plan {
     pub large_table: u64,
     /// Only the idempotent-vs-off create comparison, printed: for iterating on the hot path.
     pub creates_only: bool,
+    /// Only the replays against `GET /healthz`, printed (`--replay-floor`).
+    pub replay_floor_only: bool,
     /// Only the creates on the partitioned schema against the schema before
     /// it, on PostgreSQL, printed (`--compare-partitions`).
     pub compare_partitions: bool,
@@ -35,6 +37,7 @@ impl Plan {
             small_table: 10_000,
             large_table: 10_000_000,
             creates_only: false,
+            replay_floor_only: false,
             compare_partitions: false,
         }
     }
@@ -50,6 +53,7 @@ impl Plan {
             small_table: 1_000,
             large_table: 10_000,
             creates_only: false,
+            replay_floor_only: false,
             compare_partitions: false,
         }
     }
@@ -76,6 +80,7 @@ pub fn parse_args() -> Result<Args, String> {
             "--quick" => {}
             "--creates-only" => plan.creates_only = true,
             "--compare-partitions" => plan.compare_partitions = true,
+            "--replay-floor" => plan.replay_floor_only = true,
             "--rounds" => {
                 plan.rounds = args
                     .next()
@@ -114,7 +119,7 @@ pub fn parse_args() -> Result<Args, String> {
             other => {
                 return Err(format!(
                     "unknown argument `{other}`; usage: bench [--quick] [--backend sqlite|postgres|both] [--out DIR] \
-                     [--large OPERATIONS] [--seconds PER_RUN] [--clients 1,16,64] [--rounds N] [--creates-only | --compare-partitions]"
+                     [--large OPERATIONS] [--seconds PER_RUN] [--clients 1,16,64] [--rounds N] [--creates-only | --compare-partitions | --replay-floor]"
                 ));
             }
         }

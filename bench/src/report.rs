@@ -39,6 +39,9 @@ pub struct BackendReport {
     /// Idempotent create vs the same create with the idempotency layer off.
     pub create: Vec<CreateComparison>,
     pub replay: ReplayComparison,
+    /// Replays against `GET /healthz` on the same service.
+    #[serde(default)]
+    pub replay_floor: Option<ReplayFloor>,
     pub storm: Storm,
     pub table_size: TableSize,
     pub db_only: DbOnly,
@@ -104,6 +107,20 @@ pub struct ReplayComparison {
     /// replay.rps / create.rps
     pub throughput_ratio: f64,
     /// replay.p50 / create.p50
+    pub p50_ratio: f64,
+}
+
+/// What a replay costs over the least any request to the service costs:
+/// replays against `GET /healthz` (no key, no body, no account), both over
+/// HTTP on the same service, alternated round by round.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplayFloor {
+    pub concurrency: usize,
+    pub replay: Figure,
+    pub healthz: Figure,
+    /// replay.rps / healthz.rps
+    pub throughput_ratio: f64,
+    /// replay.p50 / healthz.p50
     pub p50_ratio: f64,
 }
 

@@ -11,6 +11,7 @@ use crate::{
     load::{Load, median, median_figure},
     other_writes::other_writes,
     plan::Plan,
+    replays::replay_floor,
     report::{BackendReport, DbOnly, Machine, ReplayComparison, Storm, TableSize, TargetCheck},
     service::{config, start_service},
     wal::wal_per_create,
@@ -35,7 +36,7 @@ pub async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>
         .side_by_side(
             plan.rounds,
             concurrency,
-            &load.replays(on.addr, keys),
+            &load.replays(on.addr, keys.clone()),
             &load.creates(on.addr, "vs-replay"),
         )
         .await;
@@ -47,6 +48,8 @@ pub async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>
         throughput_ratio: replay_figure.rps / create_figure.rps,
         p50_ratio: replay_figure.p50_ms / create_figure.p50_ms,
     };
+    // and against the least a request to the same service costs
+    let replay_floor = replay_floor(plan, &load, concurrency, &on, keys).await;
 
     // 3. Same-key storms: exactly one effect each, every request answered.
     eprintln!("{} storms of {} copies", plan.storms, plan.storm_copies);
@@ -160,12 +163,14 @@ pub async fn bench_backend(backend: Backend, plan: &Plan, services: Arc<Runtime>
         targets.push(check(&format!("p50/off c={}", c.concurrency), "<=", 1.40, c.p50_ratio));
     }
     targets.push(check("replay/create", ">=", 3.0, replay.throughput_ratio));
+    targets.push(check("replay / HTTP floor", ">=", 0.5, replay_floor.throughput_ratio));
     targets.push(check("storm p99/p50", "<", 5.0, storm.p99_over_p50));
     targets.push(check("p50 large/small", "<=", 1.20, table_size.p50_ratio));
     Ok(BackendReport {
         backend: backend.name().into(),
         create,
         replay,
+        replay_floor: Some(replay_floor),
         storm,
         table_size,
         db_only,

@@ -31,6 +31,17 @@ pub fn print_table(report: &Report) {
             format!("create (beside replay), c={}", b.replay.concurrency),
             &b.replay.create,
         );
+        if let Some(floor) = &b.replay_floor {
+            row(format!("replay, c={}", floor.concurrency), &floor.replay);
+            row(
+                format!("GET /healthz (beside replay), c={}", floor.concurrency),
+                &floor.healthz,
+            );
+            println!(
+                "  {:<34} {:>10.2} {:>10.2}",
+                "  replay / HTTP floor (thr., p50)", floor.throughput_ratio, floor.p50_ratio
+            );
+        }
         row(
             format!("create, {} ops stored, c=1", b.table_size.small_operations),
             &b.table_size.small,
