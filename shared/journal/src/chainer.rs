@@ -235,7 +235,7 @@ impl Journal {
         let mut tx = db.begin().await?;
         let _no_round = self.shared.linking.lock().await;
         let copies: Vec<Record> = self.held().iter().map(|held| held.record.clone()).collect();
-        inbox::record(&mut tx, &copies).await?;
+        inbox::record_many(&mut tx, &copies).await?;
         tx.commit().await?;
         self.held().drain(..copies.len());
         Ok(())
