@@ -46,12 +46,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     // The services run on a runtime of their own, as they would in their own
     // process; the load generator runs on another. Both share the machine's cores.
+    // named apart, so a profile tells the service's threads from the load's
     let services = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_name("services")
         .enable_all()
         .build()?;
     let clients = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_name("clients")
         .enable_all()
         .build()?;
     let services = Arc::new(services);
