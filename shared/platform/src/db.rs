@@ -81,6 +81,18 @@ pub struct Outages {
     /// The server last found behind the address, and when: `None` until one
     /// is found, and again once it could not be reached.
     server: Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>,
+    /// When the server was last found to be the one before, in microseconds
+    /// after [`since_start`]'s start (0: not found to be). Read with no lock,
+    /// so that the many replays of a moment do not queue at `server` to learn
+    /// what the last of them learned.
+    confirmed_at: Arc<AtomicU64>,
+}
+
+/// Microseconds since this process first asked, at least 1: 0 stands for never.
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(std::time::Instant::now);
+    (start.elapsed().as_micros() as u64).max(1)
 }
 
 impl Outages {
@@ -277,6 +289,11 @@ impl Db {
         let Db::Postgres(pools) = self else {
             return true;
         };
+        let confirmed_at = &pools.outages.confirmed_at;
+        let confirmed = confirmed_at.load(Ordering::SeqCst);
+        if confirmed != 0 && since_start().saturating_sub(confirmed) < SAME_SERVER_FOR.as_micros() as u64 {
+            return true;
+        }
         let mut found = pools.outages.server.lock().await;
         if found.as_ref().is_some_and(|(at, _)| at.elapsed() < SAME_SERVER_FOR) {
             return true;
@@ -293,6 +310,8 @@ impl Db {
                 false
             }
         };
+        // another server, or none, is vouched for by no one until it is found again
+        confirmed_at.store(if same { since_start() } else { 0 }, Ordering::SeqCst);
         if !same {
             pools.outages.saw_one();
         }
