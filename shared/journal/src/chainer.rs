@@ -134,7 +134,9 @@ struct Shared {
 /// An observation this process holds.
 #[derive(Debug)]
 struct Held {
-    record: Record,
+    /// Shared, so that a round copies it out from under the lock that every
+    /// replay takes to hold its own, not while holding it.
+    record: Arc<Record>,
     /// The highest inbox id its cause can have, stamped by the first full
     /// round that passed it over: it is linked once none up to it is left.
     behind: Option<i64>,
@@ -195,7 +197,10 @@ impl Journal {
         if held.len() >= OBSERVATIONS_HELD_AT_MOST {
             return Some(record);
         }
-        held.push_back(Held { record, behind: None });
+        held.push_back(Held {
+            record: Arc::new(record),
+            behind: None,
+        });
         None
     }
 
@@ -234,10 +239,13 @@ impl Journal {
     async fn try_write_held(&self, db: &Db) -> Result<(), sqlx::Error> {
         let mut tx = db.begin().await?;
         let _no_round = self.shared.linking.lock().await;
-        let copies: Vec<Record> = self.held().iter().map(|held| held.record.clone()).collect();
+        let shared: Vec<Arc<Record>> = self.held().iter().map(|held| held.record.clone()).collect();
+        let copies: Vec<Record> = shared.iter().map(|record| Record::clone(record)).collect();
         inbox::record_many(&mut tx, &copies).await?;
         tx.commit().await?;
-        self.held().drain(..copies.len());
+        // what leaves memory is freed once the lock is let go
+        let written: Vec<Held> = self.held().drain(..copies.len()).collect();
+        drop(written);
         Ok(())
     }
 
@@ -291,7 +299,7 @@ impl Journal {
             .fetch_optional(conn)
             .await?));
         self.check_head(&mut tx, &head, metrics).await?;
-        let (observed, behind): (Vec<Record>, Vec<Option<i64>>) = self
+        let (observed, behind): (Vec<Arc<Record>>, Vec<Option<i64>>) = self
             .held()
             .iter()
             .take(ROUND_SIZE)
@@ -301,7 +309,7 @@ impl Journal {
         let full = batch.len() == ROUND_SIZE;
         let left = if full { inbox_ids_left(&mut tx).await? } else { None };
         let (linkable, behind) = may_follow(&behind, left);
-        batch.extend(observed.into_iter().take(linkable));
+        batch.extend(observed.iter().take(linkable).map(|record| Record::clone(record)));
         // stable: records that share a time keep their order
         batch.sort_by_key(|record| record.at);
         let entries = chained(head.clone(), batch);
@@ -311,10 +319,13 @@ impl Journal {
         {
             // committed: what it linked leaves memory, what it passed over keeps its stamp
             let mut held = self.held();
-            held.drain(..linkable);
+            let linked: Vec<Held> = held.drain(..linkable).collect();
             for (held, stamp) in held.iter_mut().zip(&behind[linkable..]) {
                 held.behind = *stamp;
             }
+            drop(held);
+            // freed once the lock is let go
+            drop(linked);
         }
         let (seq, hash) = entries.last().map_or(head, |last| (last.seq, last.hash.clone()));
         self.remember(Head { seq, hash });
