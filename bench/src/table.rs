@@ -26,6 +26,14 @@ pub fn print_table(report: &Report) {
             row(format!("create, idempotent, c={}", c.concurrency), &c.on);
             row(format!("create, layer off,  c={}", c.concurrency), &c.off);
         }
+        // what a newcomer feels: one request waited for, in the unit it is felt in
+        if let Some(one) = b.create.iter().find(|c| c.concurrency == 1) {
+            println!(
+                "  one create at one client, p50: idempotent {:.0} µs, layer off {:.0} µs",
+                one.on.p50_ms * 1000.0,
+                one.off.p50_ms * 1000.0
+            );
+        }
         row(format!("replay, c={}", b.replay.concurrency), &b.replay.replay);
         row(
             format!("create (beside replay), c={}", b.replay.concurrency),
