@@ -503,21 +503,5 @@ async fn insert_entries(tx: &mut Tx, entries: &[AuditEntry]) -> Result<(), sqlx:
                 value->>'resource_id', value->>'state', value->>'evidence', value->>'prev_hash', value->>'hash' \
          FROM jsonb_each($1) ORDER BY key";
     let json = serde_json::to_string(entries).map_err(|e| sqlx::Error::Encode(e.into()))?;
-    let inserted = match &mut *tx {
-        Tx::Postgres(pg) => sqlx::query(POSTGRES)
-            .bind(json)
-            .execute(&mut **pg)
-            .await?
-            .rows_affected(),
-        Tx::Sqlite(lite) => sqlx::query(SQLITE)
-            .bind(json)
-            .execute(&mut **lite)
-            .await?
-            .rows_affected(),
-    };
-    if inserted != entries.len() as u64 {
-        // cannot happen: the database refuses the whole statement, or takes every entry
-        return Err(sqlx::Error::Protocol("the audit entries did not all go in".into()));
-    }
-    Ok(())
+    tx.insert_json_rows([POSTGRES, SQLITE], json, entries.len()).await
 }

@@ -426,6 +426,36 @@ impl Tx {
             Tx::Sqlite(tx) => tx.rollback().await,
         }
     }
+
+    /// Inserts `rows`, a JSON array of `expected` rows, by the backend's
+    /// statement that reads it (`[on_postgres, on_sqlite]`), and fails unless
+    /// every row went in. One statement whose text never changes, however
+    /// many rows: bound a field at a time, thousands of rows would make SQLite
+    /// scan its parameter list once for every parameter bound.
+    pub async fn insert_json_rows(
+        &mut self,
+        [on_postgres, on_sqlite]: [&'static str; 2],
+        rows: String,
+        expected: usize,
+    ) -> Result<(), sqlx::Error> {
+        let inserted = match self {
+            Tx::Postgres(tx) => sqlx::query(on_postgres)
+                .bind(rows)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected(),
+            Tx::Sqlite(tx) => sqlx::query(on_sqlite)
+                .bind(rows)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected(),
+        };
+        if inserted != expected as u64 {
+            // cannot happen: the database refuses the whole statement, or takes every row
+            return Err(sqlx::Error::Protocol(format!("{inserted} of {expected} rows went in")));
+        }
+        Ok(())
+    }
 }
 
 /// Creates the database named in `options` through the server's `postgres`

@@ -75,23 +75,7 @@ pub async fn record_many(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Er
         })
         .collect();
     let json = serde_json::to_string(&rows).map_err(|e| sqlx::Error::Encode(e.into()))?;
-    let inserted = match &mut *tx {
-        Tx::Postgres(pg) => sqlx::query(POSTGRES)
-            .bind(json)
-            .execute(&mut **pg)
-            .await?
-            .rows_affected(),
-        Tx::Sqlite(lite) => sqlx::query(SQLITE)
-            .bind(json)
-            .execute(&mut **lite)
-            .await?
-            .rows_affected(),
-    };
-    if inserted != records.len() as u64 {
-        // cannot happen: the database refuses the whole statement, or takes every row
-        return Err(sqlx::Error::Protocol("the inbox rows did not all go in".into()));
-    }
-    Ok(())
+    tx.insert_json_rows([POSTGRES, SQLITE], json, records.len()).await
 }
 
 /// Records per INSERT: SQLite binds at most 32,766 parameters a statement.
