@@ -107,23 +107,31 @@ pub async fn claim_finished(
             new.audit(AuditEvent::Claimed, completion.now),
         ],
     };
-    if let (Tx::Postgres(pg), true) = (&mut *tx, sink.reads_the_inbox()) {
-        // one round trip, since every round trip in a write transaction is
-        // time it holds its locks: the entries go in only if the claim did
-        let sql = format!(
-            "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {} \
-             SELECT * FROM (VALUES {}) AS journaled WHERE EXISTS (SELECT 1 FROM claimed)",
-            INBOX_INSERT,
+    if sink.reads_the_inbox() {
+        // one call: every call in a write transaction is time it holds its
+        // locks (on SQLite, a hop to its thread and back with the one writer
+        // held). The entries go in only if the claim did.
+        let entries = format!(
+            "{INBOX_INSERT} SELECT * FROM (VALUES {}) AS journaled",
             placeholders(18, journaled.len(), INBOX_COLUMNS)
         );
-        let query = bind_completion!(
-            bind_new!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new),
-            completion
-        );
-        let written = bind_records!(query, &journaled).execute(&mut **pg).await?;
-        return Ok(written.rows_affected() > 0);
+        let sql = match tx {
+            Tx::Postgres(_) => format!(
+                "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {entries} WHERE EXISTS (SELECT 1 FROM claimed)"
+            ),
+            // no writable CTE: two statements in one call, the second seeing
+            // through changes() whether the first inserted
+            Tx::Sqlite(_) => format!("{CLAIM_FINISHED_SQL}; {entries} WHERE changes() = 1"),
+        };
+        let written = on_tx!(tx, |conn| {
+            let query = bind_completion!(
+                bind_new!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new),
+                completion
+            );
+            bind_records!(query, &journaled).execute(conn).await?.rows_affected()
+        });
+        return Ok(written > 0);
     }
-    // SQLite has no writable CTE; its statements run in the process, so two cost no round trip;
     // a sink that does not read the inbox records the entries its own way
     let claimed = on_tx!(tx, |conn| {
         bind_completion!(bind_new!(sqlx::query(CLAIM_FINISHED_SQL), new), completion)
