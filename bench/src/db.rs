@@ -44,6 +44,19 @@ pub async fn empty_db(backend: Backend, name: &str) -> Db {
         .expect("a benchmark database")
 }
 
+/// Has PostgreSQL analyze `db`'s tables, as its autovacuum does within about
+/// a minute of a new table's first rows. Until then a lookup by
+/// `(account_id, id)` can be planned on another key that begins with
+/// `account_id`, and that plan, kept by each connection, scans the whole
+/// account (docs/design.md §13); a run here is shorter than that minute.
+pub async fn analyze(db: &Db) {
+    if let Db::Postgres(_) = db {
+        on_pool!(db.write(), |pool| {
+            sqlx::query("ANALYZE").execute(pool).await.expect("ANALYZE");
+        });
+    }
+}
+
 pub async fn database_url(backend: Backend, name: &str, fresh: bool) -> String {
     match backend {
         Backend::Sqlite => {
