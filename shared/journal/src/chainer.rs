@@ -18,10 +18,11 @@ use platform::{
     on_pool, on_tx,
 };
 
-use idempotency::{fail_point::fail_point, transitions::inbox};
+use idempotency::fail_point::fail_point;
 
 use crate::{
     chain::{AuditEntry, Head, Record, chained},
+    inbox,
     query::{HEAD, InboxRow, head_or_genesis},
 };
 
