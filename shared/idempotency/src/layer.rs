@@ -1,8 +1,5 @@
-//! One service's layer ([`Idempotency`]) and its background work, and the
-//! extension point for what an extension shows and keeps beside the write
-//! ([`Extension`]). The status resource's shape is the contract's, so it is
-//! the core's ([`OperationView`]): an extension fills in its fields and no
-//! more, and a layer with none answers them `null` (docs/contract.md §4).
+//! One service's layer ([`Idempotency`]), its background work, and the extension point for what
+//! an extension shows and keeps beside the write ([`Extension`]; docs/design.md §1).
 
 use std::{future::Future, pin::Pin, sync::Arc};
 
@@ -25,18 +22,12 @@ pub struct Idempotency {
     pub(crate) config: IdempotencyConfig,
     pub(crate) attempts: attempts::AttemptCounter,
     pub(crate) replay_cache: Arc<replay_cache::ReplayCache>,
-    /// Where transitions are reported: the journal, in every service.
     pub(crate) transitions: Arc<dyn Sink>,
-    /// Wakes what takes handed-on work in this process (the outbox's worker)
-    /// when an effect that handed some on commits.
+    /// Wakes what takes handed-on work in this process (the outbox's worker) once an effect commits it.
     pub(crate) work_handed_on: Arc<tokio::sync::Notify>,
-    /// What the service added beside the idempotent write (approvals, the outbox).
     pub(crate) extensions: Arc<Vec<Arc<dyn Extension>>>,
-    /// What an operation waits at before its effect, if the service has it (approvals).
     pub(crate) gate: Option<Arc<dyn Gate>>,
-    /// The service's metrics registry.
     pub(crate) metrics: Metrics,
-    /// When `/metrics` last read its gauges from the database.
     pub(crate) gauges_read: Arc<tokio::sync::Mutex<Option<std::time::Instant>>>,
 }
 
@@ -64,15 +55,13 @@ impl Idempotency {
         self
     }
 
-    /// The layer reporting its transitions to `sink` (the journal); without
-    /// one they are not kept ([`crate::transitions::Unrecorded`]).
+    /// The layer reporting its transitions to `sink` (the journal); without one they are not kept.
     pub fn with_sink(mut self, sink: impl Sink) -> Self {
         self.transitions = Arc::new(sink);
         self
     }
 
-    /// Where transitions are reported: an extension records its own here, in
-    /// the transaction that makes them, so they reach the service's journal.
+    /// Where an extension reports its own transitions, in the transaction that makes them.
     pub fn transitions(&self) -> &dyn Sink {
         self.transitions.as_ref()
     }
@@ -83,15 +72,13 @@ impl Idempotency {
         sink.downcast_ref()
     }
 
-    /// The layer with `extension` added: its part of every operation's
-    /// status, its gauges, its background work.
+    /// The layer with `extension` added: its part of every operation's status, its gauges, its work.
     pub fn with_extension(mut self, extension: impl Extension) -> Self {
         Arc::make_mut(&mut self.extensions).push(Arc::new(extension));
         self
     }
 
-    /// The extension that is a `T`, if the service added one: how an
-    /// extension's routes find their own state on the layer.
+    /// The extension that is a `T`, if the service added one: how its routes find their state.
     pub fn extension<T: Extension>(&self) -> Option<&T> {
         self.extensions.iter().find_map(|extension| {
             let extension: &dyn std::any::Any = extension.as_ref();
@@ -103,9 +90,7 @@ impl Idempotency {
         self.extensions.iter().map(|extension| extension.as_ref())
     }
 
-    /// The layer with `gate` consulted before the effect of every operation
-    /// a route's policy asks it for (see [`crate::gate`]); it is one of the
-    /// layer's extensions too.
+    /// The layer with `gate` consulted before the effects a route's policy sends to it; an extension too.
     pub fn with_gate(mut self, gate: impl Gate + Extension) -> Self {
         let gate = Arc::new(gate);
         Arc::make_mut(&mut self.extensions).push(gate.clone());
@@ -113,7 +98,6 @@ impl Idempotency {
         self
     }
 
-    /// The layer's gate: an operation waits at it only if the layer has one.
     pub(crate) fn gate(&self) -> Result<&dyn Gate, platform::ApiError> {
         self.gate.as_deref().ok_or_else(|| {
             platform::ApiError::internal("the route asks for an approval, and the service's layer has no gate")
@@ -125,9 +109,7 @@ impl Idempotency {
         &self.metrics
     }
 
-    /// Begins a transaction, counting how long it waited for a connection
-    /// (on SQLite a write waits for the one writer): how an extension begins
-    /// the transactions that settle what it holds.
+    /// Begins a transaction, timing its wait for a connection (on SQLite, for the one writer).
     pub async fn begin(&self) -> Result<platform::Tx, sqlx::Error> {
         let started = std::time::Instant::now();
         let tx = self.db.begin().await;
@@ -136,25 +118,19 @@ impl Idempotency {
         tx
     }
 
-    /// Writes every attempt counted so far. A failure is logged, not
-    /// returned: the counts are kept for the next round, and no answer
-    /// depends on them.
+    /// Writes every attempt counted so far; a failure is logged and the counts kept for the next round.
     pub async fn flush_attempts(&self) {
         if let Err(e) = self.attempts.flush(&self.db).await {
             tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
         }
     }
 
-    /// Makes what was reported until now readable (the journal links it
-    /// into its chain). A failure is the sink's to log.
+    /// Makes what was reported until now readable (the journal links it into its chain).
     pub async fn flush_journal(&self) {
         self.transitions.flush(&self.db, &self.metrics).await;
     }
 
-    /// Starts the layer's background work — the retention reaper, the
-    /// attempt writer, the sink's own work (the journal's chainer), each
-    /// extension's own (approval expiry), the database clock's measure and
-    /// the metrics' upkeep — until [`Background::stop`].
+    /// Starts the layer's background work, the sink's and each extension's too, until [`Background::stop`].
     pub fn spawn_background(&self) -> Background {
         let mut tasks = vec![
             self.spawn_reaper(),
@@ -178,8 +154,7 @@ impl Idempotency {
         }
     }
 
-    /// Notified each time an effect that handed work on commits (see
-    /// [`crate::handoff`]): what takes that work waits on it.
+    /// Notified each time an effect that handed work on commits: what takes that work waits on it.
     pub fn work_handed_on(&self) -> Arc<tokio::sync::Notify> {
         self.work_handed_on.clone()
     }
@@ -207,9 +182,7 @@ impl Background {
         self
     }
 
-    /// Stops the tasks, then writes what they had not written yet: the
-    /// attempt counts, and what the sink holds (the journal links its
-    /// waiting events and logs the chain's head).
+    /// Stops the tasks, then writes what they had not: the attempt counts and what the sink holds.
     pub async fn stop(self) {
         for task in &self.tasks {
             task.abort();
@@ -231,9 +204,7 @@ pub type OperationNumbered = (i64, String);
 /// A future an extension returns, boxed so that the layer can hold any extension.
 pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What an extension adds beside the idempotent write. Registered with
-/// [`Idempotency::with_extension`]; its routes find it again with
-/// [`Idempotency::extension`].
+/// What an extension adds beside the idempotent write ([`Idempotency::with_extension`]).
 pub trait Extension: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
     /// Fills in this extension's part of `view`, the status of `operation`.
     fn describe<'a>(
@@ -251,9 +222,7 @@ pub trait Extension: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
         now: Timestamp,
     ) -> Boxed<'a, Result<(), sqlx::Error>>;
 
-    /// A page of the account's operations that need a person, as
-    /// `(seq, operation_id)` by this extension's own numbering; `None` when
-    /// it leaves none.
+    /// A page of the account's operations that need a person, in this extension's numbering; `None` if none.
     fn needing_a_person<'a>(
         &'a self,
         _db: &'a Db,

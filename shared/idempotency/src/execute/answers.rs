@@ -1,6 +1,4 @@
-//! Answers an attempt gives without running anything — a replay from memory
-//! or from what is stored, a reused key, a server error before any claim —
-//! journaled as observations (docs/contract.md §3, §8; docs/design.md §4).
+//! Answers an attempt gives without running anything, journaled as observations (docs/design.md §4, §8).
 
 use axum::response::{IntoResponse, Response};
 use platform::{ApiError, Timestamp, telemetry};
@@ -15,9 +13,8 @@ use crate::{
 };
 
 impl Idempotency {
-    /// The answer this process remembers for the key, if it remembers one
-    /// and the database it learned it from is still the one it reaches: a
-    /// failover may have taken the operation away (docs/design.md §4).
+    /// The answer this process remembers for the key, if the database it learned it from is still the
+    /// one it reaches: a failover may have taken the operation away (docs/design.md §4).
     pub(super) async fn remembered(&self, account_id: &str, key: &str) -> Option<std::sync::Arc<CachedAnswer>> {
         self.replay_cache.get(account_id, key)?;
         if !self.db.still_the_same_server().await {
@@ -58,10 +55,8 @@ impl Idempotency {
         key_reused(operation_id, state)
     }
 
-    /// Journals an attempt answered from what is stored, as one entry: what
-    /// it was told (`replayed`, `key_reused`, `in_progress`), which stands
-    /// for the attempt too (docs/contract.md §8), or `attempted` when what it
-    /// was told has no event of its own.
+    /// Journals an attempt answered from what is stored as one entry: what it was told, which stands
+    /// for the attempt too, or `attempted` when that has no event of its own (docs/contract.md §8).
     pub(super) async fn observe(&self, attempt: &Attempt<'_>, operation_id: &str, outcome: Option<AuditEvent>) {
         let observed = match outcome {
             Some(told) => attempt.audit(told, Some(operation_id), Timestamp::now()),
@@ -70,8 +65,7 @@ impl Idempotency {
         self.transitions.observe(&self.db, observed).await;
     }
 
-    /// A server error before anything was claimed: the attempt is journaled
-    /// (nothing else happened), and the client may retry with the same key.
+    /// A server error before anything was claimed: only the attempt is journaled, and the key stays free.
     pub(super) async fn server_error_unclaimed(&self, attempt: &Attempt<'_>, error: ApiError) -> Response {
         self.transitions
             .observe(&self.db, attempt.audit(AuditEvent::Attempted, None, attempt.started))

@@ -1,5 +1,4 @@
-//! An attempt: one request that carries an idempotency key, and what it
-//! brings to the operation it names.
+//! An attempt: one request that carries an idempotency key, and what it brings to its operation.
 
 use std::{
     sync::{Mutex, PoisonError},
@@ -18,8 +17,7 @@ use crate::{
     transitions::{AuditEvent, Record},
 };
 
-/// One request that carries an idempotency key: who sent it, to which route,
-/// and whether the route's policy wants it to wait at the layer's gate first.
+/// One request that carries an idempotency key: who sent it, to which route, whether it waits at the gate.
 #[derive(Debug)]
 pub struct Attempt<'a> {
     pub principal: &'a Principal,
@@ -27,19 +25,15 @@ pub struct Attempt<'a> {
     pub method: &'static str,
     /// The route *template*, e.g. `/v1/tickets/{ticket_id}/comments`.
     pub route: &'static str,
-    /// `Some`: the operation waits at the layer's gate before it runs (an
-    /// approver: docs/contract.md §6), which is asked with this.
+    /// `Some`: the operation waits at the layer's gate before it runs, which is asked with this.
     pub approval: Option<Box<dyn Request>>,
     /// When this attempt arrived: the time of its `attempted` journal entry.
     pub started: Timestamp,
-    /// The fingerprint of the command sent on this attempt, taken as it
-    /// begins ([`Self::begin`]); empty until then, which matches no operation.
+    /// Taken as the attempt begins ([`Self::begin`]); empty until then, which matches no operation.
     pub(super) fingerprint: Fingerprint,
-    /// The outages of the database this process had seen when the attempt
-    /// began (set as it begins; 0, the safe side, until then): an answer it
-    /// learns is remembered for as long as no other is seen.
+    /// The database outages this process had seen as the attempt began (0, the safe side, until
+    /// then): what it learns is remembered only while no other is seen (docs/design.md §4).
     pub(super) outages_seen: u64,
-    /// The operation this request's log span names, once it is recorded.
     logged_operation: Mutex<Option<String>>,
 }
 
@@ -58,9 +52,7 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// The attempt, begun on `command` when `outages_seen` outages had been
-    /// seen: its fingerprint taken. A command the fingerprint cannot hold
-    /// exactly is bad input, refused before any claim.
+    /// Takes the command's fingerprint; a command the fingerprint cannot hold exactly is a 400 that claims nothing.
     pub(super) fn begin(mut self, command: &impl Serialize, outages_seen: u64) -> Result<Self, ApiError> {
         self.fingerprint = Fingerprint::of(self.method, self.route, &self.principal.account_id, command)
             .map_err(|inexact| ApiError::invalid_field(&inexact.field, inexact.to_string()))?;
@@ -68,20 +60,15 @@ impl<'a> Attempt<'a> {
         Ok(self)
     }
 
-    /// What the route's policy decided for this command: `Some(request)`
-    /// when the operation must wait at the layer's gate, with what the gate
-    /// is asked (approvals: the `ApprovalSummary` a human judges). A layer
-    /// with no gate, or one that does not know `request`, answers 500 and
-    /// claims nothing.
+    /// What the route's policy decided: `Some(request)` when the operation must wait at the layer's
+    /// gate, asked with `request`. A layer with no gate, or one that does not know it, answers 500.
     pub fn approval(mut self, policy: Option<impl Request>) -> Self {
         self.approval = policy.map(|request| Box::new(request) as Box<dyn Request>);
         self
     }
 
-    /// Names the operation on the request's log span, once for each
-    /// operation the request finds: a duplicate that waits looks at the
-    /// operation again at every poll, and the text log format appends a field
-    /// each time it is recorded.
+    /// Names the operation on the request's log span once per operation: a waiting duplicate looks
+    /// again at every poll, and the text log format appends a field each time it is recorded.
     pub(super) fn record_operation(&self, operation_id: &str) {
         let mut logged = self.logged_operation.lock().unwrap_or_else(PoisonError::into_inner);
         if logged.as_deref() != Some(operation_id) {
@@ -106,8 +93,7 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// The identity an effect run with no layer is given (the measurement
-    /// baseline): an operation id that names nothing stored, and no fingerprint.
+    /// The identity an effect run with no layer is given (the measurement baseline): an id that names nothing.
     pub(super) fn unrecorded<'b>(&'b self, operation_id: &'b str) -> OperationIdentity<'b> {
         OperationIdentity {
             account_id: &self.principal.account_id,

@@ -1,5 +1,5 @@
-//! How a run ends (step 5 of [`super`]), recorded once at its exit and the
-//! same way in both claim modes (docs/contract.md §3, §5; docs/design.md §2–§4).
+//! How a run ends (step 5 of [`super`]), recorded at one exit the same way in both claim modes
+//! (docs/design.md §2, §3).
 
 use axum::response::{IntoResponse, Response};
 use platform::metrics::names;
@@ -15,14 +15,11 @@ use crate::{
     transitions::AuditEvent,
 };
 
-/// How the attempt running the effect holds its operation: what its ending is
-/// written to.
+/// How the attempt running the effect holds its operation: what its ending is written to.
 pub(super) enum Claim<'a> {
-    /// [`ClaimMode::InTransaction`](crate::ClaimMode::InTransaction): nothing is claimed yet.
-    /// The claim is inserted with the answer, and journals itself with it.
+    /// Nothing is claimed yet: the claim is inserted with the answer, and journals itself with it.
     InTransaction(&'a NewOperation<'a>),
-    /// [`ClaimMode::Leased`](crate::ClaimMode::Leased): the claim has committed. Its
-    /// ending is a compare-and-set on the lease token, journaled beside it.
+    /// The claim has committed; its ending is a compare-and-set on the lease token.
     Leased {
         operation: &'a OperationRecord,
         token: &'a str,
@@ -33,14 +30,12 @@ pub(super) enum Claim<'a> {
 pub(super) enum Concluded {
     /// Recorded, or given back: answer this.
     Answer(Response),
-    /// Another attempt holds the key — its claim committed first, or it took
-    /// over our lease — and nothing of this run was written: answer as a
-    /// duplicate would.
+    /// Another attempt holds the key and nothing of this run was written: answer as a duplicate would.
     Lost,
 }
 
 impl Claim<'_> {
-    /// The operation the claim holds, or will hold once its insert commits.
+    /// The operation the claim holds, or will once its insert commits.
     fn identity(&self) -> OperationIdentity<'_> {
         match self {
             Claim::InTransaction(new) => new.identity(),
@@ -48,10 +43,8 @@ impl Claim<'_> {
         }
     }
 
-    /// Writes the operation's ending in `tx`: the claim with its answer, or
-    /// the completion of the leased claim. `false`: another attempt holds the
-    /// key, nothing was written, and `tx` must be rolled back.
-    /// An in-transaction claim is made here, and its statement timed.
+    /// Writes the operation's ending in `tx`. `false`: another attempt holds the key, nothing was
+    /// written, and `tx` must be rolled back.
     async fn end(
         &self,
         tx: &mut Tx,
@@ -75,9 +68,7 @@ impl Claim<'_> {
         }
     }
 
-    /// Reports `event` to the layer's sink in `tx`, beside the ending. An
-    /// in-transaction claim has nothing to add: its insert carried its
-    /// journal records.
+    /// Reports `event` beside the ending; an in-transaction claim's insert carried its records already.
     async fn journal(
         &self,
         tx: &mut Tx,
@@ -97,7 +88,6 @@ impl Claim<'_> {
 }
 
 impl Idempotency {
-    /// Ends a run whose effect ran in `tx` and returned `ran`.
     pub(super) async fn conclude(
         &self,
         attempt: &Attempt<'_>,
@@ -114,8 +104,7 @@ impl Idempotency {
         }
     }
 
-    /// Commits the effect with the operation's ending and its outbox event,
-    /// then answers the effect's answer.
+    /// Commits the effect with the operation's ending and its handed-on work, then answers.
     async fn commit_effect(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, mut tx: Tx, done: Effect) -> Concluded {
         let operation_id = claim.identity().operation_id;
         let completion = done.completion();
@@ -135,9 +124,7 @@ impl Idempotency {
         match recorded.await {
             Ok(true) => {}
             Ok(false) => {
-                // In the transaction: the key was taken (PostgreSQL waited for its
-                // holder to commit). Leased: our lease ran out and another attempt
-                // took over. Either way ours is undone.
+                // the key was taken (PostgreSQL waited for its holder's commit), or our lease was taken over
                 let _ = tx.rollback().await;
                 return Concluded::Lost;
             }
@@ -160,7 +147,7 @@ impl Idempotency {
             });
         }
         if done.handoff.is_some() {
-            // what takes the work in this process (the outbox's worker) takes it now, not at its next poll
+            // the outbox's worker takes it now, not at its next poll
             self.work_handed_on.notify_one();
         }
         attempt.record_operation(operation_id);
@@ -169,9 +156,7 @@ impl Idempotency {
         Concluded::Answer(stored_response(&done.response, operation_id, false))
     }
 
-    /// Ends a run whose effect (or call-out) failed, with nothing open: a
-    /// final business failure is stored and replayed; a server error frees
-    /// the key.
+    /// Ends a run whose effect or call-out failed: a final business failure is stored; a server error frees the key.
     pub(super) async fn conclude_failed(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Concluded {
         if error.is_final() {
             return self
@@ -193,9 +178,7 @@ impl Idempotency {
         Concluded::Answer(self.give_back(attempt, claim, error).await)
     }
 
-    /// Stores `error` as the operation's final answer, with no effect beside
-    /// it, in a transaction of its own (a final business failure, a refused
-    /// approval), to be replayed like any answer.
+    /// Stores `error` (a final business failure, a refusal) as the answer, in a transaction of its own.
     pub(super) async fn store_final(
         &self,
         attempt: &Attempt<'_>,
@@ -233,10 +216,7 @@ impl Idempotency {
         }
     }
 
-    /// After a server error, nothing of the run is kept and the key is free
-    /// again for the next attempt. In the transaction nothing was claimed;
-    /// a leased claim is given back (`store::give_back`) and journaled as
-    /// `released`.
+    /// After a server error the key is free again: a leased claim is given back, journaled `released`.
     pub(super) async fn give_back(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Response {
         let Claim::Leased { operation, token } = claim else {
             return self.server_error_unclaimed(attempt, error).await;
@@ -258,10 +238,8 @@ impl Idempotency {
         with_operation_headers(error.into_response(), operation_id, false)
     }
 
-    /// Keeps the answer of an operation that `finished` in `state` for
-    /// replays from memory, for as long as no outage is seen after `attempt`
-    /// began. An operation not finished (its work in the outbox, its
-    /// approval awaited) is not kept: its state still changes.
+    /// Keeps a finished operation's answer for replays from memory while no outage is seen after
+    /// `attempt` began; an unfinished one is not kept, as its answer may still change.
     pub(super) fn remember(
         &self,
         attempt: &Attempt<'_>,

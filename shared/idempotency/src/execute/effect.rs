@@ -12,8 +12,7 @@ use crate::{
     store::Completion,
 };
 
-/// What the effect produced: the first answer, what it made, and the work it
-/// hands on, if any.
+/// What the effect produced: the first answer, what it made, and the work it hands on, if any.
 #[derive(Debug, Clone)]
 pub struct Effect {
     pub(super) response: StoredResponse,
@@ -36,8 +35,7 @@ impl Effect {
         }
     }
 
-    /// Names the resource the operation made or acted on; it also becomes the
-    /// answer's `Location`.
+    /// Names the resource the operation made or acted on; it also becomes the answer's `Location`.
     pub fn with_resource(mut self, kind: &str, id: &str, url: String) -> Self {
         self.response.location = Some(url.clone());
         self.resource = Some(ResourceRef {
@@ -48,16 +46,14 @@ impl Effect {
         self
     }
 
-    /// Work this effect hands on (see [`Handoff`]): written in the effect's
-    /// transaction, after which the operation answers now and stays
-    /// `in_progress` until the work is settled.
+    /// Work this effect hands on ([`Handoff`]): the operation answers now and stays `in_progress`
+    /// until the work is settled.
     pub fn with_handoff(mut self, work: impl Handoff) -> Self {
         self.handoff = Some(Arc::new(work));
         self
     }
 
-    /// How the operation stands once this effect commits: completed, or
-    /// still in progress while the work it handed on is done.
+    /// How the operation stands once this effect commits.
     pub(super) fn completion(&self) -> Completion<'_> {
         Completion {
             state: if self.handoff.is_some() {

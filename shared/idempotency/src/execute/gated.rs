@@ -1,7 +1,5 @@
-//! A route whose policy wants its operation to wait at the layer's gate (an
-//! approver): the first attempt claims the key as `awaiting_approval`, with
-//! what the gate writes for it and the answer it gives, in one transaction
-//! (docs/contract.md §6; docs/design.md §7).
+//! A route whose policy wants a person: the first attempt claims the key as `awaiting_approval`,
+//! with what the gate writes and answers, in one transaction (docs/design.md §7).
 
 use axum::response::Response;
 use platform::{ApiError, Tx, telemetry};
@@ -17,9 +15,7 @@ use crate::{
 };
 
 impl Idempotency {
-    /// Claims the key as `awaiting_approval` for `asked`. A retry finds the
-    /// operation and is answered by [`Self::resolve`]: the same answer (the
-    /// 202 approval request) while it waits, the run once the gate lets it.
+    /// Claims the key as `awaiting_approval` for `asked`; a retry is answered by [`Self::resolve`].
     pub(super) async fn request_approval<F>(&self, attempt: &Attempt<'_>, asked: &dyn Request, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,

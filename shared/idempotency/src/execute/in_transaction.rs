@@ -1,6 +1,5 @@
-//! The in-transaction claim mode ([`crate::ClaimMode::InTransaction`]): the
-//! effect runs, then the claim is inserted with its answer in the same
-//! transaction (docs/design.md §2).
+//! The in-transaction claim mode ([`crate::ClaimMode::InTransaction`]): the effect runs, then the
+//! claim is inserted with its answer in the same transaction (docs/design.md §2).
 
 use axum::response::Response;
 use platform::{ApiError, Tx};
@@ -13,29 +12,22 @@ use super::{
 use crate::{layer::Idempotency, operation::OperationIdentity};
 
 impl Idempotency {
-    /// The claim, the effect and the stored answer become visible together or
-    /// not at all. An attempt whose key turns out to be taken rolls its effect
-    /// back and answers as a duplicate; no read is spent on the first attempt's path.
+    /// The claim, the effect and the stored answer become visible together or not at all.
     pub(super) async fn execute_in_transaction<F>(&self, attempt: &Attempt<'_>, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError> + Clone,
     {
-        // The lease fields are not used: a claim that finishes in its own
-        // transaction is never seen running.
+        // the lease fields go unused: a claim that finishes in its own transaction is never seen running
         let new = attempt.new_operation(self.config.lease);
         let claim = Claim::InTransaction(&new);
-        // The wait for a connection (on SQLite, for the one writer) has its
-        // own bound, and a database that cannot be reached is a 503 that
-        // claimed nothing, not the lease running out.
+        // outside the lease's bound: the wait for a connection has its own, and a 503 here claimed nothing
         let mut tx = match self.begin().await {
             Ok(tx) => tx,
             Err(e) => return self.give_back(attempt, &claim, e.into()).await,
         };
-        // A transaction never outlives the lease: a hung effect would hold its
-        // locks (on SQLite, the one writer) for every other request.
+        // no transaction outlives the lease: a hung effect would hold its locks (on SQLite, the one writer)
         let attempt_in_transaction = async {
-            // A duplicate that waited for the write lock while the first attempt
-            // committed finds its answer here, and never starts the effect.
+            // a duplicate that waited for the writer while the first attempt committed is answered here
             if let Some(answer) = self.replay_cache.get(new.account_id, new.key.as_str()) {
                 let _ = tx.rollback().await;
                 return self.replay_cached(attempt, &answer).await;

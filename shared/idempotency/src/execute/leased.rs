@@ -1,6 +1,5 @@
-//! The leased claim mode ([`crate::ClaimMode::Leased`]): the claim commits on
-//! its own, holding a lease; the route's call-out, if it has one, and the
-//! effect then run under it (`run.rs`; docs/design.md §3; docs/contract.md §5).
+//! The leased claim mode ([`crate::ClaimMode::Leased`]): the claim commits on its own, then the
+//! call-out, if any, and the effect run under its lease (`run.rs`; docs/design.md §3).
 
 use axum::response::{IntoResponse, Response};
 use platform::metrics::names;

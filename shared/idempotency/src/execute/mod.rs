@@ -1,42 +1,17 @@
-//! Running one attempt of an operation: claim, or replay, or refuse — and when
-//! this attempt owns the operation, run its effect and record how it ended
-//! (docs/contract.md §3, §5; docs/design.md §2, §3).
+//! One attempt of an operation: claim, replay or refuse, and when this attempt owns the operation,
+//! run its effect and record how it ended (docs/design.md §2, §3; docs/contract.md §3, §5).
 //!
 //! # How one attempt goes, file by file
 //!
-//! 1. **begin** (`mod.rs`, `attempt.rs`) — the route's handler has validated
-//!    the command and parsed the key and `Prefer: wait`; the attempt takes the
-//!    command's fingerprint (docs/contract.md §2: a command the fingerprint
-//!    cannot hold exactly is a 400 that claims nothing) and carries it, with
-//!    the key, from here on.
-//! 2. **replay cache** (`answers.rs`) — a retry of an answer this process
-//!    remembers is answered from memory, with no query (docs/design.md §4).
-//! 3. **claim**, in one of two modes (docs/design.md §2, §3):
-//!    - in the effect's transaction (`in_transaction.rs`): the effect runs
-//!      first and the claim is inserted with its answer;
-//!    - under a lease (`leased.rs`): the claim commits on its own, then the
-//!      operation runs under it (`run.rs`: the route's call-out, if it has
-//!      one, the gate's last word, the effect).
+//! 1. **begin** (`mod.rs`, `attempt.rs`): the command's fingerprint, carried with the key from here on;
+//! 2. **replay cache** (`answers.rs`): a retry this process remembers is answered with no query;
+//! 3. **claim**: with the effect (`in_transaction.rs`), under a lease (`leased.rs`), or at the gate (`gated.rs`);
+//! 4. **effect** (`effect.rs`, `run.rs` under a lease): the route's closure, in the transaction it is given;
+//! 5. **conclude** (`conclude.rs`): one exit for both modes: commit, store a final failure, or free the key;
+//! 6. **answer** (`responses.rs`): byte for byte, with the operation's headers.
 //!
-//!    A route whose policy wants a person claims the key as
-//!    `awaiting_approval` instead, with what the layer's gate gives for it
-//!    (`gated.rs`, [`crate::gate`]; docs/contract.md §6).
-//! 4. **effect** — the route's closure, in the transaction it is given; what
-//!    it answers is an [`Effect`] (`effect.rs`).
-//! 5. **conclude** (`conclude.rs`) — one exit for both modes: the effect's
-//!    answer commits with the operation's completion and the work it hands
-//!    on; a final business failure (or a refused approval) is stored to be
-//!    replayed; a server error gives the key back. A finished answer is
-//!    remembered for the next replay.
-//! 6. **answer** — byte for byte, with the operation's headers
-//!    (`responses.rs`).
-//!
-//! An attempt that finds its key taken — at its claim, or when its own run
-//! turns out to have lost a race — reads the operation, asks the pure verdict
-//! (`verdict.rs`) what to do, and carries it out (`taken.rs`): replay, 409,
-//! 422, wait, or run the operation itself (`run.rs`) when its holder's lease
-//! ran out or a person approved it. The answers it gives without running
-//! anything are journaled as observations (`answers.rs`).
+//! A key found taken is judged by the pure `verdict.rs` and carried out by `taken.rs`: replay,
+//! 409, 422, wait, or run the operation when its holder's lease ran out or a person approved it.
 
 use axum::{
     Json,
@@ -55,9 +30,8 @@ use crate::{
 
 use crate::responses::stored_response_without_operation;
 
-/// A route's effect, as one that is given what its call-out said: nothing.
-/// A closure written in place rather than returned by a function, so that
-/// its future keeps a type the compiler can see is `Send`.
+/// A route's effect, given what its call-out said: nothing. A closure written in place, not
+/// returned by a function, so that its future keeps a type the compiler can see is `Send`.
 macro_rules! without_call_out {
     ($effect:expr) => {
         async move |tx: &mut Tx, operation: &OperationIdentity<'_>, (): ()| ($effect)(tx, operation).await
@@ -80,26 +54,10 @@ pub use attempt::Attempt;
 pub use effect::Effect;
 
 impl Idempotency {
-    /// Runs one attempt of an operation. `command` is the validated command
-    /// (what the fingerprint hashes); `effect` does the business writes in the
-    /// transaction it is given and says what to answer. It is also given the
-    /// operation's id (`op_…`), for business rows that name the operation that
-    /// made them and for keys derived from it. The operation's
-    /// completion commits in that same transaction, so either both the
-    /// effect and the stored answer exist, or neither.
-    ///
-    /// An `Err` from `effect` that is a final business failure (a 4xx) rolls
-    /// the effect back and is stored and replayed like any answer; a server
-    /// error (5xx) rolls back and frees the key.
-    ///
-    /// The effect may be started more than once (a losing duplicate's run is
-    /// rolled back), but only one run ever commits. It is `Clone` (closures
-    /// that borrow their inputs are) so that an attempt that finds a dead
-    /// holder's lease can run it again.
-    ///
-    /// Every attempt is journaled: the transitions it makes in the
-    /// transaction that makes them, what it merely observed in memory (see
-    /// [`crate::transitions::Sink`], the journal).
+    /// Runs one attempt of an operation. `effect` does the business writes in the transaction it is
+    /// given, with the operation's id for rows that name it; the operation completes in that same
+    /// transaction, so the effect and its stored answer exist together or not at all. A 4xx from it
+    /// is stored and replayed; a 5xx frees the key. `Clone`: a dead holder's lease taken over runs it again.
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,
@@ -122,21 +80,10 @@ impl Idempotency {
             .await
     }
 
-    /// [`Self::execute`] for an operation that must ask another system before
-    /// it can record its effect (a cancel at a deployment controller, whose
-    /// answer says whether the deployment is cancelled). `call_out` runs once
-    /// the claim has committed, under the operation's lease and outside any
-    /// transaction; `effect` then records what it said, and the operation's
-    /// completion, in one transaction.
-    ///
-    /// The claim is always [`ClaimMode::Leased`] here, whatever the service's
-    /// setting: claiming in the effect's transaction would call out before the
-    /// claim is decided, or with a write transaction open. A duplicate meanwhile
-    /// gets `request_in_progress` (or waits, with `Prefer: wait`); a replay, a
-    /// 409 or a 422 never calls out. `call_out` runs again when a crashed
-    /// holder's lease is taken over, so it must be safe to repeat (a cancel is).
-    /// Such a route takes no approval: an approval is re-checked in the
-    /// effect's transaction, which would come after the call.
+    /// [`Self::execute`] for an operation that must ask another system before it records its effect
+    /// (a cancel at a deployment controller). `call_out` runs once the claim has committed, always
+    /// [`ClaimMode::Leased`], outside any transaction (docs/design.md §3); it runs again when a dead
+    /// holder's lease is taken over, so it must be safe to repeat.
     pub async fn execute_calling_out<C, T, W, F>(
         &self,
         attempt: Attempt<'_>,
@@ -167,18 +114,9 @@ impl Idempotency {
         self.execute_leased(&attempt, call_out, effect).await
     }
 
-    /// A POST that repeating cannot add an effect to (a decision, a person's
-    /// settlement), so it needs no key: without one, `run` runs as it is;
-    /// with one, it is an operation like any other, its answer stored and
-    /// replayed, and the key sent with another command is 422. `run` makes
-    /// its own writes, so it is called out to once the claim commits, as in
-    /// [`Self::execute_calling_out`].
-    ///
-    /// Such a request is its author's: what it answers (you decided, you
-    /// settled) is about who sent it, so the principal is part of what the
-    /// fingerprint covers, and another principal of the account sending the
-    /// same key and body is 422, never told what the first one was
-    /// (docs/contract.md §5).
+    /// A POST that repeating cannot add an effect to (a decision, a settlement by hand): without a key
+    /// `run` runs as it is; with one it is the call-out of an operation like any other. Its answer is
+    /// about its author, so the fingerprint covers the principal too (docs/design.md §7).
     pub async fn execute_with_optional_key<C, T>(
         &self,
         route: &'static str,
@@ -210,9 +148,7 @@ impl Idempotency {
         .await
     }
 
-    /// Begins an attempt: its fingerprint, then the replay cache. `Err`: it
-    /// is answered already — a command the fingerprint cannot hold exactly
-    /// (a 400 that claims nothing), or a retry this process remembers.
+    /// Begins an attempt: its fingerprint, then the replay cache. `Err`: it is answered already.
     async fn start<'a>(&self, attempt: Attempt<'a>, command: &impl Serialize) -> Result<Attempt<'a>, Response> {
         // read first: an outage seen while the attempt runs makes what it learns stale
         let attempt = attempt
@@ -227,8 +163,7 @@ impl Idempotency {
         }
     }
 
-    /// The measurement baseline (`enabled: false`): the effect in its
-    /// transaction, and nothing else of this module.
+    /// The measurement baseline (`enabled: false`): the effect in its transaction, and nothing else.
     async fn run_unguarded<F>(&self, attempt: &Attempt<'_>, effect: F) -> Response
     where
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>) -> Result<Effect, ApiError>,
@@ -237,7 +172,6 @@ impl Idempotency {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };
-        // no operation is stored: the effect gets an id that names none
         match effect(&mut tx, &attempt.unrecorded(&new_operation_id())).await {
             Ok(done) if done.handoff.is_some() => {
                 let _ = tx.rollback().await;
@@ -257,8 +191,7 @@ impl Idempotency {
     }
 }
 
-/// A request that answers about its author (a decision, a settlement by
-/// hand), as its fingerprint covers it: who sent it, and what they sent.
+/// What the fingerprint of a request that answers about its author covers: who sent it, and what.
 #[derive(Serialize)]
 struct ByItsAuthor<'a, C> {
     principal_id: &'a str,

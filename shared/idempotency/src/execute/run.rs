@@ -1,7 +1,5 @@
-//! Running an operation this attempt holds — its own claim under a lease, a
-//! dead holder's lease it took over, or an approved operation it started —
-//! in either claim mode's path: the call-out, the gate's last word, the
-//! effect, and its conclusion (docs/contract.md §5, §6).
+//! Running an operation this attempt holds under a lease (its own claim, a dead holder's, an
+//! approved operation's): the call-out, the gate's last word, the effect (docs/design.md §3, §7).
 
 use axum::response::Response;
 use platform::{ApiError, Timestamp, Tx};
@@ -17,12 +15,8 @@ use crate::{
 };
 
 impl Idempotency {
-    /// Runs the effect of an operation this attempt holds the lease of: first
-    /// its call-out, if the route has one, outside any transaction; then the
-    /// effect with what the call-out said. An operation that waited at the
-    /// layer's gate runs only if the gate still lets it (its approval still
-    /// allows it, and what its summary promised still holds), asked in the
-    /// effect's own transaction (docs/contract.md §6).
+    /// Runs an operation this attempt holds the lease of: its call-out outside any transaction, then the
+    /// effect; one that waited at the gate runs only if the gate, asked in the effect's transaction, lets it.
     pub(super) async fn run<T, W, F>(
         &self,
         attempt: &Attempt<'_>,
@@ -49,8 +43,7 @@ impl Idempotency {
         }
     }
 
-    /// The run itself, up to its conclusion; [`Self::run`] answers a lost
-    /// lease.
+    /// The run itself, up to its conclusion; [`Self::run`] answers a lost lease.
     async fn run_under_lease<T, W, F>(
         &self,
         attempt: &Attempt<'_>,
@@ -97,8 +90,7 @@ impl Idempotency {
         self.conclude(attempt, claim, tx, ran).await
     }
 
-    /// Why the layer's gate does not let `operation`, which waited at it, run
-    /// after all, if it does not: asked in `tx`, the effect's transaction.
+    /// Why the gate does not let `operation` run after all, if it does not: asked in `tx`, the effect's.
     async fn ask_gate(
         &self,
         tx: &mut Tx,
@@ -109,8 +101,7 @@ impl Idempotency {
         self.gate()?.check(tx, operation, asked, Timestamp::now()).await
     }
 
-    /// Ends an operation its gate does not let run: `rejected`, with the
-    /// refusal as its answer to every later attempt, journaled as its event.
+    /// Ends an operation its gate does not let run: `rejected`, the refusal its answer for good.
     async fn refuse(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, refusal: &Refusal) -> Concluded {
         self.store_final(
             attempt,

@@ -1,6 +1,5 @@
 //! An attempt that finds its key taken: it reads the operation, asks the pure
-//! [`verdict`](super::verdict) what to do, and carries it out — replay, 409,
-//! 422, wait, or run the operation itself (docs/contract.md §3, §5, §6).
+//! [`verdict`](super::verdict) what to do, and carries it out (docs/contract.md §3).
 
 use std::time::{Duration, Instant};
 
@@ -28,17 +27,14 @@ const WAIT_POLL: Duration = Duration::from_millis(25);
 pub(super) enum Resolution {
     /// Answer the client with this; nothing runs.
     Answer(Response),
-    /// This attempt holds the operation now (its claim, a dead holder's
-    /// lease, or an approved operation) and runs it.
+    /// This attempt holds the operation now (its claim, a dead holder's lease, an approved run) and runs it.
     Run(Box<OperationRecord>),
     /// The operation disappeared under us (reaped, or freed): claim again.
     Vanished,
 }
 
 impl Idempotency {
-    /// The answer for an attempt that found its key taken: whatever the
-    /// operation stored, 409 while it runs — or, when its holder died and the
-    /// lease ran out (or a human approved it), this attempt runs the effect.
+    /// The answer for an attempt that found its key taken, or the run if the lease ran out or a person approved.
     pub(super) async fn answer_taken_key<T, W, F>(&self, attempt: &Attempt<'_>, call_out: W, effect: F) -> Response
     where
         W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
@@ -80,17 +76,9 @@ impl Idempotency {
         Ok(found)
     }
 
-    /// The answer for an attempt whose key already names an operation.
-    /// `may_take_over`: whether this attempt can still run the operation if
-    /// it finds a lease that ran out or an approval given (it cannot once its
-    /// effect was spent).
-    ///
-    /// `Prefer: wait=N` bounds the answer to N seconds: an attempt that has
-    /// begun to wait never runs the operation itself, whose run could outlast
-    /// the wait. A lease that runs out (or an approval given) while it waits
-    /// is left to the next attempt, which finds it so on arrival and runs the
-    /// operation as a first attempt does; the waiter answers the replay if
-    /// the holder finishes in time, else 409 `request_in_progress`.
+    /// The answer for an attempt whose key names an operation. `may_take_over`: it may still run the
+    /// operation (not once its effect was spent). One that has begun to wait never runs it, as its
+    /// run could outlast the wait (docs/design.md §3).
     pub(super) async fn resolve(
         &self,
         attempt: &Attempt<'_>,
@@ -170,9 +158,8 @@ impl Idempotency {
         }
     }
 
-    /// Takes `operation` for this attempt to run, under a lease of its own:
-    /// a dead holder's (`taking_over`), or an approved operation's first run.
-    /// `None`: another attempt took it first, and nothing changed.
+    /// Takes `operation` under a lease of this attempt's: a dead holder's (`taking_over`), or an
+    /// approved operation's first run. `None`: another attempt took it first.
     async fn hold(
         &self,
         attempt: &Attempt<'_>,
@@ -204,9 +191,7 @@ impl Idempotency {
         Ok(Some(held))
     }
 
-    /// Ends an operation whose wait at the gate ran out, as the gate ends it,
-    /// in a transaction of its own; nothing if it was decided or started
-    /// meanwhile.
+    /// Ends an operation whose wait at the gate ran out, unless it was decided or started meanwhile.
     async fn end_expired_wait(&self, operation: &OperationRecord) -> Result<(), ApiError> {
         let gate = self.gate()?;
         let mut tx = self.begin().await?;
@@ -237,9 +222,8 @@ impl Idempotency {
         }
     }
 
-    /// A duplicate's effect may fail because the first attempt's committed
-    /// effect is in its way: if the key is taken, the answer a duplicate gets.
-    /// `None`: nothing holds the key, and a retry starts afresh.
+    /// A duplicate's effect may fail on the first attempt's committed effect: if the key is taken,
+    /// the duplicate's answer. `None`: nothing holds the key, and a retry starts afresh.
     pub(super) async fn answer_if_taken(&self, attempt: &Attempt<'_>) -> Option<Response> {
         if let Ok(Some(existing)) = self
             .find_and_count(&attempt.principal.account_id, &attempt.headers.key)

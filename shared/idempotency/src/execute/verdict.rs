@@ -1,8 +1,5 @@
-//! What an attempt does when it finds its key taken: a pure function of what
-//! is stored for the key and what the attempt brings, so that every row of
-//! the outcomes table (docs/contract.md §3) is one line of a test. The
-//! executor ([`crate::execute`]) reads the operation, asks for the verdict,
-//! and carries it out.
+//! What an attempt does when it finds its key taken: a pure function of what is stored and what the
+//! attempt brings, so that every row of the outcomes table (docs/contract.md §3) is one line of a test.
 
 use platform::Timestamp;
 
@@ -15,7 +12,6 @@ pub(crate) struct Stored<'a> {
     pub state: OperationState,
     /// Until when an attempt holds it, if one does.
     pub locked_until: Option<Timestamp>,
-    /// Its first answer is stored.
     pub answered: bool,
     /// Where it stands at its gate (its approval), if it waits there.
     pub approval: Option<ApprovalState>,
@@ -26,8 +22,7 @@ pub(crate) struct Stored<'a> {
 pub(crate) struct Asking<'a> {
     pub fingerprint: &'a Fingerprint,
     pub now: Timestamp,
-    /// It may run the operation itself: take over a dead holder's lease, or
-    /// start an approved run. (An attempt that has waited may not: it answers.)
+    /// It may run the operation itself (take over a dead lease, start an approved run); not once it waited.
     pub may_run: bool,
     /// It asked to wait for the answer (`Prefer: wait`) and its time is not up.
     pub may_wait: bool,
@@ -37,8 +32,7 @@ pub(crate) struct Asking<'a> {
 pub(crate) enum Verdict {
     /// 422 `idempotency_key_reused`: the key names another request.
     KeyReused,
-    /// The stored answer, byte for byte: a finished operation's, the 202 of
-    /// work handed to the outbox, or the approval request while it waits.
+    /// The stored answer: a finished operation's, the 202 of handed-on work, or the approval request.
     Replay,
     /// 409 `request_in_progress`: an attempt holds it.
     InProgress,
@@ -50,8 +44,7 @@ pub(crate) enum Verdict {
     StartApproved,
     /// Its approval expired: settle the operation as rejected, then look again.
     Expire,
-    /// 409 `operation_outcome_unknown`: an external effect may have happened,
-    /// and there is no answer to replay. Never run again.
+    /// 409 `operation_outcome_unknown`: an external effect may have happened and no answer is stored.
     OutcomeUnknown,
 }
 
