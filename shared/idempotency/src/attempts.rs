@@ -1,16 +1,5 @@
-//! Counting attempts (`attempts` in the operation status) off the hot path.
-//!
-//! Every request that carries a key is one more attempt. Writing that count
-//! with each replay would make a replay — which otherwise only reads — wait
-//! for a write (SQLite's single writer, PostgreSQL's WAL flush). So attempts
-//! are counted in memory and written in coalesced batches, with relaxed
-//! durability; a status read in this process writes them first, so what it
-//! shows is exact. A crash may lose the last few increments: `attempts` is
-//! for people reading the history, and no outcome depends on them.
-//!
-//! Memory holds the counts of at most [`KEYS_COUNTED_AT_MOST`] keys. A count
-//! for one key more writes those waiting first; while the database refuses
-//! writes, that request waits and tries again. No count is dropped.
+//! Counting attempts in memory and writing them in batches, with relaxed
+//! durability, so that a replay waits for no write (docs/design.md §4).
 
 use std::{
     collections::HashMap,
@@ -22,12 +11,10 @@ use platform::Db;
 
 use crate::store;
 
-/// Keys whose counts one process holds at most while they wait to be
-/// written: a few MB.
+/// Keys whose counts one process holds at most, unwritten: a few MB.
 pub const KEYS_COUNTED_AT_MOST: usize = 10_000;
 
-/// How long a request that found no room waits before it tries again to
-/// write the counts, when the database refused them.
+/// How long a request that found no room waits after a refused write.
 const WRITE_AGAIN_AFTER: Duration = Duration::from_millis(100);
 
 /// The attempt counts of one process. A cheap handle: clones share them.
@@ -38,9 +25,8 @@ pub struct AttemptCounter {
 
 #[derive(Debug, Default)]
 struct Shared {
-    /// Counts not written yet, by `(account_id, key)`; never more than
-    /// [`KEYS_COUNTED_AT_MOST`] keys. A write takes a count out only once it
-    /// is written, so what is held never outgrows the bound.
+    /// Counts not written yet. One leaves only once written, so what is held
+    /// never outgrows [`KEYS_COUNTED_AT_MOST`].
     pending: Mutex<HashMap<(String, String), i32>>,
     wake: tokio::sync::Notify,
     /// One flush at a time, so two never add the same increments.
@@ -53,9 +39,7 @@ impl AttemptCounter {
         self.counts().len()
     }
 
-    /// Counts one more request for `(account_id, key)`. It waits only when
-    /// the counts of [`KEYS_COUNTED_AT_MOST`] other keys are waiting: then
-    /// they are written first.
+    /// Counts one more request; when there is no room, writes the others first.
     pub async fn count(&self, db: &Db, account_id: &str, key: &str) {
         while !self.add(account_id, key) {
             if let Err(e) = self.flush(db).await {
@@ -85,10 +69,8 @@ impl AttemptCounter {
         self.shared.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes every pending count. The writes run as a task of their own:
-    /// each count leaves memory once it is written, so a caller that went
-    /// away (a client that hung up on a status read) must not stop it
-    /// between the two.
+    /// Writes every pending count, in a task of its own: a caller that went
+    /// away must not stop it between writing a count and taking it out.
     pub async fn flush(&self, db: &Db) -> Result<(), sqlx::Error> {
         let (counter, db) = (self.clone(), db.clone());
         tokio::spawn(async move { counter.write_pending(&db).await })
@@ -114,9 +96,7 @@ impl AttemptCounter {
         Ok(())
     }
 
-    /// Flushes shortly after counts arrive, coalescing whatever comes
-    /// meanwhile, forever. Without it, counts are written when an
-    /// operation's status is read.
+    /// Flushes shortly after counts arrive, coalescing whatever comes meanwhile.
     pub async fn write_continuously(self, db: Db) {
         loop {
             self.shared.wake.notified().await;

@@ -1,47 +1,32 @@
-//! How claims are made, and how long leases, stored answers and approvals
-//! last: the layer's settings, and how they are read from the environment.
+//! The layer's settings, and reading them from the environment.
 
 use std::time::Duration;
 
-/// When a first attempt's claim commits (why, and when each is used:
-/// docs/design.md §2, §3).
+/// When a first attempt's claim commits (docs/design.md §2, §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimMode {
-    /// The claim, the effect and the stored answer commit in one transaction.
-    /// Nothing is ever visible half done, so a crash leaves nothing to take
-    /// over; a concurrent duplicate waits on the primary key and gets the
-    /// replay. The fastest path, for effects that stay in the database.
+    /// Claim, effect and answer commit in one transaction: a crash leaves nothing.
     InTransaction,
-    /// The claim commits first, holding a lease; the effect and the answer
-    /// commit in a second transaction. Duplicates see `request_in_progress`,
-    /// and a crashed holder's lease is taken over after it runs out. For work
-    /// that outlives a request (approvals, an outbox).
+    /// The claim commits first, under a lease; duplicates see `request_in_progress`.
     Leased,
 }
 
 /// How claims are made, and how long leases and stored answers last.
 #[derive(Debug, Clone)]
 pub struct IdempotencyConfig {
-    /// When the claim commits; see [`ClaimMode`].
     pub claim: ClaimMode,
-    /// How long a claimed operation is held by the attempt running it. When it
-    /// runs out (the process died, or is far too slow) the next attempt with
-    /// the same key may take the operation over.
+    /// How long a claim is held before the next attempt may take it over.
     pub lease: Duration,
     /// How long finished operations are kept for replay (at least 24 h by the contract).
     pub retention: Duration,
     /// How often the reaper looks for operations past their retention.
     pub reap_every: Duration,
-    /// How many finished answers each process keeps in memory to answer
-    /// replays with no query (0: none). See [`crate::replay_cache`].
+    /// Finished answers each process keeps for replays ([`crate::replay_cache`]; 0: none).
     pub replay_cache_entries: usize,
-    /// How long an approval request waits for a decision, and an approved
-    /// operation for the retry that runs it (docs/contract.md §6; 15 minutes).
+    /// How long an approval waits for a decision, and an approved run for its retry.
     pub approval_ttl: Duration,
-    /// `false` only to measure what idempotency costs (`RETRYSAFE_IDEMPOTENCY=off`):
-    /// the same handler, validation, transaction and effect run with no claim,
-    /// no stored answer and no replay. It breaks the contract; never turn it
-    /// off for real traffic.
+    /// `false` only to measure what idempotency costs: no claim, no answer, no
+    /// replay. It breaks the contract; never for real traffic.
     pub enabled: bool,
 }
 
@@ -60,10 +45,7 @@ impl Default for IdempotencyConfig {
 }
 
 impl IdempotencyConfig {
-    /// `RETRYSAFE_CLAIM` (`transaction` or `leased`), `RETRYSAFE_REPLAY_CACHE` (10000 answers),
-    /// `RETRYSAFE_LEASE_SECONDS` (30),
-    /// `RETRYSAFE_RETENTION_HOURS` (24), `RETRYSAFE_REAP_EVERY_SECONDS` (60),
-    /// `RETRYSAFE_APPROVAL_TTL_SECONDS` (900), `RETRYSAFE_IDEMPOTENCY` (`on`).
+    /// The settings in `RETRYSAFE_*` variables (docs/configuration.md).
     pub fn from_env() -> Result<Self, String> {
         let mut config = IdempotencyConfig::default();
         if let Some(seconds) = number("RETRYSAFE_LEASE_SECONDS")? {
@@ -105,8 +87,7 @@ impl IdempotencyConfig {
     }
 }
 
-/// The positive number the environment variable `name` holds, if it holds
-/// one; an extension reads its own settings with it, as the core does.
+/// The positive number in environment variable `name`, if set; extensions use it too.
 pub fn number(name: &str) -> Result<Option<f64>, String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {

@@ -1,9 +1,7 @@
-//! Where a crash test can stop the process dead; nothing without the
-//! `failpoints` feature.
+//! Where a crash test can stop the process dead.
 
-/// A place where a test can stop the process dead (docs/contract.md §5's
-/// crash): with the `failpoints` feature and `FAILPOINTS=<name>=return`, the
-/// request stops here and holds what it has until the process is killed.
+/// With the `failpoints` feature and `FAILPOINTS=<name>=return`, the request
+/// holds here until the process is killed (docs/contract.md §5's crash).
 pub async fn fail_point(name: &str) {
     #[cfg(feature = "failpoints")]
     {

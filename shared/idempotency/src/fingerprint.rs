@@ -1,11 +1,7 @@
-//! The fingerprint of a validated command (docs/contract.md §2):
-//! `hex(sha256(canonical_json({method, route, account_id, command})))`, with
-//! RFC 8785 (JCS) canonical JSON.
-//!
-//! JCS writes every number as an IEEE 754 double, so an integer above
-//! 2^53 − 1 in magnitude would be rounded: two different commands would share
-//! one fingerprint. A command holding such an integer has no fingerprint
-//! ([`InexactNumber`]); floats are doubles already and are written exactly.
+//! The fingerprint of a validated command (docs/contract.md §2). JCS writes
+//! numbers as doubles, as a float is already; an integer past 2^53 − 1 would
+//! be rounded and two commands share a fingerprint, so such a command has
+//! none ([`InexactNumber`]).
 
 use std::fmt;
 
@@ -29,10 +25,8 @@ struct Fingerprinted<'a, C: Serialize> {
 }
 
 impl Fingerprint {
-    /// Hashes what the server will do: the route *template* (path parameters
-    /// are fields of `command`) and the command after validation, so defaults
-    /// and normalisation are already applied. Refuses a command holding an
-    /// integer that canonical JSON would round, naming where it is.
+    /// Hashes the route *template* (path parameters are fields of `command`)
+    /// and the validated command, defaults applied.
     pub fn of<C: Serialize>(method: &str, route: &str, account_id: &str, command: &C) -> Result<Self, InexactNumber> {
         let command = serde_json::to_value(command).expect("a command serializes to JSON");
         if let Some(field) = inexact_integer_at(&command) {
@@ -57,9 +51,7 @@ impl Fingerprint {
     }
 }
 
-/// A command field holding an integer above 2^53 − 1 in magnitude, which
-/// canonical JSON would round; `field` is its path in the command
-/// (`amount.amount_minor`, `items[2].quantity`).
+/// A command field holding an integer canonical JSON would round, by its path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InexactNumber {
     pub field: String,
@@ -71,8 +63,8 @@ impl fmt::Display for InexactNumber {
     }
 }
 
-/// The path of the first integer in `value` that a double cannot hold
-/// exactly. The path is built on the way out, so the common case allocates nothing.
+/// The path of the first integer a double cannot hold exactly, built on the
+/// way out so the common case allocates nothing.
 fn inexact_integer_at(value: &Value) -> Option<String> {
     match value {
         Value::Number(number) => {
@@ -102,8 +94,7 @@ fn member_path(rest: &str) -> String {
     }
 }
 
-/// RFC 8785 canonical JSON. Commands are plain data, so serialization cannot
-/// fail; a command that cannot be serialized is a bug, not an input error.
+/// RFC 8785 canonical JSON. A command that cannot be serialized is a bug.
 pub fn canonical_json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json_canonicalizer::to_vec(value).expect("a command serializes to JSON")
 }

@@ -1,10 +1,5 @@
-//! What `GET /metrics` reads from the database at each scrape: unfinished
-//! operations, the journal's inbox, each extension's own (the outbox's
-//! backlog, approvals) and the connection pools. Counts over the whole service database, for its
-//! operator: never an account's rows, and no account in any label. Every
-//! replica reports the same database-wide values for these (aggregate them
-//! with `max`); the journal's backlog adds what waits in this process's
-//! memory, and the pools are this process's own.
+//! What `GET /metrics` reads from the database: counts over the whole
+//! service database, no account in any label (docs/metrics.md).
 
 use platform::{
     Timestamp,
@@ -19,17 +14,13 @@ use crate::layer::Idempotency;
 
 const UNFINISHED: [&str; 3] = ["in_progress", "awaiting_approval", "unknown"];
 
-/// How stale the gauges may be: `/metrics` needs no key, so a flood of
-/// scrapes must not become a flood of aggregate queries.
+/// `/metrics` needs no key, so a flood of scrapes must not be one of queries.
 const READ_AT_MOST_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// How long a scrape waits for the database: a slow or starved database is
-/// when the metrics are needed most, so they are served stale rather than late.
+/// A starved database is when metrics matter most: serve them stale, not late.
 const READ_AT_MOST_FOR: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Sets the pool gauges, and the others from the database unless they were
-/// read within [`READ_AT_MOST_EVERY`]; one read at a time, the others wait
-/// for it.
+/// Sets the pool gauges, and the rest unless fresh; one read at a time.
 pub(crate) async fn refresh_if_stale(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     set_pools(&idempotency.db, &idempotency.metrics);
     let mut read_at = idempotency.gauges_read.lock().await;
@@ -43,7 +34,6 @@ pub(crate) async fn refresh_if_stale(idempotency: &Idempotency) -> Result<(), sq
     Ok(())
 }
 
-/// Sets every gauge read from the database, as of now.
 async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     let (db, metrics) = (&idempotency.db, &idempotency.metrics);
     let now = Timestamp::now();
@@ -69,7 +59,6 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     let inbox: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar("SELECT COUNT(*) FROM audit_inbox")
         .fetch_one(pool)
         .await?);
-    // what waits in the inbox, and the observations waiting in this process's memory
     let backlog = inbox as f64 + idempotency.transitions.held() as f64;
     metrics.set(names::JOURNAL_BACKLOG, &[], backlog);
     Ok(())

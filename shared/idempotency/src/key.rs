@@ -1,5 +1,4 @@
-//! The `Idempotency-Key` header (docs/contract.md §1) and `Prefer: wait=N`
-//! (docs/contract.md §3).
+//! The `Idempotency-Key` header (docs/contract.md §1) and `Prefer: wait=N` (§3).
 
 use std::{fmt, time::Duration};
 
@@ -11,8 +10,7 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The longest wait a client may ask for with `Prefer: wait=N`.
 pub const MAX_WAIT: Duration = Duration::from_secs(10);
 
-/// A client's name for one intended action: 1–255 visible ASCII characters,
-/// opaque to the server (never parsed as a UUID).
+/// A client's name for one intended action, opaque to the server.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
 
@@ -31,10 +29,8 @@ pub enum KeyError {
 impl IdempotencyKey {
     pub const MAX_LEN: usize = 255;
 
-    /// Parses a header value: a bare token (`81b59b1a-…`) or an RFC 8941
-    /// sf-string (`"81b59b1a-…"`), which is unquoted first. The key lookup's
-    /// `idempotency_key` query parameter is read the same way, so that both
-    /// forms of the header find the operation they claimed.
+    /// Parses a bare token or an RFC 8941 sf-string, unquoted first. The
+    /// lookup's `idempotency_key` is read so too: both forms find one key.
     pub fn parse(header: &str) -> Result<Self, KeyError> {
         let value = header.trim_matches(|c| c == ' ' || c == '\t');
         let key = if let Some(quoted) = value.strip_prefix('"') {
@@ -70,9 +66,8 @@ impl IdempotencyKey {
     }
 }
 
-/// RFC 8941 §4.2.5: after the opening quote, `\"` and `\\` are the only
-/// escapes, and the string ends at the first unescaped quote, which must end
-/// the value.
+/// RFC 8941 §4.2.5: `\"` and `\\` are the only escapes, and the first
+/// unescaped quote must end the value.
 fn unquote_sf_string(rest: &str) -> Result<String, KeyError> {
     let mut out = String::with_capacity(rest.len());
     let mut chars = rest.chars();
@@ -109,8 +104,7 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
-/// What a POST that creates an effect must carry: its key, and how long the
-/// client is willing to wait for a duplicate that is still running.
+/// A keyed POST's headers: its key, and how long it waits for a running duplicate.
 #[derive(Debug, Clone)]
 pub struct IdempotencyHeaders {
     pub key: IdempotencyKey,
@@ -139,8 +133,7 @@ impl IdempotencyHeaders {
     }
 }
 
-/// `Prefer: wait=N` (RFC 7240), capped at [`MAX_WAIT`]; anything unreadable is ignored,
-/// as RFC 7240 asks of preferences a server does not understand.
+/// `Prefer: wait=N`, capped at [`MAX_WAIT`]; unreadable ones ignored (RFC 7240).
 fn prefer_wait(parts: &Parts) -> Option<Duration> {
     parts
         .headers

@@ -118,9 +118,8 @@ impl OperationRecord {
     }
 }
 
-/// Who an operation is: the account, the key, the operation id, the
-/// fingerprint and the route. Its record, its journal entries and its outbox
-/// events all carry these five, and name them the same way.
+/// Who an operation is: the five fields its record, journal entries and
+/// outbox events all carry, named alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OperationIdentity<'a> {
     pub account_id: &'a str,
@@ -131,8 +130,7 @@ pub struct OperationIdentity<'a> {
 }
 
 impl OperationIdentity<'_> {
-    /// A journal record of what happened to this operation, by `by`: the one
-    /// place an operation's identity is copied into the journal.
+    /// A journal record of this operation, by `by`: the one copy of its identity.
     pub fn audit(&self, event: AuditEvent, by: &str, external_ref: Option<&str>, at: Timestamp) -> Record {
         Record {
             account_id: self.account_id.to_owned(),
@@ -155,14 +153,12 @@ pub fn status_url(operation_id: &str) -> String {
     format!("/v1/operations/{operation_id}")
 }
 
-/// A new public operation id: `op_` and a time-ordered UUID (v7), so ids
-/// sort by creation time to the millisecond.
+/// A new public operation id: `op_` and a UUIDv7, so ids sort by creation.
 pub fn new_operation_id() -> String {
     format!("op_{}", uuid::Uuid::now_v7().simple())
 }
 
-/// The least operation id of `at`'s millisecond: every operation created
-/// before `at`'s millisecond has a smaller id.
+/// The least operation id of `at`'s millisecond: all created before are smaller.
 pub fn first_operation_id_at(at: Timestamp) -> String {
     let millis = u64::try_from(at.as_datetime().timestamp_millis()).unwrap_or(0);
     format!(

@@ -1,6 +1,4 @@
-//! The retention reaper (docs/contract.md §5): finished operations older than
-//! the retention period are deleted; `in_progress`, `awaiting_approval` and
-//! `unknown` ones never are.
+//! The retention reaper (docs/design.md §4).
 
 use platform::Timestamp;
 

@@ -1,13 +1,5 @@
-//! Recent finished answers, kept in memory to answer replays without the
-//! database.
-//!
-//! A finished operation never changes: its stored answer is final. So each
-//! process can keep the answers it gave or replayed recently, and answer a
-//! retry it has seen before with no query at all. The cache only ever
-//! *speeds up* an answer: on a miss (another process, a restart, an evicted
-//! entry) the database decides exactly as it would without it. Entries live
-//! no longer than the retention period, and none outlives an outage of the
-//! database this process sees (docs/design.md §4).
+//! Recent finished answers, which never change, kept in memory to answer
+//! replays with no query; a miss goes to the database (docs/design.md §4).
 
 use std::{
     num::NonZeroUsize,
@@ -29,8 +21,8 @@ pub struct CachedAnswer {
     /// When the cached answer stops being served: before the reaper may
     /// delete the row, so memory never answers for a key the database forgot.
     expires_at: Timestamp,
-    /// The outages seen when the attempt that learned it began: after
-    /// another, the database may no longer have the operation.
+    /// Outages seen when the attempt that learned it began: after another,
+    /// the database may no longer have the operation.
     outages_seen: u64,
 }
 
@@ -45,11 +37,8 @@ pub struct ReplayCache {
 }
 
 impl ReplayCache {
-    /// Holds up to `capacity` answers (0 turns the cache off), each until
-    /// `lifetime` after its operation finished: the retention period less a
-    /// margin for the reaper's round; and only while no outage of the
-    /// database is seen beyond those counted in `outages` when the answer
-    /// was learned.
+    /// Holds up to `capacity` answers (0: off), each until `lifetime` after
+    /// its operation finished (the retention less a margin) or an outage.
     pub fn new(capacity: usize, lifetime: Duration, outages: Outages) -> Self {
         ReplayCache {
             entries: NonZeroUsize::new(capacity).map(|c| Mutex::new(lru::LruCache::new(c))),
@@ -74,9 +63,7 @@ impl ReplayCache {
         }
     }
 
-    /// Remembers a finished operation's answer, given when it `finished`
-    /// and learned by an attempt that began when `outages_seen` outages had
-    /// been seen; anything unfinished is ignored.
+    /// Remembers a finished answer and the outages seen as its attempt began.
     #[allow(clippy::too_many_arguments)]
     pub fn put(
         &self,

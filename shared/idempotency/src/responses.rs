@@ -1,5 +1,4 @@
-//! The answers an attempt gives, as HTTP responses: a stored answer byte for
-//! byte with the operation's headers, and the refusals (docs/contract.md §3, §11).
+//! The answers an attempt gives, stored or refused (docs/contract.md §3, §11).
 
 use axum::{
     http::{HeaderValue, StatusCode, header},
@@ -14,8 +13,8 @@ pub const OPERATION_ID: &str = "operation-id";
 /// The header telling a replayed answer (`true`) from a first one (`false`).
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
-/// A commit whose outcome the server cannot know (the connection broke while
-/// committing). A retry with the same key finds out: a replay if it committed.
+/// A commit whose outcome the server cannot know: a retry with the same key
+/// finds out, a replay if it committed.
 pub(crate) fn commit_failed(error: sqlx::Error) -> Response {
     if platform::error::database_unreachable(&error) {
         return ApiError::database_unavailable(format!("commit: {error}")).into_response();
@@ -25,8 +24,7 @@ pub(crate) fn commit_failed(error: sqlx::Error) -> Response {
         .into_response()
 }
 
-/// 422: the key names another request. Only the operation's id and state are
-/// told, never what it stored.
+/// 422: the key names another request; only the operation's id and state are told.
 pub(crate) fn key_reused(operation_id: &str, state: OperationState) -> Response {
     let error = ApiError::new(
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -63,8 +61,7 @@ pub(crate) fn in_progress(operation: &OperationRecord) -> Response {
     with_operation_headers(error.into_response(), &operation.operation_id, false)
 }
 
-/// 409: an external effect of the operation may have happened, and there is
-/// no answer to replay. It is never run again.
+/// 409: an external effect may have happened, and there is no answer to replay.
 pub(crate) fn outcome_unknown(operation: &OperationRecord) -> Response {
     let error = ApiError::new(
         StatusCode::CONFLICT,

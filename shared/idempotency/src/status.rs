@@ -1,8 +1,5 @@
-//! The operation status resource's shape (docs/contract.md §4): what an
-//! operation's caller may see of it, and the states of what extensions add
-//! to it (its approval, its outbox event). The shape is the contract's, so it
-//! is the core's; an extension fills in its part
-//! ([`crate::Extension::describe`]).
+//! The operation status resource's shape (docs/contract.md §4), whole in the
+//! core; an extension fills in its part ([`crate::Extension::describe`]).
 
 use platform::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -28,9 +25,8 @@ pub struct OperationView {
     pub attempts: i32,
     /// What the operation made or acted on, once known.
     pub resource: Option<ResourceRef>,
-    /// The status of the stored answer every retry gets: once finished, or
-    /// once work that goes on after the answer (an outbox delivery) was
-    /// handed its 202, while that work runs and whatever its outcome.
+    /// The status of the stored answer every retry gets, once it is stored for
+    /// good: finished, handed to the outbox, or unknown.
     pub response_status: Option<u16>,
     /// The approval that applies, if any: its id, state, expiry and decision.
     pub approval: Option<OperationApproval>,
@@ -48,9 +44,7 @@ pub struct OperationView {
 
 impl From<&OperationRecord> for OperationView {
     fn from(op: &OperationRecord) -> Self {
-        // the answer is stored for good once the operation is finished, or once its work
-        // went on after it: an operation in progress that no attempt holds (an outbox
-        // delivers its work), or whose outcome is unknown
+        // in progress with no lease: its work is with the outbox, its 202 stored
         let answered = op.state.is_finished()
             || op.state == OperationState::Unknown
             || (op.state == OperationState::InProgress && op.lease_token.is_none());
@@ -84,9 +78,8 @@ pub struct OperationApproval {
     pub decided_at: Option<Timestamp>,
 }
 
-/// Which operations a person must look at: with neither, those whose
-/// outcome is unknown or whose event is dead; with one or both, those that
-/// are so.
+/// The filters on the operations that need a person: each one set must hold;
+/// with none set, those whose outcome is unknown or whose event is dead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NeedsAPerson {
     pub unknown: bool,
@@ -123,10 +116,8 @@ pub enum EventState {
     Unknown,
     Delivered,
     Failed,
-    /// Failed too often (`OutboxConfig::max_failures`): no longer tried,
-    /// its operation left as it was, until an admin sends it again
-    /// (`redeliver`) or, if its operation is `unknown`, settles that by
-    /// hand (`resolve`).
+    /// Failed too often: no longer tried until an admin redelivers it or
+    /// resolves its `unknown` operation.
     Dead,
 }
 

@@ -1,7 +1,5 @@
 //! The routes every service mounts from this crate: the operation status
-//! resource (docs/contract.md §4; `operations`), `/metrics`, the rule of who
-//! may read approvals and the journal, and their OpenAPI document. The
-//! outbox's (§5), approvals' (§6) and the journal's (§8) are in their crates.
+//! (docs/contract.md §4) and `/metrics`. The extensions' are in their crates.
 
 mod operations;
 
@@ -26,10 +24,8 @@ where
         .route("/metrics", get(metrics))
 }
 
-/// `GET /metrics`: the service's registry in Prometheus's text format, its
-/// gauges read from the database first unless they are fresh. No key: it
-/// names no account, key or fingerprint. Gauges that could not be read in
-/// time keep their last values, and the rest is served all the same.
+/// `GET /metrics`, with no key: it names no account (docs/metrics.md). Gauges
+/// not read in time keep their last values; the rest is served all the same.
 async fn metrics(axum::extract::State(idempotency): axum::extract::State<Idempotency>) -> axum::response::Response {
     if let Err(e) = crate::gauges::refresh_if_stale(&idempotency).await {
         tracing::warn!(error = %e, "metrics: could not read the gauges from the database");
@@ -37,8 +33,7 @@ async fn metrics(axum::extract::State(idempotency): axum::extract::State<Idempot
     platform::metrics::exposition(idempotency.metrics().render())
 }
 
-/// Approvals are for the humans who decide (`approver`) and for `admin`;
-/// an agent learns its own operation's approval from the operation status.
+/// Approvals and the journal are for approvers and admins, not agents.
 pub fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
     match principal.role {
         Role::Approver | Role::Admin => Ok(()),

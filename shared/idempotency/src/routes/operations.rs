@@ -1,6 +1,4 @@
-//! The operation status resource (docs/contract.md §4): by id, or by the key
-//! it was sent with — the answer for an agent that timed out and does not
-//! know what happened. Never the stored request or answer body.
+//! The operation status resource (docs/contract.md §4), by id or by key.
 
 use axum::{Json, extract::State};
 use platform::{
@@ -18,8 +16,7 @@ use crate::{
 };
 
 impl OperationView {
-    /// The view of `operation`, with what each of the layer's extensions
-    /// adds to it (its approval, its outbox event).
+    /// The view of `operation`, with what each extension adds to it.
     pub async fn read(idempotency: &Idempotency, operation: OperationRecord) -> Result<Self, ApiError> {
         let mut view = OperationView::from(&operation);
         for extension in idempotency.extensions() {
@@ -36,19 +33,15 @@ pub struct OperationList {
     pub next_cursor: Option<String>,
 }
 
-/// A key names one operation; without one, the account's operations that
-/// need a person. `state` and `outbox` narrow either.
+/// The lookup's query: a key, or none for the operations that need a person.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OperationQuery {
-    /// The key as the `Idempotency-Key` header carried it — a bare token or
-    /// an RFC 8941 sf-string (`"k"`), read the same way — percent-encoded
-    /// (`%22k%22` for `"k"`; `%20`, `%25`, `%26`, `%2B`, `%23` wherever those
-    /// characters occur). An invalid key is 400 `idempotency_key_invalid`.
-    /// Without it, the list is of the operations that need a person, for an
-    /// `approver` or `admin`: those whose outcome is unknown or whose outbox
-    /// event is dead.
+    /// The key as the `Idempotency-Key` header carried it, bare or an RFC 8941
+    /// sf-string, percent-encoded: `%22k%22` for `"k"`; `%20`, `%25`, `%26`,
+    /// `%2B`, `%23` wherever those characters occur. An invalid key is 400
+    /// `idempotency_key_invalid`.
     pub idempotency_key: Option<String>,
     /// Only operations whose outcome is unknown (`POST …/resolution` settles them).
     pub state: Option<UnknownState>,
@@ -73,7 +66,6 @@ pub enum DeadEvent {
     Dead,
 }
 
-/// What a list of operations is of.
 enum Listing {
     Key(IdempotencyKey),
     NeedingAPerson(NeedsAPerson),
@@ -82,7 +74,6 @@ enum Listing {
 impl OperationQuery {
     fn listing(&self, principal: &Principal) -> Result<Listing, ApiError> {
         if let Some(key) = &self.idempotency_key {
-            // read as the header is: a quoted key names the same operation as its bare form
             let key = IdempotencyKey::parse(key).map_err(|e| ApiError::idempotency_key_invalid(e.to_string()))?;
             return Ok(Listing::Key(key));
         }
@@ -129,17 +120,10 @@ pub async fn get_operation(
 }
 
 /// Find the caller's operation by the key it was sent with: after a timeout,
-/// an empty list means the server never claimed the key. A key's scope is the
-/// account and the service: this service knows only the keys sent to it, so
-/// ask the service the request went to. Without a key, for
-/// an `approver` or `admin`, the account's operations that need a person,
-/// oldest first: those whose outcome is unknown or whose outbox event is
-/// dead (`state=unknown`, `outbox=dead`: only those).
-///
-/// `idempotency_key` is read as the `Idempotency-Key` header is (a bare token
-/// or a quoted sf-string, the same rules and errors) and must be
-/// percent-encoded in the query: `?idempotency_key=%22k%22` for the header
-/// `Idempotency-Key: "k"`.
+/// an empty list means the server never claimed the key. A service knows only
+/// the keys sent to it. Without a key, for an `approver` or `admin`, the
+/// account's operations that need a person (outcome unknown, or outbox event
+/// dead), oldest first.
 #[utoipa::path(
     get,
     path = "/v1/operations",

@@ -1,6 +1,5 @@
-//! Claiming a key: one insert under the primary key (docs/contract.md §3),
-//! so of two attempts with the same key exactly one writes; the other learns
-//! the key is taken and has done nothing.
+//! Claiming a key: one insert under the primary key, so of two attempts with
+//! one key exactly one writes (docs/design.md §2).
 
 use platform::{Timestamp, Tx, on_tx};
 
@@ -31,8 +30,7 @@ pub struct NewOperation<'a> {
     pub now: Timestamp,
 }
 
-/// Binds what every claim writes first, $1–$7: which key, of whose
-/// account, by whom, for which request.
+/// Binds $1–$7, what every claim writes first: key, account, principal, request.
 macro_rules! bind_new {
     ($query:expr, $new:expr) => {
         $query
@@ -46,8 +44,7 @@ macro_rules! bind_new {
     };
 }
 
-/// Claims the key: one insert under the primary key. `None` means the key
-/// already names an operation; nothing was written.
+/// Claims the key under a lease. `None`: the key is taken; nothing was written.
 pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "INSERT INTO idempotency_operations \
@@ -71,8 +68,7 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
     Ok(row)
 }
 
-/// The claim of [`claim_finished`]: $1–$7 as `bind_new!` binds them, $8–$17
-/// as `bind_completion!` does.
+/// [`claim_finished`]'s insert: $1–$7 by `bind_new!`, $8–$17 by `bind_completion!`.
 const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
      (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
       response_status, response_content_type, response_location, response_body, \
@@ -80,18 +76,9 @@ const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17) \
      ON CONFLICT (account_id, idempotency_key) DO NOTHING";
 
-/// Claims the key with the operation already finished, inside the
-/// transaction of its effect ([`ClaimMode::InTransaction`](crate::ClaimMode)),
-/// and journals it in the same transaction: one insert under the primary key
-/// carries the claim and the answer. `false`: another attempt holds the key
-/// (PostgreSQL waited for it to commit), nothing was written, and the caller
-/// must roll its effect back. The lease fields of `new` are not used: a
-/// claim that finishes in its own transaction is never seen running.
-///
-/// The attempt, its claim and its outcome commit together, so they are one
-/// journal entry, `completed` or `failed`, carrying the attempt's number
-/// (docs/contract.md §8). An operation whose work went to the outbox is
-/// claimed, not finished: its `attempted` and `claimed` stand alone.
+/// Claims the key with the operation finished, in its effect's transaction
+/// ([`ClaimMode::InTransaction`](crate::ClaimMode)), and journals it there.
+/// `false`: the key is taken; the caller must roll its effect back.
 pub async fn claim_finished(
     tx: &mut Tx,
     new: &NewOperation<'_>,
@@ -108,9 +95,8 @@ pub async fn claim_finished(
         ],
     };
     if sink.reads_the_inbox() {
-        // one call: every call in a write transaction is time it holds its
-        // locks (on SQLite, a hop to its thread and back with the one writer
-        // held). The entries go in only if the claim did.
+        // one call: a write transaction holds its locks (SQLite's one writer)
+        // across every call. The entries go in only if the claim did.
         let entries = format!(
             "{INBOX_INSERT} SELECT * FROM (VALUES {}) AS journaled",
             placeholders(18, journaled.len(), INBOX_COLUMNS)
@@ -119,8 +105,7 @@ pub async fn claim_finished(
             Tx::Postgres(_) => format!(
                 "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {entries} WHERE EXISTS (SELECT 1 FROM claimed)"
             ),
-            // no writable CTE: two statements in one call, the second seeing
-            // through changes() whether the first inserted
+            // no writable CTE: a second statement, guarded by changes()
             Tx::Sqlite(_) => format!("{CLAIM_FINISHED_SQL}; {entries} WHERE changes() = 1"),
         };
         let written = on_tx!(tx, |conn| {
@@ -132,7 +117,6 @@ pub async fn claim_finished(
         });
         return Ok(written > 0);
     }
-    // a sink that does not read the inbox records the entries its own way
     let claimed = on_tx!(tx, |conn| {
         bind_completion!(bind_new!(sqlx::query(CLAIM_FINISHED_SQL), new), completion)
             .execute(conn)
@@ -145,9 +129,8 @@ pub async fn claim_finished(
     Ok(claimed)
 }
 
-/// Claims the key for an operation that waits for a human: stored as
-/// `awaiting_approval` with its 202 answer (the approval request) and the
-/// approval's id. `false`: the key is taken, nothing was written.
+/// Claims the key as `awaiting_approval`, its answer the 202 approval request.
+/// `false`: the key is taken, nothing was written.
 pub async fn claim_awaiting_approval(
     tx: &mut Tx,
     new: &NewOperation<'_>,

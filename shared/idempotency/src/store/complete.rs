@@ -1,7 +1,5 @@
 //! The writes on a claimed operation, each a compare-and-set on its lease or
-//! its state so that of two racing attempts exactly one wins: take over a
-//! lapsed lease, start an approved operation, complete it with its answer,
-//! settle one that waited (an outbox delivery, an approval), give it back.
+//! its state, so of two racing attempts exactly one wins (docs/design.md §3).
 
 use platform::{Timestamp, Tx, on_tx};
 
@@ -12,8 +10,7 @@ use crate::{
 
 use super::row::OperationRow;
 
-/// Takes over an operation whose lease has run out: compare-and-set on the
-/// old lease token and its expiry, so of two racing takers exactly one wins.
+/// Takes over an operation whose lease ran out, by its old token and expiry.
 pub async fn take_over(
     tx: &mut Tx,
     operation: &OperationRecord,
@@ -43,9 +40,7 @@ pub async fn take_over(
     }))
 }
 
-/// Starts an approved operation: `awaiting_approval` → `in_progress` under a
-/// new lease, compare-and-set on the state, so of two racing retries exactly
-/// one runs it.
+/// Starts an approved operation: `awaiting_approval` → `in_progress`, leased.
 pub async fn start_approved(
     tx: &mut Tx,
     operation: &OperationRecord,
@@ -101,9 +96,8 @@ const COMPLETE_SQL: &str = "UPDATE idempotency_operations SET state = $4, lease_
      resource_type = $9, resource_id = $10, resource_url = $11, external_ref = $12, updated_at = $13 \
      WHERE account_id = $1 AND idempotency_key = $2 AND lease_token = $3 AND state = 'in_progress'";
 
-/// Finishes the operation inside the transaction of its effect, if this
-/// attempt still holds the lease. `false`: the lease was lost, and the caller
-/// must roll the effect back.
+/// Finishes the operation in its effect's transaction if this attempt still
+/// holds the lease. `false`: it was lost; the caller must roll back.
 pub async fn complete(
     tx: &mut Tx,
     account_id: &str,
@@ -121,11 +115,8 @@ pub async fn complete(
     Ok(done == 1)
 }
 
-/// Moves an operation whose work was handed on ([`crate::handoff`]: the
-/// outbox's delivery) — it answered, and holds no lease — to how that work
-/// ended: `completed` with the external system's reference, `failed`, or
-/// `unknown`. The stored answer stays the first one given. `false`: the
-/// operation is not waiting for its work.
+/// Settles an operation whose work was handed on ([`crate::handoff`]) as that
+/// work ended; its answer stays the first. `false`: it was not waiting.
 pub async fn settle_external(
     tx: &mut Tx,
     account_id: &str,
@@ -152,10 +143,8 @@ pub async fn settle_external(
     Ok(done == 1)
 }
 
-/// Settles an operation whose outcome is unknown, as a person found it:
-/// compare-and-set from `unknown` only. Its stored answer stays, replayed to
-/// every later attempt. `Some`: its idempotency key, fingerprint and route,
-/// for the journal; `None`: it is not unknown (any more), or not there.
+/// Settles an `unknown` operation as a person found it; its answer stays.
+/// `Some`: its key, fingerprint and route, for the journal.
 pub async fn settle_unknown(
     tx: &mut Tx,
     account_id: &str,
@@ -181,8 +170,7 @@ pub async fn settle_unknown(
     Ok(settled)
 }
 
-/// Ends an operation that waits for its approval (a rejection, an expiry).
-/// `false`: it was not waiting any more.
+/// Ends an operation awaiting approval (rejected, expired); `false` if it was not.
 pub async fn settle_awaiting(
     tx: &mut Tx,
     account_id: &str,
@@ -210,10 +198,8 @@ pub async fn settle_awaiting(
     Ok(done == 1)
 }
 
-/// Gives an operation back after a server error: nothing happened. A plain
-/// operation is forgotten, so the next attempt claims afresh; one bound to an
-/// approval goes back to `awaiting_approval`, keeping its approval for the
-/// next retry. `false`: the lease was lost.
+/// Frees an operation after a server error: deleted, or back to
+/// `awaiting_approval` if it has an approval. `false`: the lease was lost.
 pub async fn give_back(tx: &mut Tx, operation: &OperationRecord, lease_token: &str) -> Result<bool, sqlx::Error> {
     let sql = if operation.approval_id.is_some() {
         "UPDATE idempotency_operations SET state = 'awaiting_approval', lease_token = NULL, locked_until = NULL \

@@ -1,6 +1,5 @@
-//! The operations table, on both backends. Every statement here is the one
-//! place its rule is enforced: the claim by the primary key, the takeover and
-//! the completion by compare-and-set on the lease.
+//! The operations table, on both backends: the claim by its primary key, the
+//! takeover and completion by compare-and-set (docs/design.md §2, §3).
 
 /// Every column of an operation's row ([`row::OperationRow`]).
 macro_rules! columns {
@@ -11,9 +10,8 @@ macro_rules! columns {
     };
 }
 
-/// Binds how an operation ends ([`Completion`]), ten parameters in this
-/// order: its state; its answer's status, content type, location and body;
-/// its resource's type, id and url; its external reference; the time.
+/// Binds a [`Completion`] as ten parameters: state; answer status, content
+/// type, location, body; resource type, id, url; external reference; time.
 macro_rules! bind_completion {
     ($query:expr, $c:expr) => {
         $query

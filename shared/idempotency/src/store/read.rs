@@ -1,5 +1,4 @@
-//! Reading an operation, by its key or by its id; and the attempt count a status read shows, written apart
-//! from the claim with relaxed durability.
+//! Reading an operation by its key or its id, and writing its attempt count.
 
 use platform::{Db, on_pool};
 
@@ -37,8 +36,8 @@ async fn find(db: &Db, sql: &'static str, account_id: &str, by: &str) -> Result<
     }))
 }
 
-/// Adds `n` requests to an operation's `attempts`, with relaxed durability
-/// (see [`AttemptCounter`](crate::attempts::AttemptCounter)).
+/// Adds `n` to an operation's `attempts`, with relaxed durability
+/// ([`AttemptCounter`](crate::attempts::AttemptCounter)).
 pub async fn add_attempts(db: &Db, account_id: &str, key: &str, n: i32) -> Result<(), sqlx::Error> {
     on_pool!(db.write_relaxed(), |pool| {
         sqlx::query(

@@ -1,16 +1,12 @@
-//! Retention: a finished operation is deleted once its answer has been kept
-//! as long as promised; one running, awaiting a decision or unknown never is.
+//! Retention: deleting finished operations (docs/design.md §4).
 
 use platform::{Db, Timestamp, on_pool};
 
-/// Deletes finished operations last touched before `cutoff`. Operations
-/// `in_progress`, `awaiting_approval` or `unknown` are never reaped.
+/// Deletes finished operations last touched before `cutoff`.
 pub async fn reap(db: &Db, cutoff: Timestamp) -> Result<u64, sqlx::Error> {
-    // Operation ids are UUIDv7, which sort by creation time, and an operation
-    // finishes after it is created: every operation finished before `cutoff`
-    // has an id below the first id of `cutoff`'s millisecond. So the reaper
-    // walks the operation_id index up to there, and no index of its own costs
-    // every write an entry.
+    // UUIDv7 ids sort by creation, so the operation_id index finds every
+    // operation finished before `cutoff`, and no index of the reaper's own
+    // costs every write an entry (docs/design.md §4)
     const REAP: &str = "DELETE FROM idempotency_operations \
          WHERE operation_id < $1 AND state IN ('completed', 'failed', 'rejected') AND updated_at < $2";
     Ok(on_pool!(db.write(), |pool| {

@@ -1,5 +1,4 @@
-//! A row of `idempotency_operations` as the database has it, and the
-//! [`OperationRecord`] it stands for.
+//! A row of `idempotency_operations`, and the [`OperationRecord`] it stands for.
 
 use axum::http::StatusCode;
 use platform::Timestamp;

@@ -1,17 +1,12 @@
-//! The row a transition is recorded as: `audit_inbox`, written in the
-//! transaction that makes the transition. It is part of the [`Sink`](super::Sink)
-//! contract, kept in the core because the core writes it itself: a claim
-//! inserts its rows in the claim's own call (one round trip).
+//! The `audit_inbox` row a transition is recorded as (docs/design.md §8). It
+//! is in the core because a claim writes it in its own call.
 
 use platform::{Tx, on_tx};
 
 use super::Record;
 
-/// Writes `records` as inbox rows in `tx`, so they commit (or not) with
-/// what they record; the sink that reads the inbox (the journal) takes them
-/// from there.
+/// Writes `records` as inbox rows in `tx`, to commit or roll back with it.
 pub async fn record(tx: &mut Tx, records: &[Record]) -> Result<(), sqlx::Error> {
-    // a statement binds a bounded number of parameters
     for chunk in records.chunks(RECORDS_PER_STATEMENT) {
         let sql = format!("{INBOX_INSERT} VALUES {}", placeholders(1, chunk.len(), INBOX_COLUMNS));
         on_tx!(tx, |conn| {
@@ -30,7 +25,6 @@ pub(crate) const INBOX_INSERT: &str = "INSERT INTO audit_inbox \
      (account_id, principal_id, operation_id, idempotency_key, fingerprint, route, event, external_ref, at, \
       attempt, resource_type, resource_id, state, evidence)";
 
-/// Parameters per inbox row.
 pub(crate) const INBOX_COLUMNS: usize = 14;
 
 /// Binds each record's inbox columns, in [`INBOX_INSERT`]'s order.

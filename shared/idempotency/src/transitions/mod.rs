@@ -1,10 +1,5 @@
-//! What happens to an operation, as it is reported (docs/contract.md §8):
-//! its transitions ([`AuditEvent`], [`Record`]), and the extension point
-//! they are reported to, the [`Sink`] — inside the transaction that makes a
-//! transition, and after the answer for what an attempt only observed (a
-//! replay, a 409). The hash-chained journal (the `journal` crate) is the
-//! sink a service's layer reports to; a transition is recorded as an
-//! [`inbox`] row, the one shape every sink reads.
+//! What happens to an operation ([`AuditEvent`], [`Record`]), and the
+//! [`Sink`] it is reported to: the journal is one (docs/design.md §8).
 
 pub mod inbox;
 
@@ -13,27 +8,20 @@ use std::{future::Future, pin::Pin};
 use platform::{Db, Principal, Timestamp, Tx, metrics::Metrics};
 use serde::{Deserialize, Serialize};
 
-/// Where an operation's transitions are reported. Besides its two duties, a
-/// sink may keep background work, which the layer's
-/// [`spawn_background`](crate::Idempotency::spawn_background) runs and
-/// [`Background::stop`](crate::Background::stop) ends.
+/// Where an operation's transitions are reported.
 pub trait Sink: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
-    /// Records `records` in `tx`, the transaction that makes them: they
-    /// commit, or roll back, with it.
+    /// Records `records` in `tx`, the transaction that makes them.
     fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Recording<'a>;
 
-    /// Notes what an attempt observed and did not change (a replay, a 409),
-    /// with no transaction of its own.
+    /// Notes what an attempt observed and did not change (a replay, a 409).
     fn observe<'a>(&'a self, db: &'a Db, record: Record) -> Observing<'a>;
 
-    /// What the sink does in the background until the layer stops (the
-    /// journal links its chain); nothing by default.
+    /// Background work until the layer stops (the journal links its chain).
     fn keep(&self, _db: Db, _metrics: Metrics) -> Option<Observing<'static>> {
         None
     }
 
-    /// Makes what was recorded or observed until now readable (the journal
-    /// links it); before a read of it, and when the layer stops.
+    /// Makes what was recorded or observed so far readable (the journal links it).
     fn flush<'a>(&'a self, _db: &'a Db, _metrics: &'a Metrics) -> Observing<'a> {
         Box::pin(async {})
     }
@@ -43,21 +31,19 @@ pub trait Sink: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
         self.flush(db, metrics)
     }
 
-    /// Observations the sink holds in this process's memory, waiting (a gauge).
+    /// Observations held in this process's memory (a gauge).
     fn held(&self) -> usize {
         0
     }
 
-    /// Whether the sink reads what is recorded as [`inbox`] rows: then a
-    /// claim writes its rows in its own statement, one round trip on
-    /// PostgreSQL, instead of calling [`record`](Sink::record).
+    /// Whether the sink reads [`inbox`] rows: then a claim writes them in its
+    /// own call instead of calling [`record`](Sink::record).
     fn reads_the_inbox(&self) -> bool {
         false
     }
 }
 
-/// The sink of a layer given none: nothing is kept, so nothing piles up
-/// unread (a service that adopts the core alone: docs/adopt.md).
+/// The sink of a layer given none (docs/adopt.md): nothing piles up unread.
 #[derive(Debug, Default)]
 pub struct Unrecorded;
 
@@ -71,12 +57,13 @@ impl Sink for Unrecorded {
     }
 }
 
-/// What [`Sink::record`] returns: its writes, as a boxed future, so the layer can hold any sink.
+/// What [`Sink::record`] returns, boxed so the layer can hold any sink.
 pub type Recording<'a> = Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
 
-/// What [`Sink::observe`] returns, as a boxed future, so the layer can hold any sink.
+/// What [`Sink::observe`] returns, boxed so the layer can hold any sink.
 pub type Observing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
+/// A journal entry's event; docs/contract.md §8 says what each means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AuditEvent {
@@ -89,9 +76,6 @@ pub enum AuditEvent {
     Approved,
     Rejected,
     Expired,
-    /// An approved run found that what its summary promised no longer holds
-    /// (the release a deployment replaces): the operation is `rejected` with
-    /// 409 `approval_stale` and never runs.
     Stale,
     Dispatched,
     Accepted,
@@ -99,27 +83,11 @@ pub enum AuditEvent {
     Failed,
     Unknown,
     Reconciled,
-    /// A claim freed after a server error: nothing happened, the key may be claimed again.
     Released,
-    /// A business resource changed state with no transition of an operation
-    /// to record it: a request with no key (a ticket's status, a cancel), or
-    /// a worker that follows work elsewhere (a rollout the controller began
-    /// running). The entry names the resource and its new state; a request
-    /// that changed nothing (the resource already had that state) journals
-    /// nothing. With a key, the operation's own entries record the change.
     StateChanged,
-    /// A person settled an operation whose outcome was unknown: who, with
-    /// what evidence, and the external reference they found. The entry for
-    /// the outcome (`completed`, `failed`) follows it.
     Resolved,
-    /// An outbox event failed too often and is no longer tried; its operation
-    /// is left as it was.
     DeadLettered,
-    /// An admin gave a dead event back to be tried again.
     Redelivered,
-    /// A person's resolution named an external reference the external system
-    /// does not confirm as the operation's: who, with what evidence, and the
-    /// reference refused. Nothing else changed.
     ExternalRefRefused,
 }
 
@@ -160,14 +128,12 @@ pub struct Record {
     pub event: AuditEvent,
     pub external_ref: Option<String>,
     pub at: Timestamp,
-    /// Which attempt on the operation made the entry, where the entry stands
-    /// for the attempt too: a claim that ran and finished in one transaction
-    /// journals only its outcome, and that entry carries the attempt's number.
+    /// The attempt an entry stands for too: a claim finished in one
+    /// transaction journals only its outcome, which carries the number.
     pub attempt: Option<i64>,
     /// The resource a `state_changed` entry is about, and its new state.
     pub change: Option<StateChange>,
-    /// What a person gave for settling an operation by hand (`resolved`,
-    /// `external_ref_refused`).
+    /// What a person gave for `resolved` or `external_ref_refused`.
     pub evidence: Option<String>,
 }
 
