@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use platform::config::number;
+
 /// When a first attempt's claim commits (docs/design.md §2, §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimMode {
@@ -84,16 +86,5 @@ impl IdempotencyConfig {
             Ok(other) => return Err(format!("RETRYSAFE_IDEMPOTENCY `{other}` is neither `on` nor `off`")),
         }
         Ok(config)
-    }
-}
-
-/// The positive number in environment variable `name`, if set; extensions use it too.
-pub fn number(name: &str) -> Result<Option<f64>, String> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
-            Ok(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),
-            _ => Err(format!("{name} `{v}` is not a positive number")),
-        },
-        _ => Ok(None),
     }
 }

@@ -84,7 +84,7 @@
 //!   gauges, the operations it leaves for a person, its background work.
 //!
 //! What else an extension uses is public and says so ([`Idempotency::begin`], [`Idempotency::transitions`],
-//! [`store::settle_external`], [`store::settle_unknown`], [`OperationIdentity`], [`config::number`]).
+//! [`store::settle_external`], [`store::settle_unknown`], [`OperationIdentity`]).
 
 /// `as_str` and `parse` of an enum stored as text, from one table of its names so that they cannot disagree.
 macro_rules! named {
@@ -109,8 +109,6 @@ macro_rules! named {
 pub mod attempts;
 pub mod config;
 pub mod execute;
-#[doc(hidden)]
-pub mod fail_point;
 pub mod fingerprint;
 pub mod gate;
 mod gauges;

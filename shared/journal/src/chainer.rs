@@ -18,7 +18,7 @@ use platform::{
     on_pool, on_tx,
 };
 
-use idempotency::fail_point::fail_point;
+use platform::fail_point::fail_point;
 
 use crate::{
     chain::{AuditEntry, Head, Record, chained},

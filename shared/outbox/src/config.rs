@@ -53,19 +53,19 @@ impl OutboxConfig {
     /// `RETRYSAFE_OUTBOX_MAX_FAILURES` (10).
     pub fn from_env() -> Result<Self, String> {
         let mut config = OutboxConfig::default();
-        if let Some(seconds) = idempotency::config::number("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS")? {
+        if let Some(seconds) = platform::config::number("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS")? {
             config.delivery_timeout = Duration::from_secs_f64(seconds);
         }
-        if let Some(seconds) = idempotency::config::number("RETRYSAFE_OUTBOX_LEASE_SECONDS")? {
+        if let Some(seconds) = platform::config::number("RETRYSAFE_OUTBOX_LEASE_SECONDS")? {
             config.lease = Duration::from_secs_f64(seconds);
         }
-        if let Some(seconds) = idempotency::config::number("RETRYSAFE_RECONCILE_AFTER_SECONDS")? {
+        if let Some(seconds) = platform::config::number("RETRYSAFE_RECONCILE_AFTER_SECONDS")? {
             config.reconcile_after = Duration::from_secs_f64(seconds);
         }
-        if let Some(seconds) = idempotency::config::number("RETRYSAFE_OUTBOX_BACKOFF_SECONDS")? {
+        if let Some(seconds) = platform::config::number("RETRYSAFE_OUTBOX_BACKOFF_SECONDS")? {
             config.backoff = Duration::from_secs_f64(seconds);
         }
-        if let Some(n) = idempotency::config::number("RETRYSAFE_OUTBOX_MAX_FAILURES")? {
+        if let Some(n) = platform::config::number("RETRYSAFE_OUTBOX_MAX_FAILURES")? {
             if n.fract() != 0.0 || n > f64::from(i32::MAX) {
                 return Err(format!(
                     "RETRYSAFE_OUTBOX_MAX_FAILURES `{n}` is not a whole number of failures"

@@ -3,11 +3,10 @@
 //! (docs/contract.md §5, docs/design.md §5).
 
 use idempotency::{
-    fail_point::fail_point,
     status::EventState,
     transitions::{AuditEvent, Record},
 };
-use platform::{Timestamp, metrics::names};
+use platform::{Timestamp, fail_point::fail_point, metrics::names};
 
 use crate::{
     Outbox,

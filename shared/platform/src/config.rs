@@ -107,6 +107,18 @@ fn seconds(name: &str) -> Result<Option<Duration>, ConfigError> {
         .transpose()
 }
 
+/// The positive number the environment variable `name` holds, if it holds
+/// one: how the idempotency layer and its extensions read their settings.
+pub fn number(name: &str) -> Result<Option<f64>, String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
+            Ok(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),
+            _ => Err(format!("{name} `{v}` is not a positive number")),
+        },
+        _ => Ok(None),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
 pub struct ConfigError(pub String);

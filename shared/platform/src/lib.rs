@@ -11,6 +11,7 @@
 //! - `health`: `GET /healthz`, one probe of the database at a time.
 //! - [`server`]: the one server loop every server runs, and what bounds a client.
 //! - [`config`], [`telemetry`]: environment configuration and structured logs.
+//! - [`fail_point`]: where a crash test stops a process dead.
 //! - [`cli`]: the command line every binary shares (`--help`, `create-api-key`).
 //! - [`simulated`]: what the simulated external systems share.
 
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod fail_point;
 mod health;
 pub mod json;
 pub mod metrics;

@@ -3,11 +3,10 @@
 
 use axum::response::{IntoResponse, Response};
 use platform::metrics::names;
-use platform::{ApiError, Timestamp, Tx, telemetry};
+use platform::{ApiError, Timestamp, Tx, fail_point::fail_point, telemetry};
 
 use super::{Attempt, Effect};
 use crate::{
-    fail_point::fail_point,
     layer::Idempotency,
     operation::{OperationIdentity, OperationRecord, OperationState, StoredResponse},
     responses::{commit_failed, problem_response, stored_response, with_operation_headers, with_retry_after},

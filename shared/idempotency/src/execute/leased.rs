@@ -6,7 +6,9 @@ use platform::metrics::names;
 use platform::{ApiError, Tx};
 
 use super::{Attempt, Effect, taken::Resolution};
-use crate::{fail_point::fail_point, layer::Idempotency, operation::OperationIdentity, store, transitions::AuditEvent};
+use platform::fail_point::fail_point;
+
+use crate::{layer::Idempotency, operation::OperationIdentity, store, transitions::AuditEvent};
 
 impl Idempotency {
     /// Claims under a lease, then calls out and runs the effect under it.

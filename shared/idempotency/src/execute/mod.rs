@@ -57,7 +57,8 @@ impl Idempotency {
     /// Runs one attempt of an operation. `effect` does the business writes in the transaction it is
     /// given, with the operation's id for rows that name it; the operation completes in that same
     /// transaction, so the effect and its stored answer exist together or not at all. A 4xx from it
-    /// is stored and replayed; a 5xx frees the key. `Clone`: a dead holder's lease taken over runs it again.
+    /// is stored and replayed; a 5xx frees the key. It may start more than once (a losing duplicate's
+    /// run rolls back, a dead holder's lease taken over runs it again), but only one run ever commits.
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
         C: Serialize,

@@ -1,11 +1,13 @@
-//! Where a crash test can stop the process dead.
+//! Where a crash test can stop the process dead; nothing without the
+//! `failpoints` feature.
 
 /// With the `failpoints` feature and `FAILPOINTS=<name>=return`, the request
-/// holds here until the process is killed (docs/contract.md §5's crash).
+/// stops here and holds what it has until the process is killed
+/// (docs/contract.md §5's crash).
 pub async fn fail_point(name: &str) {
     #[cfg(feature = "failpoints")]
     {
-        // fail points are read from `FAILPOINTS` once per process, wherever it started
+        // read from `FAILPOINTS` once per process, wherever it started
         static FROM_ENV: std::sync::Once = std::sync::Once::new();
         FROM_ENV.call_once(|| std::mem::forget(fail::FailScenario::setup()));
     }
