@@ -1,5 +1,6 @@
 //! Counting attempts in memory and writing them in batches, with relaxed
-//! durability, so that a replay waits for no write (docs/design.md §4).
+//! durability, so that a replay waits for no write unless the counts of
+//! [`KEYS_COUNTED_AT_MOST`] keys already wait (docs/design.md §4).
 
 use std::{
     collections::HashMap,

@@ -17,7 +17,9 @@ pub enum ClaimMode {
 #[derive(Debug, Clone)]
 pub struct IdempotencyConfig {
     pub claim: ClaimMode,
-    /// How long a claim is held before the next attempt may take it over.
+    /// How long a leased claim is held before another attempt may take it over;
+    /// in the default mode, the longest an effect's transaction runs before it
+    /// is rolled back.
     pub lease: Duration,
     /// How long finished operations are kept for replay (at least 24 h by the contract).
     pub retention: Duration,

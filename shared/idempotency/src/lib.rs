@@ -9,7 +9,8 @@
 //! order, and nothing else:
 //!
 //! 1. **parse** the request into a validated command (a 400 claims nothing);
-//! 2. **look up, read-only**, what the command or an approver's summary needs;
+//! 2. **look up, read-only**, what the command or an approver's summary needs: never a write, a
+//!    call to another system or a state change;
 //! 3. **[`Idempotency::execute`]** with a closure doing *every* write, in the transaction it is
 //!    given; work for another system is handed on ([`Effect::with_handoff`]) or is the call-out
 //!    of [`Idempotency::execute_calling_out`], made once the claim has committed;

@@ -63,7 +63,9 @@ impl ReplayCache {
         }
     }
 
-    /// Remembers a finished answer and the outages seen as its attempt began.
+    /// Remembers a finished operation's answer (an unfinished one is ignored)
+    /// until `finished` plus the cache's lifetime, with the outages seen as its
+    /// attempt began.
     #[allow(clippy::too_many_arguments)]
     pub fn put(
         &self,

@@ -16,7 +16,8 @@ pub struct OperationView {
     pub method: String,
     #[schema(example = "/v1/tickets")]
     pub route: String,
-    /// hex SHA-256 of the canonical validated command (docs/contract.md §2)
+    /// hex SHA-256 of the canonical `{method, route, account_id, command}`, the
+    /// command as validated (docs/contract.md §2)
     pub fingerprint: String,
     pub state: OperationState,
     pub created_at: Timestamp,

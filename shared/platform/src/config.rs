@@ -107,8 +107,9 @@ fn seconds(name: &str) -> Result<Option<Duration>, ConfigError> {
         .transpose()
 }
 
-/// The positive number the environment variable `name` holds, if it holds
-/// one: how the idempotency layer and its extensions read their settings.
+/// The positive number in the environment variable `name`: `None` when it is
+/// unset or blank, an error for anything else, 0 included. How the idempotency
+/// layer and its extensions read their settings.
 pub fn number(name: &str) -> Result<Option<f64>, String> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {

@@ -1,9 +1,9 @@
 //! Where a crash test can stop the process dead; nothing without the
 //! `failpoints` feature.
 
-/// With the `failpoints` feature and `FAILPOINTS=<name>=return`, the request
-/// stops here and holds what it has until the process is killed
-/// (docs/contract.md §5's crash).
+/// With the `failpoints` feature and `FAILPOINTS=<name>=return`, whatever
+/// reaches it (a request, the outbox worker, a chain round) holds what it has
+/// until the process is killed (`FAILPOINTS` in docs/configuration.md).
 pub async fn fail_point(name: &str) {
     #[cfg(feature = "failpoints")]
     {

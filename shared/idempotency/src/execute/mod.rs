@@ -56,8 +56,9 @@ pub use effect::Effect;
 impl Idempotency {
     /// Runs one attempt of an operation. `effect` does the business writes in the transaction it is
     /// given, with the operation's id for rows that name it; the operation completes in that same
-    /// transaction, so the effect and its stored answer exist together or not at all. A 4xx from it
-    /// is stored and replayed; a 5xx frees the key. It may start more than once (a losing duplicate's
+    /// transaction, so the effect and its stored answer exist together or not at all. A final 4xx from
+    /// it rolls its writes back and is stored and replayed; a 5xx, 408, 429 or any error with
+    /// `Retry-After` rolls back and frees the key. It may start more than once (a losing duplicate's
     /// run rolls back, a dead holder's lease taken over runs it again), but only one run ever commits.
     pub async fn execute<C, F>(&self, attempt: Attempt<'_>, command: &C, effect: F) -> Response
     where
@@ -82,9 +83,9 @@ impl Idempotency {
     }
 
     /// [`Self::execute`] for an operation that must ask another system before it records its effect
-    /// (a cancel at a deployment controller). `call_out` runs once the claim has committed, always
-    /// [`ClaimMode::Leased`], outside any transaction (docs/design.md §3); it runs again when a dead
-    /// holder's lease is taken over, so it must be safe to repeat.
+    /// (a cancel at a deployment controller). The claim is always [`ClaimMode::Leased`]: `call_out`
+    /// runs once it commits, outside any transaction, and again if a dead holder's lease is taken
+    /// over, so it must be safe to repeat. The attempt carries no approval (docs/design.md §3).
     pub async fn execute_calling_out<C, T, W, F>(
         &self,
         attempt: Attempt<'_>,

@@ -144,7 +144,8 @@ pub async fn settle_external(
 }
 
 /// Settles an `unknown` operation as a person found it; its answer stays.
-/// `Some`: its key, fingerprint and route, for the journal.
+/// `Some`: its key, fingerprint and route, for the journal; `None`: it is no
+/// longer `unknown`, or not there.
 pub async fn settle_unknown(
     tx: &mut Tx,
     account_id: &str,

@@ -43,7 +43,8 @@ pub trait Sink: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
     }
 }
 
-/// The sink of a layer given none (docs/adopt.md): nothing piles up unread.
+/// The sink of a layer given none: transitions are dropped, so nothing piles up
+/// unread (a service without the journal: docs/adopt.md §3).
 #[derive(Debug, Default)]
 pub struct Unrecorded;
 
