@@ -1,7 +1,7 @@
 //! The leased claim mode ([`crate::ClaimMode::Leased`]): the claim commits on its own, then the
 //! call-out, if any, and the effect run under its lease (`run.rs`; docs/design.md §3).
 
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use platform::metrics::names;
 use platform::{ApiError, Tx};
 
@@ -25,14 +25,10 @@ impl Idempotency {
             }
             Ok(Resolution::Answer(response)) => response,
             Ok(Resolution::Vanished) => {
-                ApiError::internal("the operation kept disappearing while it was claimed").into_response()
+                let vanished = ApiError::internal("the operation kept disappearing while it was claimed");
+                self.server_error_unclaimed(attempt, vanished).await
             }
-            Err(error) => {
-                self.transitions
-                    .observe(&self.db, attempt.audit(AuditEvent::Attempted, None, attempt.started))
-                    .await;
-                error.into_response()
-            }
+            Err(error) => self.server_error_unclaimed(attempt, error).await,
         }
     }
 
