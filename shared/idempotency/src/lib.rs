@@ -16,7 +16,8 @@
 //!    of [`Idempotency::execute_calling_out`], made once the claim has committed;
 //! 4. **answer** what the crate answers.
 //!
-//! A POST that needs no key (a cancel) keeps the same order with no claim.
+//! A POST that needs no key (a cancel) keeps the same order with no claim: whatever it sends out
+//! follows a committed record of the request.
 //!
 //! ```no_run
 //! use axum::{Json, extract::State, http::StatusCode, response::Response};

@@ -2,12 +2,9 @@
 //! call-out, if any, and the effect run under its lease (`run.rs`; docs/design.md §3).
 
 use axum::response::Response;
-use platform::metrics::names;
-use platform::{ApiError, Tx};
+use platform::{ApiError, Tx, fail_point::fail_point, metrics::names};
 
 use super::{Attempt, Effect, taken::Resolution};
-use platform::fail_point::fail_point;
-
 use crate::{layer::Idempotency, operation::OperationIdentity, store, transitions::AuditEvent};
 
 impl Idempotency {
