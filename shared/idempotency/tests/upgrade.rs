@@ -116,7 +116,9 @@ async fn a_database_made_before_the_partitions_keeps_every_row_and_every_taken_k
     };
     let mut tx = db.db.begin().await.unwrap();
     let again = store::claim(&mut tx, &claim(&key)).await.unwrap();
+    tx.rollback().await.unwrap();
     let fresh = IdempotencyKey::parse("key-new").unwrap();
+    let mut tx = db.db.begin().await.unwrap();
     let new = store::claim(&mut tx, &claim(&fresh)).await.unwrap();
     tx.commit().await.unwrap();
     assert!(again.is_none(), "a key taken before the upgrade is taken still");

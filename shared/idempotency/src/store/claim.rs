@@ -1,7 +1,7 @@
 //! Claiming a key: one insert under the primary key, so of two attempts with
 //! one key exactly one writes (docs/design.md §2).
 
-use platform::{Timestamp, Tx, on_tx};
+use platform::{Timestamp, Tx, db::is_unique_violation, on_tx};
 
 use crate::{
     fingerprint::Fingerprint,
@@ -44,14 +44,14 @@ macro_rules! bind_new {
     };
 }
 
-/// Claims the key under a lease. `None`: the key is taken; nothing was written.
+/// Claims the key under a lease. `None`: the key is taken, nothing was written, and `tx` must be
+/// rolled back.
 pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
         "INSERT INTO idempotency_operations \
          (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
           lease_token, locked_until, attempts, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'in_progress', $8, $9, 1, $10, $10) \
-         ON CONFLICT (account_id, idempotency_key) DO NOTHING \
          RETURNING ",
         columns!()
     );
@@ -60,12 +60,21 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
             .bind(&new.lease_token)
             .bind(new.locked_until)
             .bind(new.now)
-            .fetch_optional(conn)
-            .await?
-            .map(OperationRecord::try_from)
-            .transpose()?
+            .fetch_one(conn)
+            .await
     });
-    Ok(row)
+    unless_taken(row)?.map(OperationRecord::try_from).transpose()
+}
+
+/// A claim is a plain insert, and the key's unique violation is its "taken" (docs/design.md §2):
+/// `ON CONFLICT` would map the key to a partition's index by catalog scans every statement (§13).
+/// PostgreSQL then refuses the transaction's further statements, so a taken claim is rolled back.
+fn unless_taken<T>(inserted: Result<T, sqlx::Error>) -> Result<Option<T>, sqlx::Error> {
+    match inserted {
+        Ok(inserted) => Ok(Some(inserted)),
+        Err(e) if is_unique_violation(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// [`claim_finished`]'s insert: $1–$7 by `bind_new!`, $8–$17 by `bind_completion!`.
@@ -73,12 +82,11 @@ const CLAIM_FINISHED_SQL: &str = "INSERT INTO idempotency_operations \
      (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
       response_status, response_content_type, response_location, response_body, \
       resource_type, resource_id, resource_url, external_ref, created_at, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17) \
-     ON CONFLICT (account_id, idempotency_key) DO NOTHING";
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17)";
 
 /// Claims the key with the operation finished, in its effect's transaction
 /// ([`ClaimMode::InTransaction`](crate::ClaimMode)), and journals it there.
-/// `false`: the key is taken; the caller must roll its effect back.
+/// `false`: the key is taken, nothing was written, and the caller must roll its effect back.
 pub async fn claim_finished(
     tx: &mut Tx,
     new: &NewOperation<'_>,
@@ -96,33 +104,32 @@ pub async fn claim_finished(
     };
     if sink.reads_the_inbox() {
         // one call: a write transaction holds its locks (SQLite's one writer)
-        // across every call. The entries go in only if the claim did.
+        // across every call. A taken key fails the call before the entries.
         let entries = format!(
             "{INBOX_INSERT} SELECT * FROM (VALUES {}) AS journaled",
             placeholders(18, journaled.len(), INBOX_COLUMNS)
         );
         let sql = match tx {
-            Tx::Postgres(_) => format!(
-                "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {entries} WHERE EXISTS (SELECT 1 FROM claimed)"
-            ),
-            // no writable CTE: a second statement, guarded by changes()
-            Tx::Sqlite(_) => format!("{CLAIM_FINISHED_SQL}; {entries} WHERE changes() = 1"),
+            Tx::Postgres(_) => format!("WITH claimed AS ({CLAIM_FINISHED_SQL}) {entries}"),
+            // no writable CTE: a second statement, which SQLite runs only if the first succeeded
+            Tx::Sqlite(_) => format!("{CLAIM_FINISHED_SQL}; {entries}"),
         };
         let written = on_tx!(tx, |conn| {
             let query = bind_completion!(
                 bind_new!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new),
                 completion
             );
-            bind_records!(query, &journaled).execute(conn).await?.rows_affected()
+            bind_records!(query, &journaled).execute(conn).await.map(drop)
         });
-        return Ok(written > 0);
+        return Ok(unless_taken(written)?.is_some());
     }
     let claimed = on_tx!(tx, |conn| {
         bind_completion!(bind_new!(sqlx::query(CLAIM_FINISHED_SQL), new), completion)
             .execute(conn)
-            .await?
-            .rows_affected()
-    }) == 1;
+            .await
+            .map(drop)
+    });
+    let claimed = unless_taken(claimed)?.is_some();
     if claimed {
         sink.record(tx, &journaled).await?;
     }
@@ -130,7 +137,7 @@ pub async fn claim_finished(
 }
 
 /// Claims the key as `awaiting_approval`, its answer the 202 approval request.
-/// `false`: the key is taken, nothing was written.
+/// `false`: the key is taken, nothing was written, and `tx` must be rolled back.
 pub async fn claim_awaiting_approval(
     tx: &mut Tx,
     new: &NewOperation<'_>,
@@ -141,8 +148,7 @@ pub async fn claim_awaiting_approval(
          (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, attempts, \
           response_status, response_content_type, response_location, response_body, approval_id, \
           created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'awaiting_approval', 1, $8, $9, $10, $11, $12, $13, $13) \
-         ON CONFLICT (account_id, idempotency_key) DO NOTHING";
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'awaiting_approval', 1, $8, $9, $10, $11, $12, $13, $13)";
     let inserted = on_tx!(tx, |conn| {
         bind_new!(sqlx::query(SQL), new)
             .bind(i32::from(answer.status.as_u16()))
@@ -152,10 +158,10 @@ pub async fn claim_awaiting_approval(
             .bind(approval_id)
             .bind(new.now)
             .execute(conn)
-            .await?
-            .rows_affected()
+            .await
+            .map(drop)
     });
-    Ok(inserted == 1)
+    Ok(unless_taken(inserted)?.is_some())
 }
 
 impl NewOperation<'_> {

@@ -111,7 +111,10 @@ impl Fixture {
         let claimed = store::claim(&mut tx, &new_operation(&key, &fingerprint, locked_until))
             .await
             .unwrap();
-        tx.commit().await.unwrap();
+        match claimed {
+            Some(_) => tx.commit().await.unwrap(),
+            None => tx.rollback().await.unwrap(),
+        }
         claimed
     }
 }
