@@ -1,7 +1,8 @@
 //! Claiming a key: one insert under the primary key, so of two attempts with
 //! one key exactly one writes (docs/design.md §2).
 
-use platform::{Timestamp, Tx, db::is_unique_violation, on_tx};
+use platform::{Timestamp, Tx, on_tx};
+use sqlx::error::DatabaseError;
 
 use crate::{
     fingerprint::Fingerprint,
@@ -66,15 +67,23 @@ pub async fn claim(tx: &mut Tx, new: &NewOperation<'_>) -> Result<Option<Operati
     unless_taken(row)?.map(OperationRecord::try_from).transpose()
 }
 
-/// A claim is a plain insert, and the key's unique violation is its "taken" (docs/design.md §2):
-/// `ON CONFLICT` would map the key to a partition's index by catalog scans every statement (§13).
-/// PostgreSQL then refuses the transaction's further statements, so a taken claim is rolled back.
+/// A claim is a plain insert, and the key's own unique violation is its "taken" (docs/design.md §2,
+/// §13); PostgreSQL then refuses the transaction's further statements, so the caller rolls back.
 fn unless_taken<T>(inserted: Result<T, sqlx::Error>) -> Result<Option<T>, sqlx::Error> {
     match inserted {
-        Ok(inserted) => Ok(Some(inserted)),
-        Err(e) if is_unique_violation(&e) => Ok(None),
-        Err(e) => Err(e),
+        Err(sqlx::Error::Database(e)) if is_the_key(&*e) => Ok(None),
+        inserted => inserted.map(Some),
     }
+}
+
+/// The operations' primary key, not another: by each partition's name on PostgreSQL
+/// (`idempotency_operations_3_pkey`), by its columns on SQLite, which names no constraint.
+fn is_the_key(e: &dyn DatabaseError) -> bool {
+    e.is_unique_violation()
+        && match e.constraint() {
+            Some(name) => name.starts_with("idempotency_operations") && name.ends_with("_pkey"),
+            None => e.message().contains("idempotency_operations.idempotency_key"),
+        }
 }
 
 /// [`claim_finished`]'s insert: $1–$7 by `bind_new!`, $8–$17 by `bind_completion!`.
@@ -104,13 +113,16 @@ pub async fn claim_finished(
     };
     if sink.reads_the_inbox() {
         // one call: a write transaction holds its locks (SQLite's one writer)
-        // across every call. A taken key fails the call before the entries.
+        // across every call. The entries go in only if the claim did.
         let entries = format!(
             "{INBOX_INSERT} SELECT * FROM (VALUES {}) AS journaled",
             placeholders(18, journaled.len(), INBOX_COLUMNS)
         );
         let sql = match tx {
-            Tx::Postgres(_) => format!("WITH claimed AS ({CLAIM_FINISHED_SQL}) {entries}"),
+            // read, so that the claim runs first: a taken key writes no entry before it fails
+            Tx::Postgres(_) => format!(
+                "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {entries} WHERE EXISTS (SELECT 1 FROM claimed)"
+            ),
             // no writable CTE: a second statement, which SQLite runs only if the first succeeded
             Tx::Sqlite(_) => format!("{CLAIM_FINISHED_SQL}; {entries}"),
         };

@@ -11,7 +11,10 @@ use std::{
 
 use axum::http::StatusCode;
 use futures::future::join_all;
-use idempotency::{ClaimMode, Effect, Idempotency, IdempotencyConfig, OperationState, store};
+use idempotency::{
+    ClaimMode, Effect, Fingerprint, Idempotency, IdempotencyConfig, IdempotencyKey, OperationState,
+    store::{self, NewOperation},
+};
 use platform::{ApiError, Backend, Timestamp};
 use serde_json::json;
 
@@ -40,6 +43,33 @@ async fn claiming_a_taken_key_writes_nothing(backend: Backend) {
     let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
     assert_eq!(stored.operation_id, first.operation_id);
     assert_eq!(stored.fingerprint, first.fingerprint);
+}
+
+/// Only the key's own unique violation means "taken": another one is an error,
+/// never read as a duplicate to answer.
+async fn a_claim_that_breaks_another_unique_key_is_an_error_not_a_taken_key(backend: Backend) {
+    let f = fixture(backend).await;
+    let until = Timestamp::now().plus(Duration::from_secs(30));
+    let first = f.claim("k", &json!({"n": 1}), until).await.unwrap();
+    let key = IdempotencyKey::parse("another-key").unwrap();
+    let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 2})).unwrap();
+    let new = NewOperation {
+        operation_id: first.operation_id.clone(),
+        ..new_operation(&key, &fingerprint, until)
+    };
+
+    let mut tx = f.db.db.begin().await.unwrap();
+    let claimed = store::claim(&mut tx, &new).await;
+    tx.rollback().await.unwrap();
+
+    let error = claimed.expect_err("an operation id already used is not a taken key");
+    assert!(platform::db::is_unique_violation(&error), "{error}");
+    assert!(
+        store::find_by_key(&f.db.db, "acme", "another-key")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 async fn an_operation_runs_its_effect_once_and_replays_its_stored_answer(backend: Backend) {
@@ -233,6 +263,7 @@ platform::both_backends!(
     a_layer_with_no_journal_leaves_nothing_in_the_journals_inbox,
     claiming_a_free_key_stores_a_running_operation_with_a_lease,
     claiming_a_taken_key_writes_nothing,
+    a_claim_that_breaks_another_unique_key_is_an_error_not_a_taken_key,
     an_operation_runs_its_effect_once_and_replays_its_stored_answer,
     a_changed_command_under_the_same_key_is_422_and_runs_nothing,
     a_command_holding_an_integer_a_double_cannot_hold_is_400_naming_it_and_claims_nothing,

@@ -182,33 +182,14 @@ async fn two_processes_creating_replaying_and_chaining_on_one_database_keep_one_
 /// number, links onto the chain as it is.
 async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain(backend: Backend) {
     let f = fixture(backend).await;
-    let answer = idempotency::StoredResponse {
-        status: StatusCode::UNPROCESSABLE_ENTITY,
-        content_type: "application/problem+json".into(),
-        location: None,
-        body: b"{}".to_vec(),
-    };
-    let claim_finished = async |key: &str| {
-        let key = IdempotencyKey::parse(key).unwrap();
-        let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1})).unwrap();
-        let new = new_operation(&key, &fingerprint, Timestamp::now());
-        let started = Timestamp::now();
-        let mut tx = f.db.db.begin().await.unwrap();
-        let journal = journal::Journal::default();
-        let claimed = store::claim_finished(&mut tx, &new, &store::Completion::failed(&answer), started, &journal)
-            .await
-            .unwrap();
-        (tx, claimed)
-    };
-
     let runs = AtomicUsize::new(0);
     f.run("before", json!({"n": 0}), &runs).await;
     f.idempotency.flush_journal().await;
 
-    let (first, claimed) = claim_finished("rolled-back").await;
+    let (first, claimed) = claim_finished(&f, "rolled-back").await;
     assert!(claimed);
     first.rollback().await.unwrap();
-    let (second, claimed) = claim_finished("committed").await;
+    let (second, claimed) = claim_finished(&f, "committed").await;
     assert!(claimed);
     second.commit().await.unwrap();
     f.idempotency.flush_journal().await;
@@ -233,6 +214,49 @@ async fn a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto
             .unwrap()
             .is_none()
     );
+}
+
+/// A finished claim of a key already taken writes nothing, its journal record
+/// included, and its transaction rolls back cleanly.
+async fn a_finished_claim_of_a_taken_key_writes_nothing_not_even_its_journal_record(backend: Backend) {
+    let f = fixture(backend).await;
+    let (first, claimed) = claim_finished(&f, "k").await;
+    assert!(claimed);
+    first.commit().await.unwrap();
+
+    let (second, claimed) = claim_finished(&f, "k").await;
+    assert!(!claimed, "the key was taken");
+    second.rollback().await.unwrap();
+    f.idempotency.flush_journal().await;
+
+    let entries = journal::entries(&f.db.db, 0, 100).await.unwrap();
+    assert_eq!(journal::verify(&entries, None).map(|v| v.entries), Ok(1));
+    assert_eq!(
+        entries[0].event,
+        AuditEvent::Failed,
+        "the first claim's entry, and only it"
+    );
+}
+
+/// A finished claim of `key`, its answer a 422, with the journal as its sink, in
+/// a transaction left open: the transaction, and whether the key was claimed.
+async fn claim_finished(f: &Fixture, key: &str) -> (platform::Tx, bool) {
+    let answer = idempotency::StoredResponse {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        content_type: "application/problem+json".into(),
+        location: None,
+        body: b"{}".to_vec(),
+    };
+    let key = IdempotencyKey::parse(key).unwrap();
+    let fingerprint = Fingerprint::of("POST", ROUTE, "acme", &json!({"n": 1})).unwrap();
+    let new = new_operation(&key, &fingerprint, Timestamp::now());
+    let started = Timestamp::now();
+    let mut tx = f.db.db.begin().await.unwrap();
+    let journal = journal::Journal::default();
+    let claimed = store::claim_finished(&mut tx, &new, &store::Completion::failed(&answer), started, &journal)
+        .await
+        .unwrap();
+    (tx, claimed)
 }
 
 /// A reader of the journal runs a chain round first. If it goes away
@@ -308,6 +332,7 @@ platform::both_backends!(
     the_reaper_never_takes_an_operations_journal_entries_with_it,
     two_processes_creating_replaying_and_chaining_on_one_database_keep_one_unbroken_chain,
     a_claim_that_rolled_back_journals_nothing_and_the_next_claim_links_onto_the_chain,
+    a_finished_claim_of_a_taken_key_writes_nothing_not_even_its_journal_record,
     a_journal_round_whose_caller_went_away_still_links_what_it_took,
     attempt_counts_wait_in_memory_for_a_bounded_number_of_keys_and_past_it_are_written_first,
 );
