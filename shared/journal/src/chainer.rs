@@ -6,7 +6,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc, LazyLock, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -463,13 +463,18 @@ async fn lock_chain(tx: &mut Tx) -> Result<(), sqlx::Error> {
 
 /// Takes the oldest `ROUND_SIZE` records out of the inbox, in inbox order.
 async fn take_batch(tx: &mut Tx) -> Result<Vec<Record>, sqlx::Error> {
-    const TAKE: &str = "DELETE FROM audit_inbox \
-         WHERE (account_id, id) IN (SELECT account_id, id FROM audit_inbox ORDER BY id LIMIT $1) \
-         RETURNING id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
-                   event, external_ref, at, attempt, resource_type, resource_id, state, evidence";
+    // the limit is in the text, not bound: SQLite plans a bound LIMIT by its value, so every
+    // binding would make it prepare the statement again, holding the one writer
+    static TAKE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "DELETE FROM audit_inbox \
+             WHERE (account_id, id) IN (SELECT account_id, id FROM audit_inbox ORDER BY id LIMIT {ROUND_SIZE}) \
+             RETURNING id, account_id, principal_id, operation_id, idempotency_key, fingerprint, route, \
+                       event, external_ref, at, attempt, resource_type, resource_id, state, evidence"
+        )
+    });
     let mut taken = on_tx!(tx, |conn| {
-        sqlx::query_as::<_, InboxRow>(TAKE)
-            .bind(ROUND_SIZE as i64)
+        sqlx::query_as::<_, InboxRow>(TAKE.as_str())
             .fetch_all(conn)
             .await?
             .into_iter()
