@@ -123,7 +123,7 @@ pub async fn claim_finished(
             Tx::Postgres(_) => format!(
                 "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {entries} WHERE EXISTS (SELECT 1 FROM claimed)"
             ),
-            // no writable CTE: a second statement, which SQLite runs only if the first succeeded
+            // no writable CTE: a second statement, which sqlx runs only if the first succeeded
             Tx::Sqlite(_) => format!("{CLAIM_FINISHED_SQL}; {entries}"),
         };
         let written = on_tx!(tx, |conn| {
