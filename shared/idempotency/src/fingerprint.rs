@@ -16,14 +16,6 @@ pub const MAX_EXACT_INTEGER: u64 = (1 << 53) - 1;
 #[serde(transparent)]
 pub struct Fingerprint(String);
 
-#[derive(Serialize)]
-struct Fingerprinted<'a, C: Serialize> {
-    method: &'a str,
-    route: &'a str,
-    account_id: &'a str,
-    command: &'a C,
-}
-
 impl Fingerprint {
     /// Hashes the route *template* (path parameters are fields of `command`)
     /// and the validated command, defaults applied.
@@ -32,12 +24,13 @@ impl Fingerprint {
         if let Some(field) = inexact_integer_at(&command) {
             return Err(InexactNumber { field });
         }
-        let canonical = canonical_json(&Fingerprinted {
-            method,
-            route,
-            account_id,
-            command: &command,
+        let fingerprinted = serde_json::json!({
+            "method": method,
+            "route": route,
+            "account_id": account_id,
+            "command": command,
         });
+        let canonical = canonical_json(&fingerprinted);
         Ok(Fingerprint(hex::encode(Sha256::digest(canonical))))
     }
 
@@ -94,9 +87,57 @@ fn member_path(rest: &str) -> String {
     }
 }
 
-/// RFC 8785 canonical JSON. A command that cannot be serialized is a bug.
-pub fn canonical_json<T: Serialize>(value: &T) -> Vec<u8> {
-    serde_json_canonicalizer::to_vec(value).expect("a command serializes to JSON")
+/// RFC 8785 canonical JSON of `value`. A [`Value`] holds no NaN or infinity
+/// (serde_json refuses them as numbers), so RFC 8785's one error cannot arise.
+///
+/// Written here rather than by `serde_json_canonicalizer`, which the tests keep
+/// as the reference: that crate parses each member name again to sort it and
+/// buffers every member, which made canonical JSON most of what a replay's
+/// fingerprint and its journal entry cost (docs/design.md §10).
+pub fn canonical_json(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        // every number as ECMAScript writes a double, integers included (§3.2.2.3)
+        Value::Number(number) => {
+            let double = number.as_f64().expect("a JSON number is a finite double");
+            out.extend_from_slice(ryu_js::Buffer::new().format_finite(double).as_bytes());
+        }
+        // serde_json escapes exactly what §3.2.2.2 escapes, with lowercase hex
+        Value::String(text) => serde_json::to_writer(&mut *out, text).expect("a string writes to memory"),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        Value::Object(members) => {
+            // by UTF-16 code units (§3.2.3), not by code points as a `str` compares
+            let mut members: Vec<_> = members.iter().collect();
+            members.sort_unstable_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+            out.push(b'{');
+            for (i, (name, member)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, name).expect("a string writes to memory");
+                out.push(b':');
+                write_canonical(member, out);
+            }
+            out.push(b'}');
+        }
+    }
 }
 
 impl fmt::Debug for Fingerprint {

@@ -191,13 +191,97 @@ fn numbers_parsed_from_a_non_canonical_spelling_serialize_as_in_rfc_appendix_b()
 }
 
 #[test]
-fn non_finite_numbers_are_refused_as_rfc_appendix_b_requires() {
+fn non_finite_numbers_never_reach_canonical_json_as_rfc_appendix_b_requires() {
     // Appendix B: 7fffffffffffffff (NaN) and 7ff0000000000000 (Infinity)
-    // must cause an error; `canonical_json` treats that as a bug and panics.
+    // must cause an error. `canonical_json` takes a `Value`, which cannot
+    // hold them, and a body that spells one is not JSON.
     for bits in [0x7fff_ffff_ffff_ffff_u64, 0x7ff0_0000_0000_0000, 0xfff0_0000_0000_0000] {
-        let number = f64::from_bits(bits);
-        let outcome = std::panic::catch_unwind(|| canonical_json(&number));
-        assert!(outcome.is_err(), "{bits:016x} was canonicalized");
+        assert!(
+            serde_json::Number::from_f64(f64::from_bits(bits)).is_none(),
+            "{bits:016x} is a number"
+        );
+    }
+    for spelled in ["NaN", "Infinity", "-Infinity", "1e400"] {
+        assert!(serde_json::from_str::<Value>(spelled).is_err(), "{spelled} parsed");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The reference implementation: serde_json_canonicalizer.
+// ---------------------------------------------------------------------------
+
+/// Characters where canonical JSON is easy to get wrong: escapes, controls,
+/// the solidus, and names whose UTF-16 order is not their code point order.
+const TRICKY: &[char] = &[
+    'a',
+    'B',
+    '1',
+    ' ',
+    '"',
+    '\\',
+    '/',
+    '\u{0}',
+    '\u{8}',
+    '\t',
+    '\n',
+    '\u{b}',
+    '\u{c}',
+    '\r',
+    '\u{1f}',
+    '\u{7f}',
+    '\u{80}',
+    '\u{f6}',
+    '\u{2028}',
+    '\u{20ac}',
+    '\u{e000}',
+    '\u{fb33}',
+    '\u{ffff}',
+    '\u{10000}',
+    '\u{1f600}',
+    '\u{10ffff}',
+];
+
+fn random_text(rng: &mut fastrand::Rng) -> String {
+    (0..rng.usize(0..6))
+        .map(|_| TRICKY[rng.usize(..TRICKY.len())])
+        .collect()
+}
+
+fn random_number(rng: &mut fastrand::Rng) -> Value {
+    match rng.u8(0..4) {
+        0 => json!(rng.i64(-1000..1000)),
+        1 => json!(rng.i64(..)),
+        2 => json!(rng.u64(..)),
+        _ => loop {
+            // any finite double, its bits drawn at random
+            if let Some(number) = serde_json::Number::from_f64(f64::from_bits(rng.u64(..))) {
+                break Value::Number(number);
+            }
+        },
+    }
+}
+
+fn random_value(rng: &mut fastrand::Rng, depth: u32) -> Value {
+    match rng.u8(0..if depth == 0 { 4 } else { 6 }) {
+        0 => [Value::Null, json!(true), json!(false)][rng.usize(..3)].clone(),
+        1 => random_number(rng),
+        2 | 3 => Value::String(random_text(rng)),
+        4 => Value::Array((0..rng.usize(0..4)).map(|_| random_value(rng, depth - 1)).collect()),
+        _ => Value::Object(
+            (0..rng.usize(0..6))
+                .map(|_| (random_text(rng), random_value(rng, depth - 1)))
+                .collect(),
+        ),
+    }
+}
+
+#[test]
+fn canonical_json_is_byte_for_byte_what_the_reference_implementation_writes() {
+    let mut rng = fastrand::Rng::with_seed(8785);
+    for _ in 0..20_000 {
+        let value = random_value(&mut rng, 3);
+        let reference = serde_json_canonicalizer::to_vec(&value).expect("the reference writes any value");
+        assert_eq!(canonical_json(&value), reference, "{value}");
     }
 }
 

@@ -123,6 +123,7 @@ impl AuditEntry {
         };
         let mut digest = Sha256::new();
         digest.update(self.prev_hash.as_bytes());
+        let hashed = serde_json::to_value(hashed).expect("an entry serializes to JSON");
         digest.update(canonical_json(&hashed));
         hex::encode(digest.finalize())
     }
