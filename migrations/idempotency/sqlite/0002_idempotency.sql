@@ -2,6 +2,11 @@
 -- stored answers), approvals, the outbox, and the audit journal with its inbox.
 -- Times are fixed-width RFC 3339 UTC text (platform::time::Timestamp), so text
 -- order is time order. Every table is scoped by account_id.
+-- A CHECK spells the values it allows as comparisons (state = 'a' OR ...), not
+-- IN: SQLite builds a temporary b-tree for an IN list of more than two values
+-- each time a statement evaluates it, and a CHECK is evaluated by every write
+-- of its row. So does the operations' partial index, which every claim
+-- evaluates (docs/design.md §9).
 
 -- One row per operation: an account's idempotency key, claimed before any
 -- effect. The primary key makes the claim atomic: a second INSERT of the same
@@ -18,8 +23,8 @@ CREATE TABLE idempotency_operations (
     method                TEXT    NOT NULL,
     route                 TEXT    NOT NULL,
     fingerprint           TEXT    NOT NULL CHECK (length(fingerprint) = 64),
-    state                 TEXT    NOT NULL CHECK (state IN
-                              ('in_progress', 'awaiting_approval', 'completed', 'failed', 'unknown', 'rejected')),
+    state                 TEXT    NOT NULL CHECK (state = 'in_progress' OR state = 'awaiting_approval'
+                              OR state = 'completed' OR state = 'failed' OR state = 'unknown' OR state = 'rejected'),
     -- the lease of the attempt running the operation
     lease_token           TEXT,
     locked_until          TEXT,
@@ -45,13 +50,15 @@ CREATE TABLE idempotency_operations (
     -- in progress: an attempt holds it, or it has answered (202) and the outbox works on
     CONSTRAINT idempotency_operations_in_progress_held_or_answered
         CHECK (state <> 'in_progress' OR lease_token IS NOT NULL OR response_status IS NOT NULL),
-    CHECK (state NOT IN ('completed', 'failed', 'rejected') OR (response_status IS NOT NULL AND response_body IS NOT NULL))
+    -- finished (completed, failed, rejected): its answer is stored
+    CHECK (state = 'in_progress' OR state = 'awaiting_approval' OR state = 'unknown'
+           OR (response_status IS NOT NULL AND response_body IS NOT NULL))
 ) STRICT;
 
 -- what an operator watches: operations not finished, by state and age (a
 -- claim that finishes in its own transaction is never in it)
 CREATE INDEX idempotency_operations_unfinished ON idempotency_operations (state, updated_at)
-    WHERE state IN ('in_progress', 'awaiting_approval', 'unknown');
+    WHERE state = 'in_progress' OR state = 'awaiting_approval' OR state = 'unknown';
 
 -- A human decision bound to one operation and its exact fingerprint.
 CREATE TABLE idempotency_approvals (
@@ -73,7 +80,7 @@ CREATE TABLE idempotency_approvals (
     created_at      TEXT    NOT NULL,
     expires_at      TEXT    NOT NULL,
     -- NULL while pending; a decision is made once and never changes
-    decision        TEXT    CHECK (decision IN ('approved', 'rejected', 'expired')),
+    decision        TEXT    CHECK (decision = 'approved' OR decision = 'rejected' OR decision = 'expired'),
     decided_by      TEXT,
     decided_at      TEXT,
     CHECK ((decision IS NULL) = (decided_at IS NULL)),
@@ -109,7 +116,8 @@ CREATE TABLE idempotency_outbox (
     -- pending: to be sent; sending: a worker holds it and may have sent it;
     -- unknown: sent, and the answer was lost; delivered, failed: the answer is known;
     -- dead: it failed too often to be tried again, until an admin sends it again
-    state           TEXT    NOT NULL CHECK (state IN ('pending', 'sending', 'unknown', 'delivered', 'failed', 'dead')),
+    state           TEXT    NOT NULL CHECK (state = 'pending' OR state = 'sending' OR state = 'unknown'
+                                            OR state = 'delivered' OR state = 'failed' OR state = 'dead'),
     -- how many times it was handed to the external system
     deliveries      INTEGER NOT NULL DEFAULT 0 CHECK (deliveries >= 0),
     -- how many deliveries and lookups came to nothing known, and how many

@@ -40,8 +40,9 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
 
     let operations = counts(
         db,
+        // spelled as the partial index's WHERE is, so that SQLite sees it can read the index
         "SELECT state, COUNT(*) FROM idempotency_operations \
-         WHERE state IN ('in_progress', 'awaiting_approval', 'unknown') GROUP BY state",
+         WHERE state = 'in_progress' OR state = 'awaiting_approval' OR state = 'unknown' GROUP BY state",
     )
     .await?;
     set_each(metrics, names::OPERATIONS, &UNFINISHED, &operations);

@@ -36,13 +36,14 @@ impl Idempotency {
             let ran = effect.clone()(&mut tx, &new.identity()).await;
             match self.conclude(attempt, &claim, tx, ran).await {
                 Concluded::Answer(response) => response,
+                // boxed, as it may run the effect under a lease: unboxed, every create's future would be that large
                 Concluded::Lost => {
-                    self.answer_taken_key(attempt, nothing_to_call, without_call_out!(effect))
-                        .await
+                    Box::pin(self.answer_taken_key(attempt, nothing_to_call, without_call_out!(effect))).await
                 }
             }
         };
-        match tokio::time::timeout(self.config.lease, attempt_in_transaction).await {
+        // boxed: the attempt's future is as large as every query it may make, and is moved otherwise
+        match tokio::time::timeout(self.config.lease, Box::pin(attempt_in_transaction)).await {
             Ok(response) => response,
             Err(_) => {
                 self.server_error_unclaimed(

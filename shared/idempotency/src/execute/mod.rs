@@ -72,14 +72,15 @@ impl Idempotency {
             Ok(attempt) => attempt,
             Err(answered) => return answered,
         };
+        // the other paths boxed: a future is moved by value through every layer above it (the
+        // handler, axum, tower), and theirs, unboxed, would make this one as large as they are
         if let Some(asked) = &attempt.approval {
-            return self.request_approval(&attempt, &**asked, effect).await;
+            return Box::pin(self.request_approval(&attempt, &**asked, effect)).await;
         }
         if self.config.claim == ClaimMode::InTransaction {
             return self.execute_in_transaction(&attempt, effect).await;
         }
-        self.execute_leased(&attempt, nothing_to_call, without_call_out!(effect))
-            .await
+        Box::pin(self.execute_leased(&attempt, nothing_to_call, without_call_out!(effect))).await
     }
 
     /// [`Self::execute`] for an operation that must ask another system before it records its effect

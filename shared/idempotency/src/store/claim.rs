@@ -1,6 +1,8 @@
 //! Claiming a key: one insert under the primary key, so of two attempts with
 //! one key exactly one writes (docs/design.md §2).
 
+use std::sync::LazyLock;
+
 use platform::{Timestamp, Tx, on_tx};
 use sqlx::error::DatabaseError;
 
@@ -114,23 +116,9 @@ pub async fn claim_finished(
     if sink.reads_the_inbox() {
         // one call: a write transaction holds its locks (SQLite's one writer)
         // across every call. The entries go in only if the claim did.
-        let entries = format!(
-            "{INBOX_INSERT} SELECT * FROM (VALUES {}) AS journaled",
-            placeholders(18, journaled.len(), INBOX_COLUMNS)
-        );
-        let sql = match tx {
-            // read, so that the claim runs first: a taken key writes no entry before it fails
-            Tx::Postgres(_) => format!(
-                "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {entries} WHERE EXISTS (SELECT 1 FROM claimed)"
-            ),
-            // no writable CTE: a second statement, which sqlx runs only if the first succeeded
-            Tx::Sqlite(_) => format!("{CLAIM_FINISHED_SQL}; {entries}"),
-        };
+        let sql = claim_journaled(tx, journaled.len());
         let written = on_tx!(tx, |conn| {
-            let query = bind_completion!(
-                bind_new!(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), new),
-                completion
-            );
+            let query = bind_completion!(bind_new!(sqlx::query(sql), new), completion);
             bind_records!(query, &journaled).execute(conn).await.map(drop)
         });
         return Ok(unless_taken(written)?.is_some());
@@ -146,6 +134,31 @@ pub async fn claim_finished(
         sink.record(tx, &journaled).await?;
     }
     Ok(claimed)
+}
+
+/// [`claim_finished`]'s insert and its `records` (1 or 2) journal records' inbox rows as one call,
+/// for `tx`'s backend. Every create sends one, so each of the four texts is built once.
+fn claim_journaled(tx: &Tx, records: usize) -> &'static str {
+    static TEXTS: LazyLock<[[String; 2]; 2]> = LazyLock::new(|| {
+        let text = |postgres: bool, records: usize| {
+            let entries = format!(
+                "{INBOX_INSERT} SELECT * FROM (VALUES {}) AS journaled",
+                placeholders(18, records, INBOX_COLUMNS)
+            );
+            if postgres {
+                // read, so that the claim runs first: a taken key writes no entry before it fails
+                format!(
+                    "WITH claimed AS ({CLAIM_FINISHED_SQL} RETURNING 1) {entries} WHERE EXISTS (SELECT 1 FROM claimed)"
+                )
+            } else {
+                // no writable CTE: a second statement, which sqlx runs only if the first succeeded
+                format!("{CLAIM_FINISHED_SQL}; {entries}")
+            }
+        };
+        [[text(true, 1), text(true, 2)], [text(false, 1), text(false, 2)]]
+    });
+    let backend = usize::from(matches!(tx, Tx::Sqlite(_)));
+    &TEXTS[backend][records - 1]
 }
 
 /// Claims the key as `awaiting_approval`, its answer the 202 approval request.
