@@ -88,7 +88,7 @@ SELECT a.* FROM idempotency_approvals a
 
 \echo '### gauges (idempotency::gauges, the outbox and approvals extensions)'
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT state, COUNT(*) FROM idempotency_operations
- WHERE state IN ('in_progress', 'awaiting_approval', 'unknown') GROUP BY state;
+ WHERE state = 'in_progress' OR state = 'awaiting_approval' OR state = 'unknown' GROUP BY state;
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT MIN(updated_at) FROM idempotency_operations WHERE state = 'unknown';
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT state, COUNT(*) FROM idempotency_outbox
  WHERE state IN ('pending', 'sending', 'unknown', 'dead') GROUP BY state;

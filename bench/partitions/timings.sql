@@ -61,7 +61,7 @@ SELECT what, m.* FROM (VALUES
     ('outbox reconciler (16 due)', :'reconciler'),
     ('retention reaper', :'reaper'),
     ('approvals expiry (500)', :'expiry'),
-    ('gauge: operations unfinished', 'SELECT state, COUNT(*) FROM idempotency_operations WHERE state IN (''in_progress'', ''awaiting_approval'', ''unknown'') GROUP BY state'),
+    ('gauge: operations unfinished', 'SELECT state, COUNT(*) FROM idempotency_operations WHERE state = ''in_progress'' OR state = ''awaiting_approval'' OR state = ''unknown'' GROUP BY state'),
     ('gauge: oldest unknown', 'SELECT MIN(updated_at) FROM idempotency_operations WHERE state = ''unknown'''),
     ('gauge: outbox events', 'SELECT state, COUNT(*) FROM idempotency_outbox WHERE state IN (''pending'', ''sending'', ''unknown'', ''dead'') GROUP BY state'),
     ('gauge: oldest pending', 'SELECT MIN(created_at) FROM idempotency_outbox WHERE state = ''pending'''),

@@ -26,7 +26,7 @@ RETRYSAFE_SANDBOX=true RETRYSAFE_DATA_DIR=$dir TICKETS_ADDR=127.0.0.1:7301 RETRY
     "$bin" >"$dir/log" 2>&1 &
 service=$!
 # waited for, so that the next run finds the port free
-trap 'kill $service 2>/dev/null; wait $service 2>/dev/null || true' EXIT
+trap 'kill $service 2>/dev/null || true; wait $service 2>/dev/null || true' EXIT
 for _ in $(seq 120); do curl -sf -o /dev/null http://127.0.0.1:7301/healthz && break; sleep 1; done
 create() {
     curl -sf -o /dev/null -X POST http://127.0.0.1:7301/v1/tickets \

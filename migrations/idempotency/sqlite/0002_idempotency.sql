@@ -2,11 +2,12 @@
 -- stored answers), approvals, the outbox, and the audit journal with its inbox.
 -- Times are fixed-width RFC 3339 UTC text (platform::time::Timestamp), so text
 -- order is time order. Every table is scoped by account_id.
--- A CHECK spells the values it allows as comparisons (state = 'a' OR ...), not
--- IN: SQLite builds a temporary b-tree for an IN list of more than two values
--- each time a statement evaluates it, and a CHECK is evaluated by every write
--- of its row. So does the operations' partial index, which every claim
--- evaluates (docs/design.md §9).
+-- A CHECK that allows more than two values spells them as comparisons
+-- (state = 'a' OR ...), not IN: SQLite builds a temporary b-tree for an IN
+-- list of more than two values each time a statement evaluates it, and a
+-- CHECK is evaluated by every write of its row. So does the operations'
+-- partial index, which every claim evaluates; the outbox's keeps IN, the
+-- spelling its queries are matched to (docs/design.md §9).
 
 -- One row per operation: an account's idempotency key, claimed before any
 -- effect. The primary key makes the claim atomic: a second INSERT of the same
@@ -50,7 +51,8 @@ CREATE TABLE idempotency_operations (
     -- in progress: an attempt holds it, or it has answered (202) and the outbox works on
     CONSTRAINT idempotency_operations_in_progress_held_or_answered
         CHECK (state <> 'in_progress' OR lease_token IS NOT NULL OR response_status IS NOT NULL),
-    -- finished (completed, failed, rejected): its answer is stored
+    -- finished (completed, failed, rejected): its answer is stored; the states
+    -- not named here are the unfinished ones of the state CHECK above
     CHECK (state = 'in_progress' OR state = 'awaiting_approval' OR state = 'unknown'
            OR (response_status IS NOT NULL AND response_body IS NOT NULL))
 ) STRICT;

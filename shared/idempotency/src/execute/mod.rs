@@ -72,8 +72,8 @@ impl Idempotency {
             Ok(attempt) => attempt,
             Err(answered) => return answered,
         };
-        // the other paths boxed: a future is moved by value through every layer above it (the
-        // handler, axum, tower), and theirs, unboxed, would make this one as large as they are
+        // the other paths boxed: this future is moved by value into the handler's until axum
+        // boxes that, and theirs, unboxed, would make it as large as they are
         if let Some(asked) = &attempt.approval {
             return Box::pin(self.request_approval(&attempt, &**asked, effect)).await;
         }

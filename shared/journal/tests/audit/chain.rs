@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
+use sha2::{Digest, Sha256};
 use journal::{self as audit, AuditEvent, Head, Record, verify};
 use platform::Backend;
 
@@ -269,6 +270,41 @@ fn an_entry_hashed_by_the_published_formula_verifies() {
 
     assert_eq!(holds(&entries), Ok(1));
     assert_eq!(entries[0].state, None);
+}
+
+/// Every field set, in text canonical JSON must escape and sort with care: the
+/// hash the published formula gives with the reference RFC 8785
+/// implementation (`serde_json_canonicalizer`, not this crate's) is the one
+/// this code verifies, so chains hashed before and after verify alike. (No
+/// database: the same on both backends.)
+#[test]
+fn an_entry_with_every_field_set_hashes_as_the_reference_canonical_json_gives() {
+    let mut entry = serde_json::json!({
+        "seq": 1,
+        "account_id": "acme",
+        "principal_id": "acme-admin",
+        "operation_id": "op_1",
+        "idempotency_key": "key \"1\" / \u{2028} é \u{1f600} \u{fb33}",
+        "fingerprint": "ab".repeat(32),
+        "route": "/v1/payments/{payment_id}/captures",
+        "event": "resolved",
+        "external_ref": "pi_1",
+        "at": "2026-12-01T09:30:00.000000Z",
+        "attempt": 3,
+        "resource_type": "payment",
+        "resource_id": "pay_1",
+        "state": "succeeded",
+        "evidence": "the provider's statement,\tline 2",
+        "prev_hash": audit::GENESIS,
+    });
+    let reference = serde_json_canonicalizer::to_vec(&entry).expect("the reference writes any value");
+    let hash = Sha256::new().chain_update(audit::GENESIS).chain_update(reference).finalize();
+    entry["hash"] = hex::encode(hash).into();
+
+    let entries = audit::from_json_lines(&entry.to_string()).unwrap();
+
+    assert_eq!(holds(&entries), Ok(1));
+    assert_eq!(entries[0].attempt, Some(3));
 }
 
 /// An exported entry carries nothing its hash does not cover: a line with an
