@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use futures::future::join_all;
-use sha2::{Digest, Sha256};
 use journal::{self as audit, AuditEvent, Head, Record, verify};
 use platform::Backend;
+use sha2::{Digest, Sha256};
 
 use crate::support::*;
 
@@ -298,7 +298,10 @@ fn an_entry_with_every_field_set_hashes_as_the_reference_canonical_json_gives() 
         "prev_hash": audit::GENESIS,
     });
     let reference = serde_json_canonicalizer::to_vec(&entry).expect("the reference writes any value");
-    let hash = Sha256::new().chain_update(audit::GENESIS).chain_update(reference).finalize();
+    let hash = Sha256::new()
+        .chain_update(audit::GENESIS)
+        .chain_update(reference)
+        .finalize();
     entry["hash"] = hex::encode(hash).into();
 
     let entries = audit::from_json_lines(&entry.to_string()).unwrap();
