@@ -1,7 +1,7 @@
 //! One schema on both backends (docs/design.md §9): the dialects differ in
 //! statement text only, never in the tables and columns the code relies on.
 
-use platform::{Backend, Migrations, testing::TestDb};
+use platform::{Backend, Migrations, Timestamp, testing::TestDb};
 
 /// Every table the platform's and the idempotency layer's migrations make,
 /// each with its columns in order.
@@ -87,6 +87,81 @@ const KEYS_ACROSS_ACCOUNTS: [&str; 2] = ["api_keys_pkey", "audit_journal_pkey"];
 /// The keys that name the account second, after the order a walk across
 /// accounts reads: the retention reaper's by operation id, the chainer's by
 /// the inbox's id. Leading with the account, each would need a second index.
+/// Writes one operation in `state`, with or without a stored answer, in a
+/// transaction of its own. `Err`: the database refused it.
+async fn write_operation(db: &TestDb, key: &str, state: &str, answered: bool) -> Result<(), sqlx::Error> {
+    const SQL: &str = "INSERT INTO idempotency_operations \
+         (account_id, idempotency_key, operation_id, principal_id, method, route, fingerprint, state, \
+          response_status, response_body, created_at, updated_at) \
+         VALUES ('acme', $1, $1, 'acme-agent', 'POST', '/v1/things', $2, $3, $4, $5, $6, $6)";
+    let mut tx = db.db.begin().await?;
+    let tx_ref = &mut tx;
+    let written = platform::on_tx!(tx_ref, |conn| sqlx::query(SQL)
+        .bind(key)
+        .bind("a".repeat(64))
+        .bind(state)
+        .bind(answered.then_some(201_i32))
+        .bind(answered.then(|| b"{}".to_vec()))
+        .bind(Timestamp::now())
+        .execute(conn)
+        .await
+        .map(drop));
+    match written {
+        Ok(()) => tx.commit().await,
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+fn is_check_violation(refused: Result<(), sqlx::Error>) -> bool {
+    matches!(refused, Err(sqlx::Error::Database(e)) if e.kind() == sqlx::error::ErrorKind::CheckViolation)
+}
+
+/// The database holds an operation to the states the layer knows, and a
+/// finished one to its stored answer; the SQLite schema spells these checks
+/// as comparisons and PostgreSQL's as `IN` (docs/design.md §9), and both
+/// refuse the same rows.
+async fn an_unknown_state_and_a_finished_operation_without_its_answer_are_refused(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    db.db
+        .migrate(&[&platform::MIGRATIONS, &idempotency::MIGRATIONS])
+        .await
+        .unwrap();
+
+    for state in [
+        "in_progress",
+        "awaiting_approval",
+        "completed",
+        "failed",
+        "unknown",
+        "rejected",
+    ] {
+        write_operation(&db, &format!("answered-{state}"), state, true)
+            .await
+            .unwrap_or_else(|e| panic!("{state} with its answer was refused: {e}"));
+    }
+    for state in ["awaiting_approval", "unknown"] {
+        write_operation(&db, &format!("unanswered-{state}"), state, false)
+            .await
+            .unwrap_or_else(|e| panic!("{state} without an answer was refused: {e}"));
+    }
+    for state in ["completed", "failed", "rejected"] {
+        let refused = write_operation(&db, &format!("finished-{state}"), state, false).await;
+        assert!(
+            is_check_violation(refused),
+            "{state} without its answer was not refused"
+        );
+    }
+    for state in ["done", "Completed", ""] {
+        let refused = write_operation(&db, &format!("unknown-{state}"), state, true).await;
+        assert!(is_check_violation(refused), "the state `{state}` was not refused");
+    }
+}
+
+platform::both_backends!(an_unknown_state_and_a_finished_operation_without_its_answer_are_refused);
+
 const KEYS_LED_BY_A_WALK: [&str; 2] = ["audit_inbox_pkey", "idempotency_operations_operation_id_key"];
 
 // PostgreSQL only: the partitions and keys are the shape a distributed
