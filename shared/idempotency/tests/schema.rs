@@ -1,5 +1,6 @@
 //! One schema on both backends (docs/design.md §9): the dialects differ in
-//! statement text only, never in the tables and columns the code relies on.
+//! statement text only, never in the tables and columns the code relies on
+//! or the rows the database refuses.
 
 use platform::{Backend, Migrations, Timestamp, testing::TestDb};
 
@@ -59,34 +60,6 @@ async fn both_backends_have_the_same_tables_with_the_same_columns_in_the_same_or
     assert_eq!(sqlite, postgres);
 }
 
-/// The tables of every crate and service, each service's own as its folder
-/// of migrations has them: one database holds them all, as none overlap.
-static SERVICES: [Migrations; 3] = [
-    Migrations {
-        postgres: sqlx::migrate!("../../migrations/tickets/postgres"),
-        sqlite: sqlx::migrate!("../../migrations/tickets/sqlite"),
-    },
-    Migrations {
-        postgres: sqlx::migrate!("../../migrations/payments/postgres"),
-        sqlite: sqlx::migrate!("../../migrations/payments/sqlite"),
-    },
-    Migrations {
-        postgres: sqlx::migrate!("../../migrations/deployments/postgres"),
-        sqlite: sqlx::migrate!("../../migrations/deployments/sqlite"),
-    },
-];
-
-/// The high-volume tables, hash-partitioned by account on PostgreSQL.
-const PARTITIONED: [&str; 3] = ["audit_inbox", "idempotency_operations", "idempotency_outbox"];
-
-/// The keys that do not name the account at all (docs/design.md §13): an
-/// API key is looked up before any account is known, and the journal's `seq`
-/// is one chain across every account.
-const KEYS_ACROSS_ACCOUNTS: [&str; 2] = ["api_keys_pkey", "audit_journal_pkey"];
-
-/// The keys that name the account second, after the order a walk across
-/// accounts reads: the retention reaper's by operation id, the chainer's by
-/// the inbox's id. Leading with the account, each would need a second index.
 /// Writes one operation in `state`, with or without a stored answer, in a
 /// transaction of its own. `Err`: the database refused it.
 async fn write_operation(db: &TestDb, key: &str, state: &str, answered: bool) -> Result<(), sqlx::Error> {
@@ -162,6 +135,34 @@ async fn an_unknown_state_and_a_finished_operation_without_its_answer_are_refuse
 
 platform::both_backends!(an_unknown_state_and_a_finished_operation_without_its_answer_are_refused);
 
+/// The tables of every crate and service, each service's own as its folder
+/// of migrations has them: one database holds them all, as none overlap.
+static SERVICES: [Migrations; 3] = [
+    Migrations {
+        postgres: sqlx::migrate!("../../migrations/tickets/postgres"),
+        sqlite: sqlx::migrate!("../../migrations/tickets/sqlite"),
+    },
+    Migrations {
+        postgres: sqlx::migrate!("../../migrations/payments/postgres"),
+        sqlite: sqlx::migrate!("../../migrations/payments/sqlite"),
+    },
+    Migrations {
+        postgres: sqlx::migrate!("../../migrations/deployments/postgres"),
+        sqlite: sqlx::migrate!("../../migrations/deployments/sqlite"),
+    },
+];
+
+/// The high-volume tables, hash-partitioned by account on PostgreSQL.
+const PARTITIONED: [&str; 3] = ["audit_inbox", "idempotency_operations", "idempotency_outbox"];
+
+/// The keys that do not name the account at all (docs/design.md §13): an
+/// API key is looked up before any account is known, and the journal's `seq`
+/// is one chain across every account.
+const KEYS_ACROSS_ACCOUNTS: [&str; 2] = ["api_keys_pkey", "audit_journal_pkey"];
+
+/// The keys that name the account second, after the order a walk across
+/// accounts reads: the retention reaper's by operation id, the chainer's by
+/// the inbox's id. Leading with the account, each would need a second index.
 const KEYS_LED_BY_A_WALK: [&str; 2] = ["audit_inbox_pkey", "idempotency_operations_operation_id_key"];
 
 // PostgreSQL only: the partitions and keys are the shape a distributed

@@ -72,8 +72,8 @@ impl Idempotency {
             Ok(attempt) => attempt,
             Err(answered) => return answered,
         };
-        // the other paths boxed: this future is moved by value into the handler's until axum
-        // boxes that, and theirs, unboxed, would make it as large as they are
+        // the rarer paths boxed: unboxed, their futures would set this one's size, and it is
+        // moved by value into the handler's on every request, a replay's included
         if let Some(asked) = &attempt.approval {
             return Box::pin(self.request_approval(&attempt, &**asked, effect)).await;
         }
