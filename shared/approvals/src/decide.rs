@@ -10,7 +10,7 @@ use idempotency::{
     Idempotency, OperationIdentity, OperationState,
     gate::ApprovalState,
     responses::problem_response,
-    store::{self, Completion},
+    store::Completion,
     transitions::{AuditEvent, Record},
 };
 
@@ -96,7 +96,7 @@ pub async fn decide(
         .unwrap_or_default();
     idempotency.metrics().observe(
         names::APPROVAL_DECISION,
-        &[("decision", decision.state().as_str())],
+        &[("decision", decision.state().into_str())],
         waited,
     );
     let decided = find(db, &principal.account_id, approval_id)
@@ -129,11 +129,12 @@ async fn answer_decided(
         decided if decided == decision.state() && approval.decided_by.as_deref() == Some(&principal.principal_id) => {
             Ok(ApprovalView::of(approval, now))
         }
-        state => Err(
-            ApiError::invalid_state(format!("this approval is {}; a decision is made once", state.as_str()))
-                .with("approval_id", &approval.approval_id)
-                .with("state", state),
-        ),
+        state => Err(ApiError::invalid_state(format!(
+            "this approval is {}; a decision is made once",
+            state.into_str()
+        ))
+        .with("approval_id", &approval.approval_id)
+        .with("state", state)),
     }
 }
 
@@ -202,7 +203,7 @@ async fn settle(
         external_ref: None,
         now,
     };
-    store::settle_awaiting(tx, &approval.account_id, &approval.operation_id, &completion).await
+    crate::store::settle_awaiting(tx, &approval.account_id, &approval.operation_id, &completion).await
 }
 
 impl ApprovalRecord {

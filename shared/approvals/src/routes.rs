@@ -9,7 +9,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idempotency::{Idempotency, OptionalIdempotencyHeaders, gate::ApprovalState, routes::may_read_approvals};
+use idempotency::{Idempotency, OptionalIdempotencyHeaders, gate::ApprovalState};
 use platform::{
     ApiError, ApiJson, ApiPath, ApiQuery, Authenticator, Principal, Timestamp,
     page::{Page, PageRequest},
@@ -77,7 +77,7 @@ pub async fn list_approvals(
     principal: Principal,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ApprovalList>, ApiError> {
-    may_read_approvals(&principal)?;
+    principal.may_read_approvals()?;
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
     let now = Timestamp::now();
     let rows = store::list(
@@ -127,7 +127,7 @@ pub async fn get_approval(
     principal: Principal,
     ApiPath(approval_id): ApiPath<String>,
 ) -> Result<Json<ApprovalView>, ApiError> {
-    may_read_approvals(&principal)?;
+    principal.may_read_approvals()?;
     store::find(idempotency.db(), &principal.account_id, &approval_id)
         .await?
         .map(|a| Json(ApprovalView::of(a, Timestamp::now())))

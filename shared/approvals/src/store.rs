@@ -4,7 +4,7 @@
 
 use platform::{Db, Timestamp, Tx, on_pool, on_tx};
 
-use idempotency::{Fingerprint, gate::ApprovalState};
+use idempotency::{Fingerprint, gate::ApprovalState, store::Completion};
 
 use crate::{ApprovalRecord, ApprovalSummary};
 
@@ -209,7 +209,7 @@ pub(crate) async fn record_decision(
         )
         .bind(&approval.account_id)
         .bind(&approval.approval_id)
-        .bind(decision.as_str())
+        .bind(decision.into_str())
         .bind(decided_by)
         .bind(now)
         .bind(echoed)
@@ -331,4 +331,32 @@ impl TryFrom<ApprovalRow> for ApprovalRecord {
             decided_at: row.decided_at,
         })
     }
+}
+
+/// Ends an operation awaiting approval (rejected, expired); `false` if it was not.
+pub(crate) async fn settle_awaiting(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    completion: &Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET state = $3, response_status = $4, response_content_type = $5, \
+             response_location = $6, response_body = $7, updated_at = $8 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'awaiting_approval'",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(completion.state.into_str())
+        .bind(i32::from(completion.response.status.as_u16()))
+        .bind(&completion.response.content_type)
+        .bind(completion.response.location.as_deref())
+        .bind(&completion.response.body)
+        .bind(completion.now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(done == 1)
 }

@@ -11,7 +11,7 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const MAX_WAIT: Duration = Duration::from_secs(10);
 
 /// A client's name for one intended action, opaque to the server.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,12 +90,6 @@ fn unquote_sf_string(rest: &str) -> Result<String, KeyError> {
         }
     }
     Err(KeyError::BadQuoting("the closing quote is missing"))
-}
-
-impl fmt::Debug for IdempotencyKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IdempotencyKey({:?})", self.0)
-    }
 }
 
 impl fmt::Display for IdempotencyKey {

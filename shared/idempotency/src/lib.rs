@@ -86,27 +86,8 @@
 //!   gauges, the operations it leaves for a person, its background work.
 //!
 //! What else an extension uses is public and says so ([`Idempotency::begin`], [`Idempotency::transitions`],
-//! [`store::settle_external`], [`store::settle_unknown`], [`OperationIdentity`]).
-
-/// `as_str` and `parse` of an enum stored as text, from one table of its names so that they cannot disagree.
-macro_rules! named {
-    ($ty:ident { $($variant:ident = $name:literal,)* }) => {
-        impl $ty {
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($ty::$variant => $name,)*
-                }
-            }
-
-            pub fn parse(s: &str) -> Option<Self> {
-                match s {
-                    $($name => Some($ty::$variant),)*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
+//! [`OperationIdentity`]). An extension that ends an operation (the outbox settling handed-on work,
+//! a rejected approval) does so with a statement of its own, a compare-and-set on the state it expects.
 
 pub mod attempts;
 pub mod config;

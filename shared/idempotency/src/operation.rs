@@ -10,8 +10,11 @@ use crate::{
     transitions::{AuditEvent, Record},
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case", const_into_str)]
 pub enum OperationState {
     /// Claimed; an attempt holds the lease and is running it.
     InProgress,
@@ -26,15 +29,6 @@ pub enum OperationState {
     /// The approval was refused or expired.
     Rejected,
 }
-
-named!(OperationState {
-    InProgress = "in_progress",
-    AwaitingApproval = "awaiting_approval",
-    Completed = "completed",
-    Failed = "failed",
-    Unknown = "unknown",
-    Rejected = "rejected",
-});
 
 impl OperationState {
     /// Finished: the stored answer is final and replayed to every retry.

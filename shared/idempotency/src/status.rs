@@ -87,8 +87,11 @@ pub struct NeedsAPerson {
     pub dead: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case", const_into_str)]
 pub enum ApprovalState {
     /// Waiting for a decision, and not yet past `expires_at`.
     Pending,
@@ -98,16 +101,10 @@ pub enum ApprovalState {
     Expired,
 }
 
-named!(ApprovalState {
-    Pending = "pending",
-    Approved = "approved",
-    Rejected = "rejected",
-    Expired = "expired",
-});
-
 /// Where an event is in its delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case", const_into_str)]
 pub enum EventState {
     /// To be sent (first, or again).
     Pending,
@@ -121,12 +118,3 @@ pub enum EventState {
     /// resolves its `unknown` operation.
     Dead,
 }
-
-named!(EventState {
-    Pending = "pending",
-    Sending = "sending",
-    Unknown = "unknown",
-    Delivered = "delivered",
-    Failed = "failed",
-    Dead = "dead",
-});

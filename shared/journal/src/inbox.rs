@@ -42,7 +42,7 @@ pub async fn record_resource_change(
         .bind(account_id)
         .bind(operation_id)
         .bind(by)
-        .bind(AuditEvent::StateChanged.as_str())
+        .bind(AuditEvent::StateChanged.into_str())
         .bind(Timestamp::now())
         .bind(state)
         .execute(conn)
@@ -92,7 +92,7 @@ pub(crate) async fn record_many(tx: &mut Tx, records: &[Record]) -> Result<(), s
                 "idempotency_key": r.idempotency_key,
                 "fingerprint": r.fingerprint,
                 "route": r.route,
-                "event": r.event.as_str(),
+                "event": r.event.into_str(),
                 "external_ref": r.external_ref,
                 "at": r.at,
                 "attempt": r.attempt,

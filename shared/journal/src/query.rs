@@ -65,7 +65,7 @@ pub async fn find(
             .bind(account_id)
             .bind(after_seq)
             .bind(filter.operation_id.as_deref())
-            .bind(filter.event.map(AuditEvent::as_str))
+            .bind(filter.event.map(<&str>::from))
             .bind(filter.since)
             .bind(filter.until)
             .bind(limit)
@@ -115,7 +115,7 @@ impl TryFrom<RecordRow> for Record {
             idempotency_key: row.idempotency_key,
             fingerprint: row.fingerprint,
             route: row.route,
-            event: AuditEvent::parse(&row.event).ok_or_else(|| unknown_event(&row.event))?,
+            event: row.event.parse().map_err(|_| unknown_event(&row.event))?,
             external_ref: row.external_ref,
             at: row.at,
             attempt: row.attempt,

@@ -6,7 +6,7 @@ use axum::{
     extract::{FromRef, State},
     routing::get,
 };
-use idempotency::{Idempotency, routes::may_read_approvals};
+use idempotency::Idempotency;
 use platform::{
     ApiError, ApiQuery, Principal, Timestamp,
     page::{Page, PageRequest},
@@ -74,7 +74,7 @@ pub async fn read_audit(
     principal: Principal,
     ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> Result<Json<AuditList>, ApiError> {
-    may_read_approvals(&principal)?;
+    principal.may_read_approvals()?;
     let page = PageRequest::parse(query.limit, query.cursor.as_deref())?;
     // what was recorded or observed until now is in the chain before it is read
     idempotency.flush_journal().await;
@@ -122,7 +122,7 @@ pub async fn read_audit_head(
     State(idempotency): State<Idempotency>,
     principal: Principal,
 ) -> Result<Json<Head>, ApiError> {
-    may_read_approvals(&principal)?;
+    principal.may_read_approvals()?;
     // what was recorded or observed until now is in the chain the head ends
     idempotency.flush_journal().await;
     let in_database = crate::head(idempotency.db()).await?;

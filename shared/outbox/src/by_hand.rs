@@ -152,7 +152,7 @@ async fn settle_as_checked(
         tx.rollback().await?;
         return Ok(false);
     };
-    let Some((idempotency_key, fingerprint, route)) = operations::settle_unknown(
+    let Some((idempotency_key, fingerprint, route)) = store::settle_unknown(
         &mut tx,
         account_id,
         operation_id,
@@ -187,7 +187,7 @@ async fn settle_as_checked(
         .collect();
     idempotency.transitions().record(&mut tx, &journaled).await?;
     tx.commit().await?;
-    tracing::info!(%operation_id, by = %by.principal_id, state = settles.operation.as_str(),
+    tracing::info!(%operation_id, by = %by.principal_id, state = settles.operation.into_str(),
         "an operation whose outcome was unknown was settled by hand");
     Ok(true)
 }

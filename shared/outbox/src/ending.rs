@@ -4,7 +4,7 @@
 //! rollout), finished when the service sees it end. Each end is reported to
 //! the layer's sink, in that transaction, as the worker's are.
 
-use idempotency::{Idempotency, OperationIdentity, OperationState, store as operations, transitions::AuditEvent};
+use idempotency::{Idempotency, OperationIdentity, OperationState, transitions::AuditEvent};
 use platform::{Timestamp, Tx};
 
 use crate::store;
@@ -92,7 +92,7 @@ impl Ended<'_> {
         by: &str,
         now: Timestamp,
     ) -> Result<(), sqlx::Error> {
-        if !operations::settle_external(tx, self.account_id, self.operation_id, state, None, now).await? {
+        if !store::settle_external(tx, self.account_id, self.operation_id, state, None, now).await? {
             return Err(sqlx::Error::Protocol(format!(
                 "operation {} is not waiting for its outbox work",
                 self.operation_id

@@ -172,14 +172,14 @@ fn refusal(error: ByHandError, operation_id: &str, wanted: &str) -> ApiError {
         ByHandError::InvalidState(state, event) => {
             let mut problem = ApiError::invalid_state(format!(
                 "operation `{operation_id}` is `{}`{}: {wanted}",
-                state.as_str(),
+                state.into_str(),
                 event
-                    .map(|e| format!(", its outbox event `{}`", e.as_str()))
+                    .map(|e| format!(", its outbox event `{}`", e.into_str()))
                     .unwrap_or_default()
             ))
             .with("state", state);
             if let Some(event) = event {
-                problem = problem.with("outbox", event.as_str());
+                problem = problem.with("outbox", event.into_str());
             }
             problem
         }

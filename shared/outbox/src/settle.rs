@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use idempotency::{
     status::EventState,
-    store as operations,
     transitions::{AuditEvent, Record},
 };
 use platform::{Timestamp, metrics::names};
@@ -67,7 +66,7 @@ impl<D: Destination> Outbox<D> {
             return Ok(None);
         }
         if let Some(settles) = &plan.settles {
-            if !operations::settle_external(
+            if !store::settle_external(
                 &mut tx,
                 &event.account_id,
                 &event.operation_id,

@@ -20,7 +20,7 @@ pub async fn event_of(
             .fetch_optional(pool)
             .await?
     });
-    Ok(row.and_then(|(state, deliveries)| Some((EventState::parse(&state)?, deliveries))))
+    Ok(row.and_then(|(state, deliveries)| Some((state.parse().ok()?, deliveries))))
 }
 
 /// An operation's delivery as its status shows it: the event's state, why
@@ -53,7 +53,7 @@ pub(crate) async fn delivery_of(
     Ok(
         row.and_then(|(state, last_error, external_ref, lease_token, next_attempt_at)| {
             Some(DeliveryStatus {
-                state: EventState::parse(&state)?,
+                state: state.parse().ok()?,
                 last_error,
                 external_ref,
                 held_until: lease_token.map(|_| next_attempt_at),

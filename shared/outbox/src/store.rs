@@ -3,7 +3,7 @@
 //! compare-and-set on its lease token (docs/design.md §5).
 
 use idempotency::{
-    OperationIdentity,
+    OperationIdentity, OperationState,
     handoff::{Handoff, Writing},
     status::EventState,
 };
@@ -71,7 +71,7 @@ pub(crate) async fn take_due(
 ) -> Result<Vec<OutboxEvent>, sqlx::Error> {
     let states = states
         .iter()
-        .map(|s| format!("'{}'", s.as_str()))
+        .map(|s| format!("'{}'", s.into_str()))
         .collect::<Vec<_>>()
         .join(", ");
     let set = if send {
@@ -137,7 +137,7 @@ pub(crate) async fn let_go(
         )
         .bind(&event.event_id)
         .bind(&event.lease_token)
-        .bind(to.state.as_str())
+        .bind(to.state.into_str())
         .bind(to.failures)
         .bind(to.next_attempt_at)
         .bind(to.external_ref)
@@ -178,7 +178,7 @@ pub(crate) async fn count_failed_settlement(
         .fetch_optional(conn)
         .await?
     });
-    Ok(counted.map(|state| state == EventState::Dead.as_str()))
+    Ok(counted.map(|state| state == EventState::Dead.into_str()))
 }
 
 /// An event a person may settle by hand, as of `$now`: from any state but a
@@ -258,7 +258,7 @@ pub(crate) async fn settle_by_hand(
         sqlx::query_as::<_, EventRow>(SQL)
             .bind(account_id)
             .bind(operation_id)
-            .bind(to.state.as_str())
+            .bind(to.state.into_str())
             .bind(to.external_ref)
             .bind(to.last_error)
             .bind(now)
@@ -380,11 +380,67 @@ impl TryFrom<EventRow> for OutboxEvent {
             kind: row.kind,
             payload: serde_json::from_str(&row.payload).map_err(|_| corrupt("payload is not JSON"))?,
             external_key: row.external_key,
-            state: EventState::parse(&row.state).ok_or_else(|| corrupt("unknown state"))?,
+            state: row.state.parse().map_err(|_| corrupt("unknown state"))?,
             deliveries: row.deliveries,
             failures: row.failures,
             // an event settled by hand is returned with its lease already ended
             lease_token: row.lease_token.unwrap_or_default(),
         })
     }
+}
+
+/// Settles an operation whose work was handed on (the core's `handoff`) as that
+/// work ended; its answer stays the first. `false`: it was not waiting.
+pub(crate) async fn settle_external(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    state: OperationState,
+    external_ref: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, sqlx::Error> {
+    let done = on_tx!(tx, |conn| {
+        sqlx::query(
+            "UPDATE idempotency_operations SET state = $3, external_ref = COALESCE($4, external_ref), updated_at = $5 \
+             WHERE account_id = $1 AND operation_id = $2 AND lease_token IS NULL \
+               AND response_status IS NOT NULL AND state IN ('in_progress', 'unknown')",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(state.into_str())
+        .bind(external_ref)
+        .bind(now)
+        .execute(conn)
+        .await?
+        .rows_affected()
+    });
+    Ok(done == 1)
+}
+
+/// Settles an `unknown` operation as a person found it; its answer stays.
+/// `Some`: its key, fingerprint and route, for the journal; `None`: it is no
+/// longer `unknown`, or not there.
+pub(crate) async fn settle_unknown(
+    tx: &mut Tx,
+    account_id: &str,
+    operation_id: &str,
+    state: OperationState,
+    external_ref: Option<&str>,
+    now: Timestamp,
+) -> Result<Option<(String, String, String)>, sqlx::Error> {
+    let settled = on_tx!(tx, |conn| {
+        sqlx::query_as(
+            "UPDATE idempotency_operations SET state = $3, external_ref = COALESCE($4, external_ref), updated_at = $5 \
+             WHERE account_id = $1 AND operation_id = $2 AND state = 'unknown' \
+             RETURNING idempotency_key, fingerprint, route",
+        )
+        .bind(account_id)
+        .bind(operation_id)
+        .bind(state.into_str())
+        .bind(external_ref)
+        .bind(now)
+        .fetch_optional(conn)
+        .await?
+    });
+    Ok(settled)
 }

@@ -53,6 +53,18 @@ pub struct Principal {
     pub role: Role,
 }
 
+impl Principal {
+    /// Approvals and the journal are for approvers and admins, not agents.
+    pub fn may_read_approvals(&self) -> Result<(), ApiError> {
+        match self.role {
+            Role::Approver | Role::Admin => Ok(()),
+            Role::Agent => Err(ApiError::forbidden(
+                "approvals and the audit journal are for approvers and admins; an agent reads its operation's approval from its status_url",
+            )),
+        }
+    }
+}
+
 /// A plain API key. Its `Debug` and `Display` never show it.
 #[derive(Clone)]
 pub struct ApiKey(String);

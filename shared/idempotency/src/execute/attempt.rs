@@ -77,30 +77,24 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// A journal record of this attempt about `operation_id`.
-    pub(super) fn audit(&self, event: AuditEvent, operation_id: Option<&str>, at: Timestamp) -> Record {
-        let identity = OperationIdentity {
-            account_id: &self.principal.account_id,
-            operation_id: operation_id.unwrap_or_default(),
-            idempotency_key: self.headers.key.as_str(),
-            fingerprint: self.fingerprint.as_str(),
-            route: self.route,
-        };
-        // an attempt answered before it learned its operation names none
-        Record {
-            operation_id: operation_id.map(str::to_owned),
-            ..identity.audit(event, &self.principal.principal_id, None, at)
-        }
-    }
-
-    /// The identity an effect run with no layer is given (the measurement baseline): an id that names nothing.
-    pub(super) fn unrecorded<'b>(&'b self, operation_id: &'b str) -> OperationIdentity<'b> {
+    /// This attempt's operation, called `operation_id`; its fingerprint is empty until [`Self::begin`].
+    pub(super) fn identity<'b>(&'b self, operation_id: &'b str) -> OperationIdentity<'b> {
         OperationIdentity {
             account_id: &self.principal.account_id,
             operation_id,
             idempotency_key: self.headers.key.as_str(),
-            fingerprint: "",
+            fingerprint: self.fingerprint.as_str(),
             route: self.route,
+        }
+    }
+
+    /// A journal record of this attempt about `operation_id`; one answered before it learned its
+    /// operation names none.
+    pub(super) fn audit(&self, event: AuditEvent, operation_id: Option<&str>, at: Timestamp) -> Record {
+        let identity = self.identity(operation_id.unwrap_or_default());
+        Record {
+            operation_id: operation_id.map(str::to_owned),
+            ..identity.audit(event, &self.principal.principal_id, None, at)
         }
     }
 

@@ -102,7 +102,7 @@ impl Idempotency {
         debug_assert!(attempt.approval.is_none(), "a route that calls out takes no approval");
         if !self.config.enabled {
             let operation_id = new_operation_id();
-            return match call_out(&attempt.unrecorded(&operation_id)).await {
+            return match call_out(&attempt.identity(&operation_id)).await {
                 Ok(said) => {
                     self.run_unguarded(&attempt, async |tx, operation| effect(tx, operation, said).await)
                         .await
@@ -175,7 +175,7 @@ impl Idempotency {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };
-        match effect(&mut tx, &attempt.unrecorded(&new_operation_id())).await {
+        match effect(&mut tx, &attempt.identity(&new_operation_id())).await {
             Ok(done) if done.handoff.is_some() => {
                 let _ = tx.rollback().await;
                 ApiError::internal("work for the outbox needs the idempotency layer")

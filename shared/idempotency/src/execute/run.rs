@@ -67,7 +67,9 @@ impl Idempotency {
             Err(e) => return Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
         };
         if operation.approval_id.is_some() {
-            match self.ask_gate(&mut tx, operation, attempt).await {
+            let asked = attempt.approval.as_deref();
+            let checked = async { self.gate()?.check(&mut tx, operation, asked, Timestamp::now()).await };
+            match checked.await {
                 Ok(None) => {}
                 Ok(Some(refusal)) => {
                     let _ = tx.rollback().await;
@@ -88,17 +90,6 @@ impl Idempotency {
             return self.refuse(attempt, claim, &refusal).await;
         }
         self.conclude(attempt, claim, tx, ran).await
-    }
-
-    /// Why the gate does not let `operation` run after all, if it does not: asked in `tx`, the effect's.
-    async fn ask_gate(
-        &self,
-        tx: &mut Tx,
-        operation: &OperationRecord,
-        attempt: &Attempt<'_>,
-    ) -> Result<Option<Refusal>, ApiError> {
-        let asked = attempt.approval.as_deref();
-        self.gate()?.check(tx, operation, asked, Timestamp::now()).await
     }
 
     /// Ends an operation its gate does not let run: `rejected`, the refusal its answer for good.

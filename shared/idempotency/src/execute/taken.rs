@@ -169,12 +169,7 @@ impl Idempotency {
         let now = Timestamp::now();
         let (token, locked_until) = (new_lease_token(), now.plus(self.config.lease));
         let mut tx = self.begin().await?;
-        let held = if taking_over {
-            store::take_over(&mut tx, operation, &token, locked_until, now).await?
-        } else {
-            store::start_approved(&mut tx, operation, &token, locked_until, now).await?
-        };
-        let Some(held) = held else {
+        let Some(held) = store::hold(&mut tx, operation, &token, locked_until, now).await? else {
             tx.rollback().await?;
             return Ok(None);
         };

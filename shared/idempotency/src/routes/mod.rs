@@ -4,7 +4,7 @@
 mod operations;
 
 use axum::{Router, extract::FromRef, routing::get};
-use platform::{ApiError, Authenticator, Principal, Role};
+use platform::Authenticator;
 
 use crate::{layer::Idempotency, operation::OperationState, operation::ResourceRef, status::ApprovalState};
 
@@ -31,16 +31,6 @@ async fn metrics(axum::extract::State(idempotency): axum::extract::State<Idempot
         tracing::warn!(error = %e, "metrics: could not read the gauges from the database");
     }
     platform::metrics::exposition(idempotency.metrics().render())
-}
-
-/// Approvals and the journal are for approvers and admins, not agents.
-pub fn may_read_approvals(principal: &Principal) -> Result<(), ApiError> {
-    match principal.role {
-        Role::Approver | Role::Admin => Ok(()),
-        Role::Agent => Err(ApiError::forbidden(
-            "approvals and the audit journal are for approvers and admins; an agent reads its operation's approval from its status_url",
-        )),
-    }
 }
 
 #[derive(utoipa::OpenApi)]

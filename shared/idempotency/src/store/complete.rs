@@ -10,8 +10,10 @@ use crate::{
 
 use super::row::OperationRow;
 
-/// Takes over an operation whose lease ran out, by its old token and expiry.
-pub async fn take_over(
+/// Holds `operation` under a new lease if it is as it was read: a dead holder's (the same token,
+/// run out), or an approved operation's first run (`awaiting_approval` → `in_progress`). `None`:
+/// another attempt got there first.
+pub async fn hold(
     tx: &mut Tx,
     operation: &OperationRecord,
     new_token: &str,
@@ -19,9 +21,10 @@ pub async fn take_over(
     now: Timestamp,
 ) -> Result<Option<OperationRecord>, sqlx::Error> {
     const SQL: &str = concat!(
-        "UPDATE idempotency_operations SET lease_token = $3, locked_until = $4, updated_at = $5 \
-         WHERE account_id = $1 AND idempotency_key = $2 AND state = 'in_progress' \
-           AND lease_token = $6 AND locked_until <= $5 \
+        "UPDATE idempotency_operations \
+         SET state = 'in_progress', lease_token = $3, locked_until = $4, updated_at = $5 \
+         WHERE account_id = $1 AND idempotency_key = $2 AND state = $6 \
+           AND (state = 'awaiting_approval' OR (lease_token = $7 AND locked_until <= $5)) \
          RETURNING ",
         columns!()
     );
@@ -32,35 +35,8 @@ pub async fn take_over(
             .bind(new_token)
             .bind(locked_until)
             .bind(now)
+            .bind(operation.state.into_str())
             .bind(operation.lease_token.as_deref().unwrap_or(""))
-            .fetch_optional(conn)
-            .await?
-            .map(OperationRecord::try_from)
-            .transpose()?
-    }))
-}
-
-/// Starts an approved operation: `awaiting_approval` → `in_progress`, leased.
-pub async fn start_approved(
-    tx: &mut Tx,
-    operation: &OperationRecord,
-    token: &str,
-    locked_until: Timestamp,
-    now: Timestamp,
-) -> Result<Option<OperationRecord>, sqlx::Error> {
-    const SQL: &str = concat!(
-        "UPDATE idempotency_operations SET state = 'in_progress', lease_token = $3, locked_until = $4, updated_at = $5 \
-         WHERE account_id = $1 AND idempotency_key = $2 AND state = 'awaiting_approval' \
-         RETURNING ",
-        columns!()
-    );
-    Ok(on_tx!(tx, |conn| {
-        sqlx::query_as::<_, OperationRow>(SQL)
-            .bind(&operation.account_id)
-            .bind(operation.key.as_str())
-            .bind(token)
-            .bind(locked_until)
-            .bind(now)
             .fetch_optional(conn)
             .await?
             .map(OperationRecord::try_from)
@@ -111,90 +87,6 @@ pub async fn complete(
             .bind(key.as_str())
             .bind(lease_token);
         bind_completion!(query, completion).execute(conn).await?.rows_affected()
-    });
-    Ok(done == 1)
-}
-
-/// Settles an operation whose work was handed on ([`crate::handoff`]) as that
-/// work ended; its answer stays the first. `false`: it was not waiting.
-pub async fn settle_external(
-    tx: &mut Tx,
-    account_id: &str,
-    operation_id: &str,
-    state: OperationState,
-    external_ref: Option<&str>,
-    now: Timestamp,
-) -> Result<bool, sqlx::Error> {
-    let done = on_tx!(tx, |conn| {
-        sqlx::query(
-            "UPDATE idempotency_operations SET state = $3, external_ref = COALESCE($4, external_ref), updated_at = $5 \
-             WHERE account_id = $1 AND operation_id = $2 AND lease_token IS NULL \
-               AND response_status IS NOT NULL AND state IN ('in_progress', 'unknown')",
-        )
-        .bind(account_id)
-        .bind(operation_id)
-        .bind(state.as_str())
-        .bind(external_ref)
-        .bind(now)
-        .execute(conn)
-        .await?
-        .rows_affected()
-    });
-    Ok(done == 1)
-}
-
-/// Settles an `unknown` operation as a person found it; its answer stays.
-/// `Some`: its key, fingerprint and route, for the journal; `None`: it is no
-/// longer `unknown`, or not there.
-pub async fn settle_unknown(
-    tx: &mut Tx,
-    account_id: &str,
-    operation_id: &str,
-    state: OperationState,
-    external_ref: Option<&str>,
-    now: Timestamp,
-) -> Result<Option<(String, String, String)>, sqlx::Error> {
-    let settled = on_tx!(tx, |conn| {
-        sqlx::query_as(
-            "UPDATE idempotency_operations SET state = $3, external_ref = COALESCE($4, external_ref), updated_at = $5 \
-             WHERE account_id = $1 AND operation_id = $2 AND state = 'unknown' \
-             RETURNING idempotency_key, fingerprint, route",
-        )
-        .bind(account_id)
-        .bind(operation_id)
-        .bind(state.as_str())
-        .bind(external_ref)
-        .bind(now)
-        .fetch_optional(conn)
-        .await?
-    });
-    Ok(settled)
-}
-
-/// Ends an operation awaiting approval (rejected, expired); `false` if it was not.
-pub async fn settle_awaiting(
-    tx: &mut Tx,
-    account_id: &str,
-    operation_id: &str,
-    completion: &Completion<'_>,
-) -> Result<bool, sqlx::Error> {
-    let done = on_tx!(tx, |conn| {
-        sqlx::query(
-            "UPDATE idempotency_operations SET state = $3, response_status = $4, response_content_type = $5, \
-             response_location = $6, response_body = $7, updated_at = $8 \
-             WHERE account_id = $1 AND operation_id = $2 AND state = 'awaiting_approval'",
-        )
-        .bind(account_id)
-        .bind(operation_id)
-        .bind(completion.state.as_str())
-        .bind(i32::from(completion.response.status.as_u16()))
-        .bind(&completion.response.content_type)
-        .bind(completion.response.location.as_deref())
-        .bind(&completion.response.body)
-        .bind(completion.now)
-        .execute(conn)
-        .await?
-        .rows_affected()
     });
     Ok(done == 1)
 }

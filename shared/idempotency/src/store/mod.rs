@@ -15,7 +15,7 @@ macro_rules! columns {
 macro_rules! bind_completion {
     ($query:expr, $c:expr) => {
         $query
-            .bind($c.state.as_str())
+            .bind($c.state.into_str())
             .bind(i32::from($c.response.status.as_u16()))
             .bind(&$c.response.content_type)
             .bind($c.response.location.as_deref())
@@ -35,8 +35,6 @@ mod reap;
 mod row;
 
 pub use claim::{NewOperation, claim, claim_awaiting_approval, claim_finished};
-pub use complete::{
-    Completion, complete, give_back, settle_awaiting, settle_external, settle_unknown, start_approved, take_over,
-};
+pub use complete::{Completion, complete, give_back, hold};
 pub use read::{add_attempts, find_by_id, find_by_key};
 pub use reap::reap;

@@ -41,7 +41,7 @@ impl TryFrom<OperationRow> for OperationRecord {
 
     fn try_from(row: OperationRow) -> Result<Self, sqlx::Error> {
         let corrupt = |what: &str| sqlx::Error::Decode(format!("idempotency_operations: {what}").into());
-        let state = OperationState::parse(&row.state).ok_or_else(|| corrupt("unknown state"))?;
+        let state: OperationState = row.state.parse().map_err(|_| corrupt("unknown state"))?;
         let response = match (row.response_status, row.response_body) {
             (Some(status), Some(body)) => Some(StoredResponse {
                 status: u16::try_from(status)

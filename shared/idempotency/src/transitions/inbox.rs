@@ -39,7 +39,7 @@ macro_rules! bind_records {
                 .bind(r.idempotency_key.as_deref())
                 .bind(r.fingerprint.as_deref())
                 .bind(r.route.as_deref())
-                .bind(r.event.as_str())
+                .bind(r.event.into_str())
                 .bind(r.external_ref.as_deref())
                 .bind(r.at)
                 .bind(r.attempt)

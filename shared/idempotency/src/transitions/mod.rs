@@ -65,8 +65,11 @@ pub type Recording<'a> = Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + 
 pub type Observing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// A journal entry's event; docs/contract.md §8 says what each means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case", const_into_str)]
 pub enum AuditEvent {
     Attempted,
     Claimed,
@@ -91,31 +94,6 @@ pub enum AuditEvent {
     Redelivered,
     ExternalRefRefused,
 }
-
-named!(AuditEvent {
-    Attempted = "attempted",
-    Claimed = "claimed",
-    Replayed = "replayed",
-    KeyReused = "key_reused",
-    InProgress = "in_progress",
-    ApprovalRequested = "approval_requested",
-    Approved = "approved",
-    Rejected = "rejected",
-    Expired = "expired",
-    Stale = "stale",
-    Dispatched = "dispatched",
-    Accepted = "accepted",
-    Completed = "completed",
-    Failed = "failed",
-    Unknown = "unknown",
-    Reconciled = "reconciled",
-    Released = "released",
-    StateChanged = "state_changed",
-    Resolved = "resolved",
-    DeadLettered = "dead_lettered",
-    Redelivered = "redelivered",
-    ExternalRefRefused = "external_ref_refused",
-});
 
 /// What to record: who, which operation, what happened, when. Never an API key or a body.
 #[derive(Debug, Clone, PartialEq, Eq)]

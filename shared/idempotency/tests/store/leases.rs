@@ -295,6 +295,54 @@ async fn a_duplicate_that_waits_through_many_polls_names_its_operation_once_in_i
     assert!(line.contains(&held.operation_id), "{line}");
 }
 
+/// Its work went to the outbox: `in_progress` with no lease, answered, and settled only when
+/// that work ends. No retry may take it as a dead holder's, however its lease fields read.
+async fn an_operation_whose_work_was_handed_on_is_never_taken_over(backend: Backend) {
+    let f = fixture(backend).await;
+    let claimed = f
+        .claim("k", &json!({"n": 1}), Timestamp::now().minus(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let response = idempotency::StoredResponse {
+        status: StatusCode::ACCEPTED,
+        content_type: "application/json".into(),
+        location: None,
+        body: b"{}".to_vec(),
+    };
+    let handed_on = store::Completion {
+        state: OperationState::InProgress,
+        response: &response,
+        resource: None,
+        external_ref: None,
+        now: Timestamp::now(),
+    };
+    let mut tx = f.db.db.begin().await.unwrap();
+    let token = claimed.lease_token.as_deref().unwrap();
+    assert!(
+        store::complete(&mut tx, "acme", &claimed.key, token, &handed_on)
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+    let waiting = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
+    assert_eq!(
+        (waiting.state, waiting.lease_token.as_deref()),
+        (OperationState::InProgress, None)
+    );
+
+    let now = Timestamp::now();
+    let taken = take_over(&f.db.db, &waiting, "thief", now.plus(Duration::from_secs(30)), now)
+        .await
+        .unwrap();
+
+    assert!(
+        taken.is_none(),
+        "handed-on work is settled by the outbox, never run again"
+    );
+    let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
+    assert_eq!(stored.lease_token, None);
+}
+
 /// A takeover in a transaction of its own, as an attempt makes it.
 async fn take_over(
     db: &platform::Db,
@@ -304,7 +352,7 @@ async fn take_over(
     now: Timestamp,
 ) -> Result<Option<idempotency::OperationRecord>, sqlx::Error> {
     let mut tx = db.begin().await?;
-    let taken = store::take_over(&mut tx, operation, token, locked_until, now).await?;
+    let taken = store::hold(&mut tx, operation, token, locked_until, now).await?;
     tx.commit().await?;
     Ok(taken)
 }
@@ -317,4 +365,5 @@ platform::both_backends!(
     of_many_racing_takers_of_an_expired_lease_exactly_one_wins,
     a_lease_that_has_not_run_out_cannot_be_taken_over,
     an_attempt_that_lost_its_lease_cannot_complete_the_operation,
+    an_operation_whose_work_was_handed_on_is_never_taken_over,
 );

@@ -123,7 +123,7 @@ pub async fn insert_as_is(
     .bind(entry.idempotency_key.as_deref())
     .bind(entry.fingerprint.as_deref())
     .bind(entry.route.as_deref())
-    .bind(entry.event.as_str())
+    .bind(entry.event.into_str())
     .bind(entry.external_ref.as_deref())
     .bind(entry.at)
     .bind(&entry.prev_hash)
