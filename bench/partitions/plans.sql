@@ -36,6 +36,7 @@ UPDATE idempotency_outbox SET state = 'sending', deliveries = deliveries + 1, le
  WHERE state IN ('pending') AND next_attempt_at <= now()
    AND (account_id, seq) IN (SELECT account_id, seq FROM idempotency_outbox
                              WHERE state IN ('pending') AND next_attempt_at <= now()
+                               AND (state = 'pending' OR state = 'sending' OR state = 'unknown')
                              ORDER BY next_attempt_at LIMIT 16 FOR UPDATE SKIP LOCKED)
  RETURNING event_id;
 \else
@@ -45,6 +46,7 @@ UPDATE idempotency_outbox SET state = 'sending', deliveries = deliveries + 1, le
  WHERE state IN ('pending') AND next_attempt_at <= now()
    AND seq IN (SELECT seq FROM idempotency_outbox
                WHERE state IN ('pending') AND next_attempt_at <= now()
+                 AND (state = 'pending' OR state = 'sending' OR state = 'unknown')
                ORDER BY next_attempt_at LIMIT 16 FOR UPDATE SKIP LOCKED)
  RETURNING event_id;
 \endif
@@ -58,6 +60,7 @@ UPDATE idempotency_outbox SET lease_token = 'r', next_attempt_at = now() + inter
  WHERE state IN ('sending', 'unknown') AND next_attempt_at <= now()
    AND (account_id, seq) IN (SELECT account_id, seq FROM idempotency_outbox
                              WHERE state IN ('sending', 'unknown') AND next_attempt_at <= now()
+                               AND (state = 'pending' OR state = 'sending' OR state = 'unknown')
                              ORDER BY next_attempt_at LIMIT 16 FOR UPDATE SKIP LOCKED)
  RETURNING event_id;
 \else
@@ -66,6 +69,7 @@ UPDATE idempotency_outbox SET lease_token = 'r', next_attempt_at = now() + inter
  WHERE state IN ('sending', 'unknown') AND next_attempt_at <= now()
    AND seq IN (SELECT seq FROM idempotency_outbox
                WHERE state IN ('sending', 'unknown') AND next_attempt_at <= now()
+                 AND (state = 'pending' OR state = 'sending' OR state = 'unknown')
                ORDER BY next_attempt_at LIMIT 16 FOR UPDATE SKIP LOCKED)
  RETURNING event_id;
 \endif

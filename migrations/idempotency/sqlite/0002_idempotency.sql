@@ -6,8 +6,9 @@
 -- (state = 'a' OR ...), not IN: SQLite builds a temporary b-tree for an IN
 -- list of more than two values each time a statement evaluates it, and a
 -- CHECK is evaluated by every write of its row. So does the operations'
--- partial index, which every claim evaluates; the outbox's keeps IN, the
--- spelling its queries are matched to (docs/design.md §9).
+-- partial index, which every claim evaluates, and the outbox's, which every
+-- event's write evaluates; a query that reads a partial index repeats its
+-- WHERE in this spelling (docs/design.md §9).
 
 -- One row per operation: an account's idempotency key, claimed before any
 -- effect. The primary key makes the claim atomic: a second INSERT of the same
@@ -138,7 +139,7 @@ CREATE TABLE idempotency_outbox (
 ) STRICT;
 -- what the worker and the reconciler scan: events not settled yet, by when they are due
 CREATE INDEX idempotency_outbox_due ON idempotency_outbox (next_attempt_at)
-    WHERE state IN ('pending', 'sending', 'unknown');
+    WHERE state = 'pending' OR state = 'sending' OR state = 'unknown';
 -- what an admin looks at: operations whose outcome is unknown (their events are
 -- never delivered or failed) and dead events, by account
 CREATE INDEX idempotency_outbox_unsettled ON idempotency_outbox (account_id, seq)

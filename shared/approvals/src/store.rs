@@ -1,6 +1,7 @@
 //! The approvals table, on both backends: insert, find, list and count,
 //! the decision and the expiry as compare-and-set writes, and the check the
-//! running attempt makes inside its effect's transaction (docs/contract.md §6).
+//! running attempt makes inside its effect's transaction (docs/contract.md §6),
+//! and the ending of an operation whose wait was rejected or expired.
 
 use platform::{Db, Timestamp, Tx, on_pool, on_tx};
 

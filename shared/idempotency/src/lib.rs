@@ -86,8 +86,9 @@
 //!   gauges, the operations it leaves for a person, its background work.
 //!
 //! What else an extension uses is public and says so ([`Idempotency::begin`], [`Idempotency::transitions`],
-//! [`OperationIdentity`]). An extension that ends an operation (the outbox settling handed-on work,
-//! a rejected approval) does so with a statement of its own, a compare-and-set on the state it expects.
+//! [`OperationIdentity`], [`store::Completion`]). An extension that ends an operation waiting on it
+//! (the outbox settling handed-on work, a rejected or expired approval) does so with a statement of
+//! its own, a compare-and-set on the state it expects.
 
 pub mod attempts;
 pub mod config;

@@ -14,7 +14,9 @@ use crate::{
     Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString,
 )]
 #[serde(rename_all = "snake_case")]
+// stored as `into_str()` and read back by `str::parse`: strum's names, by serde's rule
 #[strum(serialize_all = "snake_case", const_into_str)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 pub enum OperationState {
     /// Claimed; an attempt holds the lease and is running it.
     InProgress,
@@ -167,7 +169,34 @@ pub fn first_operation_id_at(at: Timestamp) -> String {
 mod tests {
     use std::time::Duration;
 
+    use strum::IntoEnumIterator;
+
     use super::*;
+    use crate::status::{ApprovalState, EventState};
+
+    /// The text a state or an event is stored as, and filtered by, is the name the API shows.
+    fn stored_as_shown<T>()
+    where
+        T: IntoEnumIterator + Serialize + std::str::FromStr + PartialEq + std::fmt::Debug + Copy,
+        &'static str: From<T>,
+    {
+        for value in T::iter() {
+            let stored = <&'static str>::from(value);
+            assert_eq!(serde_json::to_value(value).unwrap(), stored, "{value:?}");
+            assert!(
+                stored.parse::<T>().ok() == Some(value),
+                "{stored} reads back as {value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_state_and_event_is_stored_under_the_name_the_api_shows_and_read_back_as_itself() {
+        stored_as_shown::<OperationState>();
+        stored_as_shown::<AuditEvent>();
+        stored_as_shown::<ApprovalState>();
+        stored_as_shown::<EventState>();
+    }
 
     #[test]
     fn the_first_operation_id_of_a_time_sorts_above_earlier_ids_and_below_later_ones() {

@@ -91,7 +91,9 @@ pub struct NeedsAPerson {
     Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString,
 )]
 #[serde(rename_all = "snake_case")]
+// stored as `into_str()` and read back by `str::parse`: strum's names, by serde's rule
 #[strum(serialize_all = "snake_case", const_into_str)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 pub enum ApprovalState {
     /// Waiting for a decision, and not yet past `expires_at`.
     Pending,
@@ -104,7 +106,9 @@ pub enum ApprovalState {
 /// Where an event is in its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString)]
 #[serde(rename_all = "snake_case")]
+// stored as `into_str()` and read back by `str::parse`: strum's names, by serde's rule
 #[strum(serialize_all = "snake_case", const_into_str)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 pub enum EventState {
     /// To be sent (first, or again).
     Pending,

@@ -1,6 +1,8 @@
 //! The outbox's SQL: one function per statement, each written once for both
 //! backends (docs/design.md §9). Every write to a held event is a
-//! compare-and-set on its lease token (docs/design.md §5).
+//! compare-and-set on its lease token (docs/design.md §5); the two endings of
+//! an operation the outbox settles (`settle_external`, `settle_unknown`) are
+//! compare-and-sets on the operation's state.
 
 use idempotency::{
     OperationIdentity, OperationState,
@@ -56,6 +58,36 @@ macro_rules! event_columns {
     };
 }
 
+/// [`take_due`]'s statement, for PostgreSQL or SQLite.
+fn take_due_sql(states: &[EventState], send: bool, postgres: bool) -> String {
+    let states = states
+        .iter()
+        .map(|s| format!("'{}'", s.into_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let set = if send {
+        "state = 'sending', deliveries = deliveries + 1,"
+    } else {
+        ""
+    };
+    let skip_locked = if postgres { "FOR UPDATE SKIP LOCKED" } else { "" };
+    // the condition twice: the inner one picks the events, the outer one is
+    // checked again on each row as it is written, so an event another worker
+    // took in between is left alone
+    let due = format!("state IN ({states}) AND next_attempt_at <= $3");
+    // the due index's own WHERE, as SQLite's migration spells it: SQLite reads
+    // a partial index only for a query whose WHERE holds that very term
+    let unsettled = "(state = 'pending' OR state = 'sending' OR state = 'unknown')";
+    format!(
+        "UPDATE idempotency_outbox SET {set} lease_token = $1, next_attempt_at = $2, updated_at = $3 \
+         WHERE {due} AND (account_id, seq) IN (SELECT account_id, seq FROM idempotency_outbox \
+                                                WHERE {due} AND {unsettled} \
+                                                ORDER BY next_attempt_at LIMIT $4 {skip_locked}) \
+         RETURNING {}",
+        event_columns!()
+    )
+}
+
 /// Takes due events in `states` under a new lease (until `until`): one
 /// statement, so two workers never take the same event (PostgreSQL skips rows
 /// another transaction holds; SQLite has one writer). `send`: they are being
@@ -69,32 +101,7 @@ pub(crate) async fn take_due(
     now: Timestamp,
     batch: i64,
 ) -> Result<Vec<OutboxEvent>, sqlx::Error> {
-    let states = states
-        .iter()
-        .map(|s| format!("'{}'", s.into_str()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let set = if send {
-        "state = 'sending', deliveries = deliveries + 1,"
-    } else {
-        ""
-    };
-    let skip_locked = if matches!(tx, Tx::Postgres(_)) {
-        "FOR UPDATE SKIP LOCKED"
-    } else {
-        ""
-    };
-    // the condition twice: the inner one picks the events, the outer one is
-    // checked again on each row as it is written, so an event another worker
-    // took in between is left alone
-    let due = format!("state IN ({states}) AND next_attempt_at <= $3");
-    let sql = format!(
-        "UPDATE idempotency_outbox SET {set} lease_token = $1, next_attempt_at = $2, updated_at = $3 \
-         WHERE {due} AND (account_id, seq) IN (SELECT account_id, seq FROM idempotency_outbox WHERE {due} \
-                                                       ORDER BY next_attempt_at LIMIT $4 {skip_locked}) \
-         RETURNING {}",
-        event_columns!()
-    );
+    let sql = take_due_sql(states, send, matches!(tx, Tx::Postgres(_)));
     let taken = on_tx!(tx, |conn| {
         sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(sql.as_str()))
             .bind(token)
@@ -389,7 +396,7 @@ impl TryFrom<EventRow> for OutboxEvent {
     }
 }
 
-/// Settles an operation whose work was handed on (the core's `handoff`) as that
+/// Settles an operation whose work was handed on ([`idempotency::handoff`]) as that
 /// work ended; its answer stays the first. `false`: it was not waiting.
 pub(crate) async fn settle_external(
     tx: &mut Tx,
@@ -443,4 +450,38 @@ pub(crate) async fn settle_unknown(
         .await?
     });
     Ok(settled)
+}
+
+#[cfg(test)]
+mod tests {
+    use platform::{Backend, on_pool, testing::TestDb};
+
+    use super::*;
+
+    /// SQLite only: PostgreSQL proves the index usable from any subset of its states, and picks by cost.
+    #[tokio::test]
+    async fn the_scans_for_due_events_read_the_due_index_on_sqlite_not_the_whole_table() {
+        let db = TestDb::new(Backend::Sqlite).await;
+        db.db
+            .migrate(&[&platform::MIGRATIONS, &idempotency::MIGRATIONS])
+            .await
+            .unwrap();
+        let worker = take_due_sql(&[EventState::Pending], true, false);
+        let reconciler = take_due_sql(&[EventState::Sending, EventState::Unknown], false, false);
+        for sql in [worker, reconciler] {
+            let plan: Vec<(i64, i64, i64, String)> = on_pool!(db.db.read(), |pool| {
+                sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                    .fetch_all(pool)
+                    .await
+                    .unwrap()
+            });
+            let plan: Vec<String> = plan.into_iter().map(|(_, _, _, step)| step).collect();
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX idempotency_outbox_due"))
+                    && !plan.iter().any(|step| step.starts_with("SCAN idempotency_outbox")),
+                "{plan:#?}"
+            );
+        }
+    }
 }

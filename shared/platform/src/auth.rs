@@ -54,7 +54,7 @@ pub struct Principal {
 }
 
 impl Principal {
-    /// Approvals and the journal are for approvers and admins, not agents.
+    /// Approvals and the journal are for approvers and admins, not agents: here, as both ask it.
     pub fn may_read_approvals(&self) -> Result<(), ApiError> {
         match self.role {
             Role::Approver | Role::Admin => Ok(()),

@@ -101,6 +101,7 @@ impl Idempotency {
     {
         debug_assert!(attempt.approval.is_none(), "a route that calls out takes no approval");
         if !self.config.enabled {
+            // not begun, so no fingerprint: an id that names nothing
             let operation_id = new_operation_id();
             return match call_out(&attempt.identity(&operation_id)).await {
                 Ok(said) => {
@@ -175,6 +176,7 @@ impl Idempotency {
             Ok(tx) => tx,
             Err(e) => return ApiError::from(e).into_response(),
         };
+        // not begun, so no fingerprint: an id that names nothing
         match effect(&mut tx, &attempt.identity(&new_operation_id())).await {
             Ok(done) if done.handoff.is_some() => {
                 let _ = tx.rollback().await;

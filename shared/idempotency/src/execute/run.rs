@@ -67,6 +67,7 @@ impl Idempotency {
             Err(e) => return Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
         };
         if operation.approval_id.is_some() {
+            // the gate again, in the effect's transaction: a decision may have changed since
             let asked = attempt.approval.as_deref();
             let checked = async { self.gate()?.check(&mut tx, operation, asked, Timestamp::now()).await };
             match checked.await {

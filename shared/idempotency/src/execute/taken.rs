@@ -158,8 +158,8 @@ impl Idempotency {
         }
     }
 
-    /// Takes `operation` under a lease of this attempt's: a dead holder's (`taking_over`), or an
-    /// approved operation's first run. `None`: another attempt took it first.
+    /// Takes `operation` under a lease of this attempt's: a dead holder's, or an approved
+    /// operation's run; `taking_over` only says which, for the log. `None`: another attempt took it first.
     async fn hold(
         &self,
         attempt: &Attempt<'_>,

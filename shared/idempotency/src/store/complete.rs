@@ -11,8 +11,9 @@ use crate::{
 use super::row::OperationRow;
 
 /// Holds `operation` under a new lease if it is as it was read: a dead holder's (the same token,
-/// run out), or an approved operation's first run (`awaiting_approval` → `in_progress`). `None`:
-/// another attempt got there first.
+/// run out), or an approved operation's run (`awaiting_approval` → `in_progress`). `None`:
+/// another attempt got there first. Only those two can match: a lease exists only `in_progress`
+/// (the schema's CHECK), and handed-on or finished work has none, so `lease_token = $7` is never true.
 pub async fn hold(
     tx: &mut Tx,
     operation: &OperationRecord,

@@ -69,7 +69,9 @@ pub type Observing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
     Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, strum::IntoStaticStr, strum::EnumString,
 )]
 #[serde(rename_all = "snake_case")]
+// stored as `into_str()` and read back by `str::parse`: strum's names, by serde's rule
 #[strum(serialize_all = "snake_case", const_into_str)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 pub enum AuditEvent {
     Attempted,
     Claimed,

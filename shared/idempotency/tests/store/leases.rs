@@ -339,6 +339,14 @@ async fn an_operation_whose_work_was_handed_on_is_never_taken_over(backend: Back
         taken.is_none(),
         "handed-on work is settled by the outbox, never run again"
     );
+    // a duplicate that read the operation while its lease had run out, before it was handed on
+    let read_before = take_over(&f.db.db, &claimed, "late", now.plus(Duration::from_secs(30)), now)
+        .await
+        .unwrap();
+    assert!(
+        read_before.is_none(),
+        "what a duplicate read before the hand-off takes nothing"
+    );
     let stored = store::find_by_key(&f.db.db, "acme", "k").await.unwrap().unwrap();
     assert_eq!(stored.lease_token, None);
 }
