@@ -6,7 +6,6 @@ use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use idempotency::fingerprint::canonical_json;
 pub use idempotency::transitions::{AuditEvent, Record, StateChange};
 
 /// The hash before the first entry.
@@ -48,29 +47,33 @@ pub struct AuditEntry {
 /// Everything but `hash`: what the hash covers. The fields most entries do
 /// not have (the attempt, the resource, the evidence) are left out when empty, so an entry
 /// hashes the same whichever of them it lacks.
+///
+/// Its members are declared in RFC 8785's order (by name, all ASCII), and each is a string,
+/// null or an integer below 2^53, which a double writes as its digits: so serde's JSON of it
+/// is its canonical JSON, with no `Value` built and sorted for every entry a round links.
 #[derive(Serialize)]
 struct Hashed<'a> {
-    seq: i64,
     account_id: &'a str,
-    principal_id: &'a str,
-    operation_id: Option<&'a str>,
-    idempotency_key: Option<&'a str>,
-    fingerprint: Option<&'a str>,
-    route: Option<&'a str>,
-    event: AuditEvent,
-    external_ref: Option<&'a str>,
     at: Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempt: Option<i64>,
+    event: AuditEvent,
     #[serde(skip_serializing_if = "Option::is_none")]
-    resource_type: Option<&'a str>,
+    evidence: Option<&'a str>,
+    external_ref: Option<&'a str>,
+    fingerprint: Option<&'a str>,
+    idempotency_key: Option<&'a str>,
+    operation_id: Option<&'a str>,
+    prev_hash: &'a str,
+    principal_id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     resource_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    state: Option<&'a str>,
+    resource_type: Option<&'a str>,
+    route: Option<&'a str>,
+    seq: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    evidence: Option<&'a str>,
-    prev_hash: &'a str,
+    state: Option<&'a str>,
 }
 
 impl AuditEntry {
@@ -123,8 +126,7 @@ impl AuditEntry {
         };
         let mut digest = Sha256::new();
         digest.update(self.prev_hash.as_bytes());
-        let hashed = serde_json::to_value(hashed).expect("an entry serializes to JSON");
-        digest.update(canonical_json(&hashed));
+        serde_json::to_writer(&mut digest, &hashed).expect("an entry writes to a digest");
         hex::encode(digest.finalize())
     }
 }
