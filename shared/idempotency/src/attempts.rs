@@ -18,6 +18,11 @@ pub const KEYS_COUNTED_AT_MOST: usize = 10_000;
 /// How long a request that found no room waits after a refused write.
 const WRITE_AGAIN_AFTER: Duration = Duration::from_millis(100);
 
+/// How long counts gather before they are written: a key retried in a tight
+/// loop is written once in this time, not once a retry. A status read writes
+/// first, so what it shows is never late.
+const GATHER_FOR: Duration = Duration::from_secs(1);
+
 /// The attempt counts of one process. A cheap handle: clones share them.
 #[derive(Debug, Clone, Default)]
 pub struct AttemptCounter {
@@ -97,11 +102,11 @@ impl AttemptCounter {
         Ok(())
     }
 
-    /// Flushes shortly after counts arrive, coalescing whatever comes meanwhile.
+    /// Flushes [`GATHER_FOR`] after counts arrive, coalescing whatever comes meanwhile.
     pub async fn write_continuously(self, db: Db) {
         loop {
             self.shared.wake.notified().await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(GATHER_FOR).await;
             if let Err(e) = self.flush(&db).await {
                 tracing::warn!(error = %e, "could not write attempt counts; they are kept for the next round");
             }
