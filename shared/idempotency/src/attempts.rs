@@ -102,7 +102,7 @@ impl AttemptCounter {
         Ok(())
     }
 
-    /// Flushes [`GATHER_FOR`] after counts arrive, coalescing whatever comes meanwhile.
+    /// Flushes a second after counts arrive, coalescing whatever comes meanwhile.
     pub async fn write_continuously(self, db: Db) {
         loop {
             self.shared.wake.notified().await;
