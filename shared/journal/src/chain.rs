@@ -6,6 +6,7 @@ use platform::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use idempotency::fingerprint::MAX_EXACT_INTEGER;
 pub use idempotency::transitions::{AuditEvent, Record, StateChange};
 
 /// The hash before the first entry.
@@ -49,8 +50,9 @@ pub struct AuditEntry {
 /// hashes the same whichever of them it lacks.
 ///
 /// Its members are declared in RFC 8785's order (by name, all ASCII), and each is a string,
-/// null or an integer below 2^53, which a double writes as its digits: so serde's JSON of it
-/// is its canonical JSON, with no `Value` built and sorted for every entry a round links.
+/// null or an integer within 2^53 − 1, which a double writes as its digits (an export with a
+/// larger one is refused as it is read): so serde's JSON of it is its canonical JSON, with no
+/// `Value` built and sorted for every entry a round links.
 #[derive(Serialize)]
 struct Hashed<'a> {
     account_id: &'a str,
@@ -265,7 +267,7 @@ pub fn from_json_lines(text: &str) -> Result<Vec<AuditEntry>, String> {
 
 /// One exported entry; what refuses it names its entry.
 fn read_entry(line: &str) -> Result<AuditEntry, String> {
-    serde_json::from_str(line).map_err(|e| {
+    let entry: AuditEntry = serde_json::from_str(line).map_err(|e| {
         let seq = serde_json::from_str::<serde_json::Value>(line)
             .ok()
             .and_then(|entry| entry.get("seq").map(ToString::to_string))
@@ -275,5 +277,15 @@ fn read_entry(line: &str) -> Result<AuditEntry, String> {
         } else {
             format!("entry {seq}: {e}")
         }
-    })
+    })?;
+    // past 2^53 canonical JSON rounds an integer, which `Hashed` does not: refused, as a fingerprint refuses one
+    for (member, value) in [("seq", Some(entry.seq)), ("attempt", entry.attempt)] {
+        if value.is_some_and(|n| n.unsigned_abs() > MAX_EXACT_INTEGER) {
+            return Err(format!(
+                "entry {}: `{member}` must be at most {MAX_EXACT_INTEGER} in magnitude",
+                entry.seq
+            ));
+        }
+    }
+    Ok(entry)
 }

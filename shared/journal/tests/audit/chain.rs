@@ -310,6 +310,25 @@ fn an_entry_with_every_field_set_hashes_as_the_reference_canonical_json_gives() 
     assert_eq!(entries[0].attempt, Some(3));
 }
 
+/// Canonical JSON writes every number as a double, so past 2^53 − 1 two
+/// sequence numbers or attempts would hash alike: an exported entry holding
+/// one is refused, naming its member, where one at the bound reads. (No
+/// database: the same on both backends.)
+#[test]
+fn an_exported_entry_with_an_integer_canonical_json_cannot_hold_exactly_is_refused() {
+    let line = r#"{"seq":1,"account_id":"acme","principal_id":"acme-agent","operation_id":"op_1","idempotency_key":"key-1","fingerprint":null,"route":"/v1/tickets","event":"completed","external_ref":null,"at":"2026-12-01T09:30:00.000000Z","prev_hash":"0000000000000000000000000000000000000000000000000000000000000000","hash":"f5b9292f95ff433ebc0a1b0bbc03ba67b6374ce128faac3e7519711666c47ea3"}"#;
+    let at_the_bound = line.replacen(r#""seq":1"#, r#""seq":9007199254740991"#, 1);
+    assert!(audit::from_json_lines(&at_the_bound).is_ok());
+
+    for (member, past_the_bound) in [
+        ("seq", line.replacen(r#""seq":1"#, r#""seq":9007199254740992"#, 1)),
+        ("attempt", line.replacen('}', r#","attempt":-9007199254740992}"#, 1)),
+    ] {
+        let said = audit::from_json_lines(&past_the_bound).expect_err("an inexact integer is refused");
+        assert!(said.contains(&format!("`{member}` must be at most 9007199254740991")), "{said}");
+    }
+}
+
 /// An exported entry carries nothing its hash does not cover: a line with an
 /// added member (`extra`, a made-up `amount`) is refused, naming its entry
 /// and the member, though every member the hash covers is unchanged. (No
