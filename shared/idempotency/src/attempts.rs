@@ -20,7 +20,7 @@ const WRITE_AGAIN_AFTER: Duration = Duration::from_millis(100);
 
 /// How long counts gather before they are written: a key retried in a tight
 /// loop is written once in this time, not once a retry. A status read writes
-/// first, so what it shows is never late.
+/// this process's counts first, so it shows them exact.
 const GATHER_FOR: Duration = Duration::from_secs(1);
 
 /// The attempt counts of one process. A cheap handle: clones share them.
