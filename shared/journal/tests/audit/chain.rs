@@ -325,7 +325,10 @@ fn an_exported_entry_with_an_integer_canonical_json_cannot_hold_exactly_is_refus
         ("attempt", line.replacen('}', r#","attempt":-9007199254740992}"#, 1)),
     ] {
         let said = audit::from_json_lines(&past_the_bound).expect_err("an inexact integer is refused");
-        assert!(said.contains(&format!("`{member}` must be at most 9007199254740991")), "{said}");
+        assert!(
+            said.contains(&format!("`{member}` must be at most 9007199254740991")),
+            "{said}"
+        );
     }
 }
 
