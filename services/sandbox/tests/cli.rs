@@ -47,6 +47,28 @@ fn a_port_already_in_use_names_the_server_its_address_and_the_variable_that_move
     assert!(said.contains("already in use"), "says why: {said}");
 }
 
+#[test]
+fn a_time_setting_too_long_for_any_clock_stops_the_sandbox_naming_the_setting_without_a_panic() {
+    for variable in [
+        "RETRYSAFE_LEASE_SECONDS",
+        "RETRYSAFE_RETENTION_HOURS",
+        "RETRYSAFE_OUTBOX_LEASE_SECONDS",
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let output = std::process::Command::new(BINARY)
+            .env(variable, "1e300")
+            .env("RETRYSAFE_DATA_DIR", data.path())
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("the sandbox binary starts");
+
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "the sandbox stops: {said}");
+        assert!(said.contains(variable), "names the setting: {said}");
+        assert!(!said.contains("panicked"), "no panic: {said}");
+    }
+}
+
 async fn create_api_key_makes_a_key_for_the_service_named_that_acts_with_its_role(backend: Backend) {
     let payments = TestDb::new(backend).await;
 

@@ -38,8 +38,8 @@ struct Cli {
     #[arg(long, env = "AGENT_ACCOUNT", global = true)]
     account: Option<String>,
     /// Seconds one request may take before its answer counts as lost.
-    #[arg(long, default_value_t = 10.0, global = true)]
-    timeout: f64,
+    #[arg(long, default_value = "10", value_parser = seconds, global = true)]
+    timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -59,8 +59,8 @@ enum Command {
         #[arg(long)]
         data: String,
         /// Seconds to follow work that goes on after its answer (a capture, a deployment).
-        #[arg(long, default_value_t = 0.0)]
-        follow: f64,
+        #[arg(long, default_value = "0", value_parser = seconds)]
+        follow: Duration,
     },
     /// Shows an operation's status at a service, by the name the journal knows it by, or by its id.
     Status {
@@ -101,7 +101,7 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
     let config = AgentConfig {
-        request_timeout: Duration::from_secs_f64(cli.timeout.max(0.1)),
+        request_timeout: cli.timeout.max(Duration::from_millis(100)),
         ..AgentConfig::default()
     };
     let account = Account::of(cli.account.as_deref(), &cli.token);
@@ -118,7 +118,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
         } => {
             let body = read_body(&data)?;
             let agent = open(AgentConfig {
-                follow_for: Duration::from_secs_f64(follow.max(0.0)),
+                follow_for: follow,
                 ..config
             })
             .await?;
@@ -175,6 +175,15 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// A number of seconds, 0 or more, that a `Duration` holds: `inf` or `1e300` is a usage error, not a panic.
+fn seconds(text: &str) -> Result<Duration, String> {
+    let n: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    Duration::try_from_secs_f64(n).map_err(|_| format!("`{text}` is not a number of seconds from 0 to a few centuries"))
 }
 
 fn read_body(data: &str) -> Result<serde_json::Value, AgentError> {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use platform::config::number;
+use platform::config::duration;
 
 /// When a first attempt's claim commits (docs/design.md §2, §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,17 +52,14 @@ impl IdempotencyConfig {
     /// The settings in `RETRYSAFE_*` variables (docs/configuration.md).
     pub fn from_env() -> Result<Self, String> {
         let mut config = IdempotencyConfig::default();
-        if let Some(seconds) = number("RETRYSAFE_LEASE_SECONDS")? {
-            config.lease = Duration::from_secs_f64(seconds);
-        }
-        if let Some(hours) = number("RETRYSAFE_RETENTION_HOURS")? {
-            config.retention = Duration::from_secs_f64(hours * 3600.0);
-        }
-        if let Some(seconds) = number("RETRYSAFE_REAP_EVERY_SECONDS")? {
-            config.reap_every = Duration::from_secs_f64(seconds);
-        }
-        if let Some(seconds) = number("RETRYSAFE_APPROVAL_TTL_SECONDS")? {
-            config.approval_ttl = Duration::from_secs_f64(seconds);
+        let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+        for (name, unit, setting) in [
+            ("RETRYSAFE_LEASE_SECONDS", second, &mut config.lease),
+            ("RETRYSAFE_RETENTION_HOURS", hour, &mut config.retention),
+            ("RETRYSAFE_REAP_EVERY_SECONDS", second, &mut config.reap_every),
+            ("RETRYSAFE_APPROVAL_TTL_SECONDS", second, &mut config.approval_ttl),
+        ] {
+            *setting = duration(name, unit)?.unwrap_or(*setting);
         }
         // 0 is a size like any other here: no answer is kept in memory
         if let Ok(entries) = std::env::var("RETRYSAFE_REPLAY_CACHE")

@@ -53,17 +53,14 @@ impl OutboxConfig {
     /// `RETRYSAFE_OUTBOX_MAX_FAILURES` (10).
     pub fn from_env() -> Result<Self, String> {
         let mut config = OutboxConfig::default();
-        if let Some(seconds) = platform::config::number("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS")? {
-            config.delivery_timeout = Duration::from_secs_f64(seconds);
-        }
-        if let Some(seconds) = platform::config::number("RETRYSAFE_OUTBOX_LEASE_SECONDS")? {
-            config.lease = Duration::from_secs_f64(seconds);
-        }
-        if let Some(seconds) = platform::config::number("RETRYSAFE_RECONCILE_AFTER_SECONDS")? {
-            config.reconcile_after = Duration::from_secs_f64(seconds);
-        }
-        if let Some(seconds) = platform::config::number("RETRYSAFE_OUTBOX_BACKOFF_SECONDS")? {
-            config.backoff = Duration::from_secs_f64(seconds);
+        let second = Duration::from_secs(1);
+        for (name, setting) in [
+            ("RETRYSAFE_OUTBOX_TIMEOUT_SECONDS", &mut config.delivery_timeout),
+            ("RETRYSAFE_OUTBOX_LEASE_SECONDS", &mut config.lease),
+            ("RETRYSAFE_RECONCILE_AFTER_SECONDS", &mut config.reconcile_after),
+            ("RETRYSAFE_OUTBOX_BACKOFF_SECONDS", &mut config.backoff),
+        ] {
+            *setting = platform::config::duration(name, second)?.unwrap_or(*setting);
         }
         if let Some(n) = platform::config::number("RETRYSAFE_OUTBOX_MAX_FAILURES")? {
             if n.fract() != 0.0 || n > f64::from(i32::MAX) {

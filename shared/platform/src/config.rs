@@ -120,6 +120,14 @@ pub fn number(name: &str) -> Result<Option<f64>, String> {
     }
 }
 
+/// [`number`] `unit`s as a duration: one too long for a `Duration` is an error, not a panic.
+pub fn duration(name: &str, unit: Duration) -> Result<Option<Duration>, String> {
+    let Some(n) = number(name)? else { return Ok(None) };
+    Duration::try_from_secs_f64(n * unit.as_secs_f64())
+        .map(Some)
+        .map_err(|_| format!("{name} `{n}` is too long a time"))
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
 pub struct ConfigError(pub String);
