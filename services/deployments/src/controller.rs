@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use idempotency::{Idempotency, OperationState};
-use outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling};
+use outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement};
 use platform::{ApiError, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -414,7 +414,12 @@ impl Ledger for Rollouts {
         false
     }
 
-    fn settle<'a>(&'a self, tx: &'a mut Tx, event: &'a OutboxEvent, settlement: Settlement<'a>) -> Settling<'a> {
+    fn settle<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        event: &'a OutboxEvent,
+        settlement: Settlement<'a>,
+    ) -> idempotency::BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let order = order(event).map_err(sqlx::Error::Protocol)?;
             store::settle_rollout(tx, &event.account_id, &order.deployment_id, settlement).await

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement, Settling};
+use outbox::{Delivery, Destination, Ledger, Lookup, OutboxEvent, Settlement};
 use platform::Tx;
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -335,7 +335,12 @@ impl Destination for Provider {
 pub struct Transfers;
 
 impl Ledger for Transfers {
-    fn settle<'a>(&'a self, tx: &'a mut Tx, event: &'a OutboxEvent, settlement: Settlement<'a>) -> Settling<'a> {
+    fn settle<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        event: &'a OutboxEvent,
+        settlement: Settlement<'a>,
+    ) -> idempotency::BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             match Order::of(event).map_err(sqlx::Error::Protocol)? {
                 Order::Charge(charge) => {

@@ -3,7 +3,7 @@
 //! expiry of approvals past their time.
 
 use idempotency::{
-    Boxed, Extension, Idempotency, OperationRecord,
+    BoxFuture, Extension, Idempotency, OperationRecord,
     status::{OperationApproval, OperationView},
 };
 use platform::{Db, Timestamp, metrics::Metrics, metrics::names};
@@ -18,7 +18,7 @@ impl Extension for Approvals {
         db: &'a Db,
         operation: &'a OperationRecord,
         view: &'a mut OperationView,
-    ) -> Boxed<'a, Result<(), sqlx::Error>> {
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let Some(id) = &operation.approval_id else {
                 return Ok(());
@@ -40,7 +40,7 @@ impl Extension for Approvals {
         db: &'a Db,
         metrics: &'a Metrics,
         now: Timestamp,
-    ) -> Boxed<'a, Result<(), sqlx::Error>> {
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let approvals = store::count_by_state(db, now).await?;
             platform::metrics::gauges::set_each(metrics, names::APPROVALS, &APPROVAL_STATES, &approvals);
@@ -49,7 +49,7 @@ impl Extension for Approvals {
     }
 
     /// Expires the approvals past their time, as often as the reaper reaps.
-    fn keep(&self, idempotency: &Idempotency) -> Option<Boxed<'static, ()>> {
+    fn keep(&self, idempotency: &Idempotency) -> Option<BoxFuture<'static, ()>> {
         let idempotency = idempotency.clone();
         Some(Box::pin(async move {
             let mut tick = tokio::time::interval(idempotency.config().reap_every);

@@ -5,8 +5,8 @@
 
 use axum::http::StatusCode;
 use idempotency::{
-    Fingerprint, OperationRecord, OperationState, StoredResponse,
-    gate::{self, ApprovalState, Asking, Gate, Refusal, Request, Requested, Waiting},
+    BoxFuture, Fingerprint, OperationRecord, OperationState, StoredResponse,
+    gate::{self, ApprovalState, Gate, Refusal, Request, Requested, Waiting},
     operation::status_url,
     transitions::{AuditEvent, Record},
 };
@@ -52,7 +52,7 @@ impl Gate for Approvals {
         waiting: &'a Waiting<'a>,
         asked: &'a dyn Request,
         requested: &'a Requested,
-    ) -> Asking<'a, Result<(), ApiError>> {
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(async move {
             let of = waiting.operation;
             let approval = ApprovalRecord {
@@ -80,7 +80,7 @@ impl Gate for Approvals {
         db: &'a Db,
         operation: &'a OperationRecord,
         now: Timestamp,
-    ) -> Asking<'a, Result<ApprovalState, ApiError>> {
+    ) -> BoxFuture<'a, Result<ApprovalState, ApiError>> {
         Box::pin(async move {
             let approval = approval_of(db, operation).await?;
             Ok(approval.state(now))
@@ -93,7 +93,7 @@ impl Gate for Approvals {
         operation: &'a OperationRecord,
         asked: Option<&'a dyn Request>,
         now: Timestamp,
-    ) -> Asking<'a, Result<Option<Refusal>, ApiError>> {
+    ) -> BoxFuture<'a, Result<Option<Refusal>, ApiError>> {
         Box::pin(async move {
             let approval_id = operation.approval_id.as_deref().unwrap_or_default();
             let summary = asked.map(summary_of).transpose()?;
@@ -139,7 +139,7 @@ impl Gate for Approvals {
         tx: &'a mut Tx,
         operation: &'a OperationRecord,
         now: Timestamp,
-    ) -> Asking<'a, Result<Option<Record>, ApiError>> {
+    ) -> BoxFuture<'a, Result<Option<Record>, ApiError>> {
         Box::pin(async move {
             let missing = || ApiError::internal("an operation awaiting approval has no approval");
             let approval_id = operation.approval_id.as_deref().ok_or_else(missing)?;

@@ -2,8 +2,9 @@
 //! §1, §7). A gate never answers a request itself: every write it makes is in a transaction of the
 //! core's, and every answer it gives is stored as the operation's.
 
-use std::{any::Any, fmt::Debug, future::Future, pin::Pin};
+use std::{any::Any, fmt::Debug};
 
+use futures_core::future::BoxFuture;
 use platform::{ApiError, Db, Timestamp, Tx};
 
 /// Where an operation waiting at its gate stands, from which the pure verdict decides a retry's fate.
@@ -12,9 +13,6 @@ use crate::{
     operation::{OperationIdentity, OperationRecord, StoredResponse},
     transitions::{AuditEvent, Record},
 };
-
-/// What a gate's calls return, boxed so that the layer can hold any gate.
-pub type Asking<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a route's policy asks the gate for (approvals: the summary a person judges).
 pub trait Request: Any + Debug + Send + Sync {}
@@ -59,7 +57,7 @@ pub trait Gate: Debug + Send + Sync + 'static {
         waiting: &'a Waiting<'a>,
         asked: &'a dyn Request,
         requested: &'a Requested,
-    ) -> Asking<'a, Result<(), ApiError>>;
+    ) -> BoxFuture<'a, Result<(), ApiError>>;
 
     /// Where `operation`, which waits, stands as of `now`.
     fn state<'a>(
@@ -67,7 +65,7 @@ pub trait Gate: Debug + Send + Sync + 'static {
         db: &'a Db,
         operation: &'a OperationRecord,
         now: Timestamp,
-    ) -> Asking<'a, Result<ApprovalState, ApiError>>;
+    ) -> BoxFuture<'a, Result<ApprovalState, ApiError>>;
 
     /// Why `operation`, which waited, may not run after all: asked in the effect's `tx`, with what the
     /// route's policy asks for the request now.
@@ -77,7 +75,7 @@ pub trait Gate: Debug + Send + Sync + 'static {
         operation: &'a OperationRecord,
         asked: Option<&'a dyn Request>,
         now: Timestamp,
-    ) -> Asking<'a, Result<Option<Refusal>, ApiError>>;
+    ) -> BoxFuture<'a, Result<Option<Refusal>, ApiError>>;
 
     /// Whether `error` from the effect is the gate's refusal (a promise it found broken), and how the operation ends.
     fn refusal(&self, error: &ApiError, operation: &OperationRecord) -> Option<Refusal>;
@@ -89,7 +87,7 @@ pub trait Gate: Debug + Send + Sync + 'static {
         tx: &'a mut Tx,
         operation: &'a OperationRecord,
         now: Timestamp,
-    ) -> Asking<'a, Result<Option<Record>, ApiError>>;
+    ) -> BoxFuture<'a, Result<Option<Record>, ApiError>>;
 }
 
 /// What `asked` is, if it is a `T`: how a gate reads its own request.

@@ -7,7 +7,6 @@ use platform::{
         gauges::{age, counts, oldest, set_each, set_pools},
         names,
     },
-    on_pool,
 };
 
 use crate::layer::Idempotency;
@@ -56,11 +55,5 @@ async fn refresh(idempotency: &Idempotency) -> Result<(), sqlx::Error> {
     for extension in idempotency.extensions() {
         extension.read_gauges(db, metrics, now).await?;
     }
-
-    let inbox: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar("SELECT COUNT(*) FROM audit_inbox")
-        .fetch_one(pool)
-        .await?);
-    let backlog = inbox as f64 + idempotency.transitions.held() as f64;
-    metrics.set(names::JOURNAL_BACKLOG, &[], backlog);
-    Ok(())
+    idempotency.transitions.read_gauges(db, metrics).await
 }

@@ -1,8 +1,9 @@
 //! One service's layer ([`Idempotency`]), its background work, and the extension point for what
 //! an extension shows and keeps beside the write ([`Extension`]; docs/design.md §1).
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::sync::Arc;
 
+use futures_core::future::BoxFuture;
 use platform::{Db, Timestamp, metrics::Metrics};
 
 use crate::{
@@ -201,9 +202,6 @@ impl Background {
 /// An operation's id after its number in an extension's own order, for a page of them.
 pub type OperationNumbered = (i64, String);
 
-/// A future an extension returns, boxed so that the layer can hold any extension.
-pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
 /// What an extension adds beside the idempotent write ([`Idempotency::with_extension`]).
 pub trait Extension: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
     /// Fills in this extension's part of `view`, the status of `operation`.
@@ -212,7 +210,7 @@ pub trait Extension: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
         db: &'a Db,
         operation: &'a OperationRecord,
         view: &'a mut OperationView,
-    ) -> Boxed<'a, Result<(), sqlx::Error>>;
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
     /// Sets this extension's gauges from the database, at a scrape of `/metrics`.
     fn read_gauges<'a>(
@@ -220,7 +218,7 @@ pub trait Extension: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
         db: &'a Db,
         metrics: &'a Metrics,
         now: Timestamp,
-    ) -> Boxed<'a, Result<(), sqlx::Error>>;
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
     /// A page of the account's operations that need a person, in this extension's numbering; `None` if none.
     fn needing_a_person<'a>(
@@ -230,12 +228,12 @@ pub trait Extension: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
         _which: NeedsAPerson,
         _after_seq: i64,
         _limit: i64,
-    ) -> Option<Boxed<'a, Result<Vec<OperationNumbered>, sqlx::Error>>> {
+    ) -> Option<BoxFuture<'a, Result<Vec<OperationNumbered>, sqlx::Error>>> {
         None
     }
 
     /// Work kept running with the layer's background tasks, until they stop.
-    fn keep(&self, _idempotency: &Idempotency) -> Option<Boxed<'static, ()>> {
+    fn keep(&self, _idempotency: &Idempotency) -> Option<BoxFuture<'static, ()>> {
         None
     }
 }

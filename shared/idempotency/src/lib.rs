@@ -111,8 +111,10 @@ pub mod transitions;
 pub use config::{ClaimMode, IdempotencyConfig};
 pub use execute::{Attempt, Effect, IDEMPOTENT_REPLAYED, OPERATION_ID};
 pub use fingerprint::Fingerprint;
+/// What every extension point returns: a boxed future, so that the layer can hold any extension.
+pub use futures_core::future::BoxFuture;
 pub use key::{IdempotencyHeaders, IdempotencyKey, OptionalIdempotencyHeaders};
-pub use layer::{Background, Boxed, Extension, Idempotency};
+pub use layer::{Background, Extension, Idempotency};
 pub use operation::{OperationIdentity, OperationRecord, OperationState, ResourceRef, StoredResponse};
 /// The types this crate's API is written in, so that a service needs no other crate of the project.
 pub use platform;

@@ -42,20 +42,24 @@ use chainer::log_unlinked;
 pub use chainer::{CHAIN_LOCK, ChainError, Journal, OBSERVATIONS_HELD_AT_MOST, Round};
 /// Writes transitions as inbox rows in their transaction (the core's).
 pub use idempotency::transitions::inbox::record;
-use idempotency::transitions::{Observing, Recording, Sink};
+use idempotency::{BoxFuture, transitions::Sink};
 pub use inbox::*;
-use platform::{Db, metrics::Metrics};
+use platform::{
+    Db,
+    metrics::{Metrics, names},
+    on_pool,
+};
 pub use query::*;
 pub use routes::routes;
 
 /// The journal is the sink a service's layer reports to: a transition goes to
 /// the inbox in its own transaction, an observation is held for a round.
 impl Sink for Journal {
-    fn record<'a>(&'a self, tx: &'a mut platform::Tx, records: &'a [Record]) -> Recording<'a> {
+    fn record<'a>(&'a self, tx: &'a mut platform::Tx, records: &'a [Record]) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(record(tx, records))
     }
 
-    fn observe<'a>(&'a self, db: &'a Db, record: Record) -> Observing<'a> {
+    fn observe<'a>(&'a self, db: &'a Db, record: Record) -> BoxFuture<'a, ()> {
         Box::pin(Journal::observe(self, db, record))
     }
 
@@ -67,7 +71,7 @@ impl Sink for Journal {
     /// The chainer: it logs the chain's head first, the head the service
     /// starts from, for operators to pin, and the one its rounds refuse to go
     /// behind; then it links what waits, round after round.
-    fn keep(&self, db: Db, metrics: Metrics) -> Option<Observing<'static>> {
+    fn keep(&self, db: Db, metrics: Metrics) -> Option<BoxFuture<'static, ()>> {
         let journal = self.clone();
         Some(Box::pin(async move {
             if let Some(head) = log_head(&db, "at start-up").await {
@@ -80,7 +84,7 @@ impl Sink for Journal {
     /// Links every event recorded or observed so far into the chain, so a
     /// read of the journal shows them. A failure is logged: the events wait
     /// for the next round.
-    fn flush<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> Observing<'a> {
+    fn flush<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Err(e) = self.chain_pending(db, metrics).await {
                 log_unlinked(&e);
@@ -90,14 +94,21 @@ impl Sink for Journal {
 
     /// The last round, then the chain's head, the last entry this process
     /// linked included.
-    fn stop<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> Observing<'a> {
+    fn stop<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             self.flush(db, metrics).await;
             log_head(db, "on shutdown").await;
         })
     }
 
-    fn held(&self) -> usize {
-        self.queued()
+    /// What waits to be linked: inbox rows, and observations held in memory.
+    fn read_gauges<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let inbox: i64 = on_pool!(db.read(), |pool| sqlx::query_scalar("SELECT COUNT(*) FROM audit_inbox")
+                .fetch_one(pool)
+                .await?);
+            metrics.set(names::JOURNAL_BACKLOG, &[], inbox as f64 + self.queued() as f64);
+            Ok(())
+        })
     }
 }

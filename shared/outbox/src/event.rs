@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use idempotency::{
-    OperationIdentity,
+    BoxFuture, OperationIdentity,
     status::EventState,
     transitions::{AuditEvent, Record},
 };
@@ -147,15 +147,11 @@ pub trait Destination: Send + Sync + 'static {
 pub trait Witness: std::fmt::Debug + Send + Sync + 'static {
     /// What the external system holds for `event`, by its key or by the
     /// service's own reference. `Err`: it could not be asked.
-    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> Asking<'a>;
+    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> BoxFuture<'a, Result<Lookup, String>>;
 }
 
-/// What [`Witness::holds`] returns: the lookup, as a boxed future, so that
-/// the layer can hold any service's witness.
-pub type Asking<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Lookup, String>> + Send + 'a>>;
-
 impl<D: Destination + std::fmt::Debug> Witness for D {
-    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> Asking<'a> {
+    fn holds<'a>(&'a self, event: &'a OutboxEvent) -> BoxFuture<'a, Result<Lookup, String>> {
         Box::pin(async move { self.look_up(event).await.map(Lookup::checked) })
     }
 }
@@ -177,12 +173,13 @@ pub trait Ledger: std::fmt::Debug + Send + Sync + 'static {
     /// The service's business writes for how `event` ended (a capture
     /// succeeded, a refund failed…), in the transaction that settles the event
     /// and its operation.
-    fn settle<'a>(&'a self, tx: &'a mut Tx, event: &'a OutboxEvent, settlement: Settlement<'a>) -> Settling<'a>;
+    fn settle<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        event: &'a OutboxEvent,
+        settlement: Settlement<'a>,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 }
-
-/// What [`Ledger::settle`] returns: its writes, as a boxed future, so that
-/// the layer can hold any service's ledger.
-pub type Settling<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use idempotency::{
-    Boxed, Extension, OperationRecord,
+    BoxFuture, Extension, OperationRecord,
     status::{NeedsAPerson, OperationView},
 };
 use platform::{Db, Timestamp, metrics::Metrics, metrics::names};
@@ -59,7 +59,7 @@ impl Extension for Events {
         db: &'a Db,
         operation: &'a OperationRecord,
         view: &'a mut OperationView,
-    ) -> Boxed<'a, Result<(), sqlx::Error>> {
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             if let Some(delivery) = status::delivery_of(db, &operation.account_id, &operation.operation_id).await? {
                 view.outbox = Some(delivery.state);
@@ -74,7 +74,7 @@ impl Extension for Events {
         db: &'a Db,
         metrics: &'a Metrics,
         now: Timestamp,
-    ) -> Boxed<'a, Result<(), sqlx::Error>> {
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let events = platform::metrics::gauges::counts(
                 db,
@@ -104,7 +104,7 @@ impl Extension for Events {
         which: NeedsAPerson,
         after_seq: i64,
         limit: i64,
-    ) -> Option<Boxed<'a, Result<Vec<(i64, String)>, sqlx::Error>>> {
+    ) -> Option<BoxFuture<'a, Result<Vec<(i64, String)>, sqlx::Error>>> {
         Some(Box::pin(status::needing_a_person(
             db, account_id, which, after_seq, limit,
         )))

@@ -124,7 +124,7 @@ pub use answer::{Delivery, Lookup, is_external_id};
 pub use by_hand::{ByHandError, redeliver, resolve};
 pub use config::OutboxConfig;
 pub use ending::{finish, withdraw};
-pub use event::{Asking, Destination, Event, Ledger, OutboxEvent, Settlement, Settling, Witness, external_key};
+pub use event::{Destination, Event, Ledger, OutboxEvent, Settlement, Witness, external_key};
 pub use extension::Events;
 /// Where an event is, as an operation's status shows it: the core's, since
 /// the status resource's shape is.

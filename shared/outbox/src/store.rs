@@ -4,18 +4,19 @@
 //! an operation the outbox settles (`settle_external`, `settle_unknown`) are
 //! compare-and-sets on the operation's state.
 
-use idempotency::{
-    OperationIdentity, OperationState,
-    handoff::{Handoff, Writing},
-    status::EventState,
-};
+use idempotency::{BoxFuture, OperationIdentity, OperationState, handoff::Handoff, status::EventState};
 use platform::{Timestamp, Tx, on_tx};
 
 use crate::event::{Event, OutboxEvent, external_key};
 
 /// An event is written as the effect's handed-on work, in its transaction.
 impl Handoff for Event {
-    fn write<'a>(&'a self, tx: &'a mut Tx, of: OperationIdentity<'a>, now: Timestamp) -> Writing<'a> {
+    fn write<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        of: OperationIdentity<'a>,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(enqueue(tx, of, self, now))
     }
 }

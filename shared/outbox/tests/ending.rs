@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
 use idempotency::{
-    Attempt, Effect, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey, OPERATION_ID, OperationState,
-    transitions::{AuditEvent, Observing, Record, Recording, Sink},
+    Attempt, BoxFuture, Effect, Idempotency, IdempotencyConfig, IdempotencyHeaders, IdempotencyKey, OPERATION_ID,
+    OperationState,
+    transitions::{AuditEvent, Record, Sink},
 };
 use platform::{Backend, Db, Principal, Role, Tx, on_pool, testing::TestDb};
 use serde_json::json;
@@ -18,12 +19,12 @@ use serde_json::json;
 struct Kept(Arc<Mutex<Vec<AuditEvent>>>);
 
 impl Sink for Kept {
-    fn record<'a>(&'a self, _tx: &'a mut Tx, records: &'a [Record]) -> Recording<'a> {
+    fn record<'a>(&'a self, _tx: &'a mut Tx, records: &'a [Record]) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         self.0.lock().unwrap().extend(records.iter().map(|r| r.event));
         Box::pin(async { Ok(()) })
     }
 
-    fn observe<'a>(&'a self, _db: &'a Db, _record: Record) -> Observing<'a> {
+    fn observe<'a>(&'a self, _db: &'a Db, _record: Record) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
 }

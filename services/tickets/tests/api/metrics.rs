@@ -119,6 +119,13 @@ async fn each_outcome_of_a_keyed_write_is_counted_once_under_its_route_with_no_k
     );
     assert_eq!(value(&text, "retrysafe_approvals", &[r#"state="pending""#]), Some(1.0));
     assert!(value(&text, "retrysafe_db_pool_connections", &[r#"state="in_use""#]).is_some());
+    // nothing links the chain here: the inbox keeps the create's and the approval request's
+    // four entries, and memory the four answers given from what was stored
+    assert_eq!(
+        value(&text, "retrysafe_journal_inbox_backlog", &[]),
+        Some(8.0),
+        "{text}"
+    );
     for secret in [
         "key-created",
         "acme",

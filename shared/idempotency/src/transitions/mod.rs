@@ -3,37 +3,36 @@
 
 pub mod inbox;
 
-use std::{future::Future, pin::Pin};
-
+use futures_core::future::BoxFuture;
 use platform::{Db, Principal, Timestamp, Tx, metrics::Metrics};
 use serde::{Deserialize, Serialize};
 
 /// Where an operation's transitions are reported.
 pub trait Sink: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
     /// Records `records` in `tx`, the transaction that makes them.
-    fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> Recording<'a>;
+    fn record<'a>(&'a self, tx: &'a mut Tx, records: &'a [Record]) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
     /// Notes what an attempt observed and did not change (a replay, a 409).
-    fn observe<'a>(&'a self, db: &'a Db, record: Record) -> Observing<'a>;
+    fn observe<'a>(&'a self, db: &'a Db, record: Record) -> BoxFuture<'a, ()>;
 
     /// Background work until the layer stops (the journal links its chain).
-    fn keep(&self, _db: Db, _metrics: Metrics) -> Option<Observing<'static>> {
+    fn keep(&self, _db: Db, _metrics: Metrics) -> Option<BoxFuture<'static, ()>> {
         None
     }
 
     /// Makes what was recorded or observed so far readable (the journal links it).
-    fn flush<'a>(&'a self, _db: &'a Db, _metrics: &'a Metrics) -> Observing<'a> {
+    fn flush<'a>(&'a self, _db: &'a Db, _metrics: &'a Metrics) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
 
     /// The last [`flush`](Sink::flush), when the layer stops.
-    fn stop<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> Observing<'a> {
+    fn stop<'a>(&'a self, db: &'a Db, metrics: &'a Metrics) -> BoxFuture<'a, ()> {
         self.flush(db, metrics)
     }
 
-    /// Observations held in this process's memory (a gauge).
-    fn held(&self) -> usize {
-        0
+    /// Sets the sink's gauges, at a scrape of `/metrics` (the journal's backlog).
+    fn read_gauges<'a>(&'a self, _db: &'a Db, _metrics: &'a Metrics) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async { Ok(()) })
     }
 
     /// Whether the sink reads [`inbox`] rows: then a claim writes them in its
@@ -49,20 +48,14 @@ pub trait Sink: std::any::Any + std::fmt::Debug + Send + Sync + 'static {
 pub struct Unrecorded;
 
 impl Sink for Unrecorded {
-    fn record<'a>(&'a self, _tx: &'a mut Tx, _records: &'a [Record]) -> Recording<'a> {
+    fn record<'a>(&'a self, _tx: &'a mut Tx, _records: &'a [Record]) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async { Ok(()) })
     }
 
-    fn observe<'a>(&'a self, _db: &'a Db, _record: Record) -> Observing<'a> {
+    fn observe<'a>(&'a self, _db: &'a Db, _record: Record) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
 }
-
-/// What [`Sink::record`] returns, boxed so the layer can hold any sink.
-pub type Recording<'a> = Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
-
-/// What [`Sink::observe`] returns, boxed so the layer can hold any sink.
-pub type Observing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// A journal entry's event; docs/contract.md §8 says what each means.
 #[derive(
