@@ -14,6 +14,8 @@
 #   bench/profile/requests.sh create on 300      # or off
 #   callgrind_annotate --inclusive=yes target/profile/create-on/callgrind.out.1 | less
 #
+# The log is off, as in the bench (RUST_LOG=off unless set): the text log is
+# tens of thousands of instructions a request, none of them the layer's.
 # Needs valgrind and curl; serves on 127.0.0.1:7301.
 set -euo pipefail
 kind=${1:?create, replay or healthz} mode=${2:?on or off} requests=${3:-300}
@@ -21,7 +23,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${TICKETS_BIN:-$root/target/release/tickets}
 dir=$root/target/profile/$kind-$mode
 rm -rf "$dir" && mkdir -p "$dir"
-RETRYSAFE_SANDBOX=true RETRYSAFE_DATA_DIR=$dir TICKETS_ADDR=127.0.0.1:7301 RETRYSAFE_IDEMPOTENCY=$mode \
+RUST_LOG=${RUST_LOG:-off} RETRYSAFE_SANDBOX=true RETRYSAFE_DATA_DIR=$dir TICKETS_ADDR=127.0.0.1:7301 RETRYSAFE_IDEMPOTENCY=$mode \
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/callgrind.out" \
     "$bin" >"$dir/log" 2>&1 &
 service=$!
