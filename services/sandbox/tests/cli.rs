@@ -49,14 +49,15 @@ fn a_port_already_in_use_names_the_server_its_address_and_the_variable_that_move
 
 #[test]
 fn a_time_setting_too_long_for_any_clock_stops_the_sandbox_naming_the_setting_without_a_panic() {
-    for variable in [
-        "RETRYSAFE_LEASE_SECONDS",
-        "RETRYSAFE_RETENTION_HOURS",
-        "RETRYSAFE_OUTBOX_LEASE_SECONDS",
+    for (variable, value) in [
+        ("RETRYSAFE_LEASE_SECONDS", "1e300"),
+        ("RETRYSAFE_REAP_EVERY_SECONDS", "1e19"),
+        ("RETRYSAFE_RETENTION_HOURS", "1e7"),
+        ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "1e300"),
     ] {
         let data = tempfile::tempdir().unwrap();
         let output = std::process::Command::new(BINARY)
-            .env(variable, "1e300")
+            .env(variable, value)
             .env("RETRYSAFE_DATA_DIR", data.path())
             .env_remove("DATABASE_URL")
             .output()

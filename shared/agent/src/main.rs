@@ -177,13 +177,14 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
     }
 }
 
-/// A number of seconds, 0 or more, that a `Duration` holds: `inf` or `1e300` is a usage error, not a panic.
+/// A number of seconds from 0 to a hundred years: `inf` or `1e300` is a usage error, not a panic.
 fn seconds(text: &str) -> Result<Duration, String> {
-    let n: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
-    Duration::try_from_secs_f64(n).map_err(|_| format!("`{text}` is not a number of seconds from 0 to a few centuries"))
+    // any clock adds a hundred years to now without overflowing
+    const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+    match text.trim().parse().map(Duration::try_from_secs_f64) {
+        Ok(Ok(time)) if time <= LONGEST => Ok(time),
+        _ => Err(format!("`{text}` is not a number of seconds from 0 to a hundred years")),
+    }
 }
 
 fn read_body(data: &str) -> Result<serde_json::Value, AgentError> {

@@ -10,6 +10,7 @@ fn a_number_of_seconds_no_clock_holds_is_a_usage_error_that_names_its_flag_witho
         ("--timeout", "1e300"),
         ("--follow", "-1"),
         ("--follow", "NaN"),
+        ("--follow", "1e19"),
     ] {
         let output = std::process::Command::new(BINARY)
             .args(["--journal"])

@@ -120,12 +120,16 @@ pub fn number(name: &str) -> Result<Option<f64>, String> {
     }
 }
 
-/// [`number`] `unit`s as a duration: one too long for a `Duration` is an error, not a panic.
+/// The longest time a setting may name: any clock can add it to now without overflowing.
+pub const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// [`number`] `unit`s as a duration, at most [`LONGEST`]: an error, never a panic.
 pub fn duration(name: &str, unit: Duration) -> Result<Option<Duration>, String> {
     let Some(n) = number(name)? else { return Ok(None) };
-    Duration::try_from_secs_f64(n * unit.as_secs_f64())
-        .map(Some)
-        .map_err(|_| format!("{name} `{n}` is too long a time"))
+    match Duration::try_from_secs_f64(n * unit.as_secs_f64()) {
+        Ok(time) if time <= LONGEST => Ok(Some(time)),
+        _ => Err(format!("{name} `{n}` is longer than a hundred years")),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
