@@ -19,7 +19,6 @@ fn help_prints_the_usage_and_exits_without_starting_the_sandbox() {
 fn a_port_already_in_use_names_the_server_its_address_and_the_variable_that_moves_it() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let data = tempfile::tempdir().unwrap();
     // every other server on a free port: the MCP endpoint, bound last, meets the taken one
     let elsewhere = [
         "TICKETS_ADDR",
@@ -31,16 +30,8 @@ fn a_port_already_in_use_names_the_server_its_address_and_the_variable_that_move
     ]
     .map(|variable| (variable, "127.0.0.1:0"));
 
-    let output = std::process::Command::new(BINARY)
-        .envs(elsewhere)
-        .env("MCP_ADDR", &addr)
-        .env("RETRYSAFE_DATA_DIR", data.path())
-        .env_remove("DATABASE_URL")
-        .output()
-        .expect("the sandbox binary starts");
+    let said = stopped_sandbox(&[elsewhere.as_slice(), &[("MCP_ADDR", addr.as_str())]].concat());
 
-    let said = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the sandbox stops: {said}");
     assert!(said.contains("the MCP endpoint"), "names the server: {said}");
     assert!(said.contains(&addr), "names the address: {said}");
     assert!(said.contains("MCP_ADDR="), "names the variable that moves it: {said}");
@@ -55,19 +46,39 @@ fn a_time_setting_too_long_for_any_clock_stops_the_sandbox_naming_the_setting_wi
         ("RETRYSAFE_RETENTION_HOURS", "1e7"),
         ("RETRYSAFE_OUTBOX_LEASE_SECONDS", "1e300"),
     ] {
-        let data = tempfile::tempdir().unwrap();
-        let output = std::process::Command::new(BINARY)
-            .env(variable, value)
-            .env("RETRYSAFE_DATA_DIR", data.path())
-            .env_remove("DATABASE_URL")
-            .output()
-            .expect("the sandbox binary starts");
-
-        let said = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "the sandbox stops: {said}");
+        let said = stopped_sandbox(&[(variable, value)]);
         assert!(said.contains(variable), "names the setting: {said}");
         assert!(!said.contains("panicked"), "no panic: {said}");
     }
+}
+
+/// The sandbox's complaint when it stops at start-up with `settings`, on a data directory of its own.
+/// A sandbox that starts instead is killed, and the test fails rather than waits for it.
+fn stopped_sandbox(settings: &[(&str, &str)]) -> String {
+    let data = tempfile::tempdir().unwrap();
+    let mut sandbox = std::process::Command::new(BINARY)
+        .envs(settings.iter().copied())
+        .env("RETRYSAFE_DATA_DIR", data.path())
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the sandbox binary starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = sandbox.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            sandbox.kill().unwrap();
+            panic!("the sandbox started with {settings:?} instead of stopping");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut sandbox.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(!status.success(), "the sandbox stops: {said}");
+    said
 }
 
 async fn create_api_key_makes_a_key_for_the_service_named_that_acts_with_its_role(backend: Backend) {
