@@ -45,15 +45,10 @@ impl Fingerprint {
 }
 
 /// A command field holding an integer canonical JSON would round, by its path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be at most {MAX_EXACT_INTEGER} in magnitude")]
 pub struct InexactNumber {
     pub field: String,
-}
-
-impl fmt::Display for InexactNumber {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "must be at most {MAX_EXACT_INTEGER} in magnitude")
-    }
 }
 
 /// The path of the first integer a double cannot hold exactly, built on the

@@ -38,11 +38,6 @@ impl IdempotencyKey {
         } else {
             value.to_owned()
         };
-        Self::parse_unquoted(key)
-    }
-
-    /// Checks a key once its quoting, if any, is undone.
-    fn parse_unquoted(key: String) -> Result<Self, KeyError> {
         if key.is_empty() {
             return Err(KeyError::Empty);
         }

@@ -189,13 +189,8 @@ impl Background {
             task.abort();
         }
         self.idempotency.flush_attempts().await;
-        let Idempotency {
-            transitions,
-            db,
-            metrics,
-            ..
-        } = &self.idempotency;
-        transitions.stop(db, metrics).await;
+        let layer = &self.idempotency;
+        layer.transitions.stop(&layer.db, &layer.metrics).await;
     }
 }
 

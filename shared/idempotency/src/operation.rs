@@ -100,18 +100,6 @@ impl OperationRecord {
         self.identity()
             .audit(event, principal_id, self.external_ref.as_deref(), at)
     }
-
-    pub fn status_url(&self) -> String {
-        status_url(&self.operation_id)
-    }
-
-    /// Seconds a duplicate should wait before asking again: until the lease ends, at least 1.
-    pub fn retry_after_seconds(&self) -> u64 {
-        self.locked_until
-            .map(|until| until.seconds_from_now())
-            .unwrap_or(0)
-            .max(1)
-    }
 }
 
 /// Who an operation is: the five fields its record, journal entries and

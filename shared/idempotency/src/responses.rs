@@ -6,7 +6,7 @@ use axum::{
 };
 use platform::{ApiError, error::PROBLEM_JSON};
 
-use crate::operation::{OperationRecord, OperationState, StoredResponse};
+use crate::operation::{OperationRecord, OperationState, StoredResponse, status_url};
 
 /// The header naming the operation an answer belongs to.
 pub const OPERATION_ID: &str = "operation-id";
@@ -56,8 +56,9 @@ pub(crate) fn in_progress(operation: &OperationRecord) -> Response {
     )
     .with("operation_id", &operation.operation_id)
     .with("state", operation.state)
-    .with("status_url", operation.status_url())
-    .with_retry_after(operation.retry_after_seconds());
+    .with("status_url", status_url(&operation.operation_id))
+    // until the lease ends, at least 1
+    .with_retry_after(operation.locked_until.map_or(0, |until| until.seconds_from_now()).max(1));
     with_operation_headers(error.into_response(), &operation.operation_id, false)
 }
 
@@ -71,7 +72,7 @@ pub(crate) fn outcome_unknown(operation: &OperationRecord) -> Response {
     )
     .with("operation_id", &operation.operation_id)
     .with("state", OperationState::Unknown)
-    .with("status_url", operation.status_url());
+    .with("status_url", status_url(&operation.operation_id));
     with_operation_headers(error.into_response(), &operation.operation_id, false)
 }
 

@@ -159,14 +159,7 @@ impl Idempotency {
     pub(super) async fn conclude_failed(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, error: ApiError) -> Concluded {
         if error.is_final() {
             return self
-                .store_final(
-                    attempt,
-                    claim,
-                    &error,
-                    OperationState::Failed,
-                    AuditEvent::Failed,
-                    "failed",
-                )
+                .store_final(attempt, claim, &error, OperationState::Failed, AuditEvent::Failed)
                 .await;
         }
         if let Claim::InTransaction(_) = claim
@@ -185,7 +178,6 @@ impl Idempotency {
         error: &ApiError,
         state: OperationState,
         event: AuditEvent,
-        outcome: &'static str,
     ) -> Concluded {
         let operation_id = claim.identity().operation_id;
         let response = problem_response(error);
@@ -206,7 +198,7 @@ impl Idempotency {
         match stored.await {
             Ok(true) => {
                 attempt.record_operation(operation_id);
-                telemetry::record_outcome(outcome);
+                telemetry::record_outcome(state.into_str());
                 self.remember(attempt, operation_id, state, &response, completion.now);
                 Concluded::Answer(with_retry_after(stored_response(&response, operation_id, false), error))
             }
@@ -224,9 +216,9 @@ impl Idempotency {
         let freed = async {
             let mut tx = self.begin().await?;
             if store::give_back(&mut tx, operation, token).await? {
-                let journaled =
-                    [operation.audit(AuditEvent::Released, &attempt.principal.principal_id, Timestamp::now())];
-                self.transitions.record(&mut tx, &journaled).await?;
+                claim
+                    .journal(&mut tx, AuditEvent::Released, attempt, Timestamp::now(), self)
+                    .await?;
             }
             tx.commit().await
         };

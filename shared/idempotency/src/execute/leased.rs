@@ -49,13 +49,7 @@ impl Idempotency {
                 return Ok(Resolution::Run(Box::new(claimed)));
             }
             tx.rollback().await?;
-            let Some(existing) = self
-                .find_and_count(&attempt.principal.account_id, &attempt.headers.key)
-                .await?
-            else {
-                continue;
-            };
-            match self.resolve(attempt, existing, true).await? {
+            match self.find_and_resolve(attempt, true).await? {
                 Resolution::Vanished => continue,
                 decision => return Ok(decision),
             }

@@ -33,76 +33,54 @@ impl Idempotency {
             operation: &operation,
             token: &token,
         };
-        match self
-            .run_under_lease(attempt, &claim, &operation, call_out, effect)
-            .await
-        {
-            Concluded::Answer(response) => response,
-            // our lease ran out and another attempt took over: its run is the one that counts
-            Concluded::Lost => self.answer_current(attempt, &operation).await,
-        }
-    }
-
-    /// The run itself, up to its conclusion; [`Self::run`] answers a lost lease.
-    async fn run_under_lease<T, W, F>(
-        &self,
-        attempt: &Attempt<'_>,
-        claim: &Claim<'_>,
-        operation: &OperationRecord,
-        call_out: W,
-        effect: F,
-    ) -> Concluded
-    where
-        W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
-        F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
-    {
-        let identity = operation.identity();
-        // the claim has committed: only now may the operation reach another system
-        let said = match call_out(&identity).await {
-            Ok(said) => said,
-            Err(error) => return self.conclude_failed(attempt, claim, error).await,
-        };
-        let mut tx = match self.begin().await {
-            Ok(tx) => tx,
-            Err(e) => return Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
-        };
-        if operation.approval_id.is_some() {
-            // the gate again, in the effect's transaction: a decision may have changed since
-            let asked = attempt.approval.as_deref();
-            let checked = async { self.gate()?.check(&mut tx, operation, asked, Timestamp::now()).await };
-            match checked.await {
-                Ok(None) => {}
-                Ok(Some(refusal)) => {
-                    let _ = tx.rollback().await;
-                    return self.refuse(attempt, claim, &refusal).await;
-                }
-                Err(error) => {
-                    let _ = tx.rollback().await;
-                    return Concluded::Answer(self.give_back(attempt, claim, error).await);
+        let (claim, operation) = (&claim, &operation);
+        let concluded = async {
+            let identity = operation.identity();
+            // the claim has committed: only now may the operation reach another system
+            let said = match call_out(&identity).await {
+                Ok(said) => said,
+                Err(error) => return self.conclude_failed(attempt, claim, error).await,
+            };
+            let mut tx = match self.begin().await {
+                Ok(tx) => tx,
+                Err(e) => return Concluded::Answer(self.give_back(attempt, claim, e.into()).await),
+            };
+            if operation.approval_id.is_some() {
+                // the gate again, in the effect's transaction: a decision may have changed since
+                let asked = attempt.approval.as_deref();
+                let checked = async { self.gate()?.check(&mut tx, operation, asked, Timestamp::now()).await };
+                match checked.await {
+                    Ok(None) => {}
+                    Ok(Some(refusal)) => {
+                        let _ = tx.rollback().await;
+                        return self.refuse(attempt, claim, &refusal).await;
+                    }
+                    Err(error) => {
+                        let _ = tx.rollback().await;
+                        return Concluded::Answer(self.give_back(attempt, claim, error).await);
+                    }
                 }
             }
+            let ran = effect(&mut tx, &identity, said).await;
+            // a promise the effect found broken in its own transaction refuses the operation as the gate's check would
+            if let (Err(error), Some(_)) = (&ran, &operation.approval_id)
+                && let Some(refusal) = self.gate().ok().and_then(|gate| gate.refusal(error, operation))
+            {
+                let _ = tx.rollback().await;
+                return self.refuse(attempt, claim, &refusal).await;
+            }
+            self.conclude(attempt, claim, tx, ran).await
+        };
+        match concluded.await {
+            Concluded::Answer(response) => response,
+            // our lease ran out and another attempt took over: its run is the one that counts
+            Concluded::Lost => self.answer_current(attempt, operation).await,
         }
-        let ran = effect(&mut tx, &identity, said).await;
-        // a promise the effect found broken in its own transaction refuses the operation as the gate's check would
-        if let (Err(error), Some(_)) = (&ran, &operation.approval_id)
-            && let Some(refusal) = self.gate().ok().and_then(|gate| gate.refusal(error, operation))
-        {
-            let _ = tx.rollback().await;
-            return self.refuse(attempt, claim, &refusal).await;
-        }
-        self.conclude(attempt, claim, tx, ran).await
     }
 
     /// Ends an operation its gate does not let run: `rejected`, the refusal its answer for good.
     async fn refuse(&self, attempt: &Attempt<'_>, claim: &Claim<'_>, refusal: &Refusal) -> Concluded {
-        self.store_final(
-            attempt,
-            claim,
-            &refusal.answer,
-            OperationState::Rejected,
-            refusal.event,
-            "rejected",
-        )
-        .await
+        self.store_final(attempt, claim, &refusal.answer, OperationState::Rejected, refusal.event)
+            .await
     }
 }

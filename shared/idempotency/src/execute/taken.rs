@@ -12,7 +12,6 @@ use super::{
     verdict::{Asking, Stored, Verdict, verdict},
 };
 use crate::{
-    key::IdempotencyKey,
     layer::Idempotency,
     operation::{OperationIdentity, OperationRecord, OperationState},
     responses::{in_progress, outcome_unknown},
@@ -40,13 +39,7 @@ impl Idempotency {
         W: AsyncFnOnce(&OperationIdentity<'_>) -> Result<T, ApiError>,
         F: AsyncFnOnce(&mut Tx, &OperationIdentity<'_>, T) -> Result<Effect, ApiError>,
     {
-        let account_id = &attempt.principal.account_id;
-        let resolved = match self.find_and_count(account_id, &attempt.headers.key).await {
-            Ok(Some(existing)) => self.resolve(attempt, existing, true).await,
-            Ok(None) => Ok(Resolution::Vanished),
-            Err(e) => Err(e.into()),
-        };
-        match resolved {
+        match self.find_and_resolve(attempt, true).await {
             Ok(Resolution::Answer(response)) => response,
             Ok(Resolution::Run(operation)) => self.run(attempt, *operation, call_out, effect).await,
             // freed by a failed first attempt, or reaped: nothing holds the key now
@@ -63,17 +56,19 @@ impl Idempotency {
         }
     }
 
-    /// Reads the operation a key names, counting this request as an attempt at it.
-    pub(super) async fn find_and_count(
+    /// Reads the operation the attempt's key names, counting this request as an attempt at it, and
+    /// [`resolves`](Self::resolve) it; `Vanished` if there is none.
+    pub(super) async fn find_and_resolve(
         &self,
-        account_id: &str,
-        key: &IdempotencyKey,
-    ) -> Result<Option<OperationRecord>, sqlx::Error> {
-        let found = store::find_by_key(&self.db, account_id, key.as_str()).await?;
-        if found.is_some() {
-            self.attempts.count(&self.db, account_id, key.as_str()).await;
-        }
-        Ok(found)
+        attempt: &Attempt<'_>,
+        may_take_over: bool,
+    ) -> Result<Resolution, ApiError> {
+        let (account_id, key) = (&attempt.principal.account_id, attempt.headers.key.as_str());
+        let Some(existing) = store::find_by_key(&self.db, account_id, key).await? else {
+            return Ok(Resolution::Vanished);
+        };
+        self.attempts.count(&self.db, account_id, key).await;
+        self.resolve(attempt, existing, may_take_over).await
     }
 
     /// The answer for an attempt whose key names an operation. `may_take_over`: it may still run the
@@ -220,13 +215,9 @@ impl Idempotency {
     /// A duplicate's effect may fail on the first attempt's committed effect: if the key is taken,
     /// the duplicate's answer. `None`: nothing holds the key, and a retry starts afresh.
     pub(super) async fn answer_if_taken(&self, attempt: &Attempt<'_>) -> Option<Response> {
-        if let Ok(Some(existing)) = self
-            .find_and_count(&attempt.principal.account_id, &attempt.headers.key)
-            .await
-            && let Ok(Resolution::Answer(response)) = self.resolve(attempt, existing, false).await
-        {
-            return Some(response);
+        match self.find_and_resolve(attempt, false).await {
+            Ok(Resolution::Answer(response)) => Some(response),
+            _ => None,
         }
-        None
     }
 }
